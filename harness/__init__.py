@@ -1,0 +1,1 @@
+"""Core of the parallelism-strategy comparison harness: config, launcher, trainer, timing, memory, results."""

@@ -1,0 +1,163 @@
+"""The one place that knows CUDA from CPU: which devices a run uses, how ranks map to them,
+how to wait for them, and what their allocators saw. Everything else asks through here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from harness.config import ConfigError, RunConfig
+
+
+@dataclass(frozen=True)
+class Hardware:
+    visible_gpus: tuple[int, ...]  # physical (PCI bus order, as nvidia-smi) ids this process may use
+    cores: int
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.visible_gpus)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def probe_hardware() -> Hardware:
+    """Count GPUs without creating a CUDA context in the parent."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Hardware(visible_gpus=visible_physical_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), count),
+                    cores=usable_cores())
+
+
+def visible_physical_ids(cuda_visible_devices: str | None, count: int) -> tuple[int, ...]:
+    """Physical ids behind torch's indices 0..count-1 (the user may have narrowed them already)."""
+    if cuda_visible_devices is None or cuda_visible_devices.strip() == "":
+        return tuple(range(count)) if cuda_visible_devices is None else ()
+    ids = [s.strip() for s in cuda_visible_devices.split(",")]
+    if all(s.isdigit() for s in ids):
+        return tuple(int(s) for s in ids[:count])
+    return tuple(range(count))  # UUIDs or MIG names: fall back to torch's own numbering
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's processes go. Derived once in the parent and handed to every worker."""
+
+    accelerator: str  # "cuda" or "cpu"
+    gpus: tuple[int, ...]  # physical ids used, in rank order; () on CPU
+    torch_indices: tuple[int, ...]  # the same GPUs as the parent's torch numbers them (inline runs)
+    nprocs: int  # worker processes on this node
+    one_process_per_device: bool
+    devices: tuple[str, ...]  # labels by physical id: cuda:3, or cpu / cpu:<rank>
+    threads_per_process: int
+    global_batch: int
+    worker_env: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nprocs
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+    def rank_device(self, rank: int) -> str:
+        """The device label a rank drives (one-process strategies: the first, i.e. base, device)."""
+        return self.devices[rank] if self.one_process_per_device else self.devices[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
+          needs_cuda: bool) -> Placement:
+    """Map `gpus`/`nprocs` to processes and devices; refuse what cannot be placed."""
+    name = cfg.strategy_name
+    if cfg.gpus is None:
+        gpus = hw.visible_gpus
+    else:
+        gpus = cfg.gpus
+        stray = [g for g in gpus if g not in hw.visible_gpus]
+        if stray:
+            allowed = (f"ids among the visible GPUs {list(hw.visible_gpus)}" if hw.has_gpu
+                       else "[] or null: this machine has no visible GPU")
+            raise ConfigError("gpus", list(gpus), allowed)
+        if not gpus and needs_cuda:
+            raise ConfigError("gpus", [], f"strategy={name} runs on GPUs: give their ids, e.g. gpus=[0,1]")
+
+    notes: list[str] = []
+    if gpus:
+        accelerator = "cuda"
+        if not one_process_per_device and not drives_all_devices and len(gpus) > 1:
+            notes.append(f"strategy={name} uses one device: GPU {gpus[0]} of {list(gpus)}")
+            gpus = gpus[:1]
+        nprocs = len(gpus) if one_process_per_device else 1
+        devices = tuple(f"cuda:{g}" for g in gpus)
+        worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    else:
+        accelerator = "cpu"
+        nprocs = cfg.nprocs if one_process_per_device else 1
+        devices = tuple(f"cpu:{r}" for r in range(nprocs)) if one_process_per_device else ("cpu",)
+        worker_env = {}
+    threads = max(1, hw.cores // nprocs)
+    if one_process_per_device:
+        worker_env["OMP_NUM_THREADS"] = str(threads)
+    if cfg.batch_size % nprocs:
+        lower, upper = cfg.batch_size // nprocs * nprocs, (cfg.batch_size // nprocs + 1) * nprocs
+        allowed = f"a multiple of the {nprocs} workers of strategy={name}, e.g. {lower or upper} or {upper}"
+        raise ConfigError("batch_size", cfg.batch_size, allowed)
+    torch_indices = tuple(hw.visible_gpus.index(g) for g in gpus)
+    return Placement(accelerator=accelerator, gpus=tuple(gpus), torch_indices=torch_indices, nprocs=nprocs,
+                     one_process_per_device=one_process_per_device, devices=devices,
+                     threads_per_process=threads, global_batch=cfg.batch_size, worker_env=worker_env,
+                     notes=tuple(notes))
+
+
+class DeviceOps:
+    """What a rank needs from its devices: where tensors go, how to wait, what the allocator saw."""
+
+    def __init__(self, accelerator: str, torch_indices: Sequence[int]) -> None:
+        self.accelerator = accelerator
+        self.indices = list(torch_indices)
+        if accelerator == "cuda":
+            torch.cuda.set_device(self.indices[0])  # before anything is created: no stray context on GPU 0
+            self.device = torch.device("cuda", self.indices[0])
+        else:
+            self.device = torch.device("cpu")
+
+    @property
+    def dist_backend(self) -> str:
+        return "nccl" if self.accelerator == "cuda" else "gloo"
+
+    def synchronize(self) -> None:
+        """Wait for every device this process drives (DataParallel drives several)."""
+        if self.accelerator == "cuda":
+            for index in self.indices:
+                torch.cuda.synchronize(index)
+
+    def reset_peaks(self) -> None:
+        if self.accelerator == "cuda":
+            for index in self.indices:
+                torch.cuda.reset_peak_memory_stats(index)
+
+    def allocator_peaks(self) -> list[dict[str, Any]]:
+        """torch's caching-allocator peaks per device (GPU only: the CPU allocator keeps none)."""
+        if self.accelerator != "cuda":
+            return []
+        mib = 2**20
+        return [{"torch_index": i, "max_allocated_mib": torch.cuda.max_memory_allocated(i) / mib,
+                 "max_reserved_mib": torch.cuda.max_memory_reserved(i) / mib} for i in self.indices]
+
+    @staticmethod
+    def is_out_of_memory(error: BaseException) -> bool:
+        return isinstance(error, torch.OutOfMemoryError | MemoryError)

@@ -1,0 +1,108 @@
+"""Start one worker per device with torch.distributed.elastic, the engine behind torchrun.
+
+Everything listens on loopback only: the rendezvous store is created here on a socket bound to
+127.0.0.1 (torch's own TCPStore server would bind every interface) and the elastic agent and the
+workers reuse it; gloo is pinned to the loopback interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psutil
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from harness.devices import Placement
+
+LOOPBACK = "127.0.0.1"
+SHUTDOWN_GRACE_S = 10  # SIGTERM to SIGKILL: time for surviving workers to write their records
+
+logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    rank: int
+    pid: int | None
+    exitcode: int
+    message: str
+
+
+def loopback_interface() -> str:
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addresses):
+            return name
+    return "lo"
+
+
+@contextlib.contextmanager
+def loopback_store(timeout_s: float) -> Iterator[int]:
+    """A TCPStore server on 127.0.0.1 only; the rendezvous (multi-tenant, same port) reuses it."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((LOOPBACK, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                          master_listen_fd=listener.fileno(), timeout=timedelta(seconds=timeout_s))
+    try:
+        yield port
+    finally:
+        del store
+        listener.close()
+
+
+@contextlib.contextmanager
+def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Workers inherit the parent's environment at spawn; set theirs for the launch only."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], placement: Placement,
+                   start_timeout_s: float, log_dir: str) -> list[WorkerFailure]:
+    """Run `entry(spec)` on every rank; return the ranks that failed (empty when all succeeded).
+
+    SIGINT/SIGTERM to this process make the agent stop every worker and raise its SignalException.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    with loopback_store(start_timeout_s) as port:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=placement.nprocs, run_id=uuid.uuid4().hex[:12],
+            rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:{port}",
+            rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
+            max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
+            logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=SHUTDOWN_GRACE_S)
+        env = {**placement.worker_env, "GLOO_SOCKET_IFNAME": loopback_interface(), "MASTER_ADDR": LOOPBACK}
+        with patched_environ(env):
+            try:
+                elastic_launch(config, entry)(spec)
+            except ChildFailedError as error:
+                return [WorkerFailure(rank=f.rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
+                        for f in error.failures.values()]
+    return []
+
+
+def _describe(failure: Any) -> str:
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}"
+    message = failure.message if isinstance(failure.message, str) else str(failure.message)
+    return message if message and message != "<N/A>" else f"exited with code {failure.exitcode}"

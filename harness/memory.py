@@ -1,0 +1,203 @@
+"""Memory per device and per process, sampled from the parent on a thread of its own.
+
+GPUs are read through NVML (what nvidia-smi shows, other users' processes included, hence the
+baseline taken before the run); CPU workers through psutil's resident set size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+import psutil
+
+MIB = 2**20
+
+
+@dataclass
+class Sample:
+    per_device: dict[str, float] = field(default_factory=dict)  # device label -> MiB used
+    per_process: dict[tuple[int, str], float] = field(default_factory=dict)  # (pid, device) -> MiB
+
+
+class MemorySource(Protocol):
+    name: str
+
+    def read(self) -> Sample: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlSource:
+    """Used memory per GPU and per PID (nvmlDeviceGetComputeRunningProcesses) for physical ids."""
+
+    name = "nvml"
+
+    def __init__(self, physical_ids: Sequence[int], nvml: ModuleType | None = None) -> None:
+        if nvml is None:
+            import pynvml as nvml  # lazy: optional at run time, absent data just means no NVML figures
+        self._nvml = nvml
+        nvml.nvmlInit()
+        self._handles = {f"cuda:{i}": nvml.nvmlDeviceGetHandleByIndex(i) for i in physical_ids}
+
+    def read(self) -> Sample:
+        sample = Sample()
+        for label, handle in self._handles.items():
+            sample.per_device[label] = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
+            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                used = proc.usedGpuMemory  # None where the driver hides it (some containers, MIG)
+                sample.per_process[(proc.pid, label)] = (used or 0) / MIB
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        nvml = self._nvml
+        names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles.values()]
+        return {"driver": _text(nvml.nvmlSystemGetDriverVersion()), "gpu_names": names}
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class PsutilSource:
+    """Resident memory of the launcher and every process below it (CPU workers are processes)."""
+
+    name = "psutil"
+
+    def __init__(self, root_pid: int) -> None:
+        self._root = psutil.Process(root_pid)
+
+    def read(self) -> Sample:
+        sample = Sample()
+        for proc in [self._root, *self._root.children(recursive=True)]:
+            try:
+                sample.per_process[(proc.pid, "cpu")] = proc.memory_info().rss / MIB
+            except psutil.Error:
+                continue  # ended between listing and reading
+        return sample
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryTracker:
+    """Peaks and the pre-run baseline. Pure bookkeeping, fed by the sampler thread or by tests."""
+
+    def __init__(self) -> None:
+        self.baseline: Sample | None = None
+        self.peak_device: dict[str, float] = {}
+        self.peak_process: dict[tuple[int, str], float] = {}
+        self.samples = 0
+
+    def add(self, sample: Sample) -> None:
+        if self.baseline is None:
+            self.baseline = sample
+            return
+        self.samples += 1
+        for key, mib in sample.per_device.items():
+            self.peak_device[key] = max(mib, self.peak_device.get(key, 0.0))
+        for key, mib in sample.per_process.items():
+            self.peak_process[key] = max(mib, self.peak_process.get(key, 0.0))
+
+
+class MemorySampler:
+    """Reads `source` every `interval_s` on a daemon thread; the first read is the baseline."""
+
+    def __init__(self, source: MemorySource, interval_s: float) -> None:
+        self.source, self.interval_s = source, interval_s
+        self.tracker = MemoryTracker()
+        self.warning: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
+
+    def start(self) -> MemorySampler:
+        self._read()  # baseline, before any worker exists
+        self._thread.start()
+        return self
+
+    def stop(self) -> MemoryTracker:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+        self.source.close()
+        return self.tracker
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and self.warning is None:
+            self._read()
+
+    def _read(self) -> None:
+        if self.warning is not None:
+            return
+        try:
+            self.tracker.add(self.source.read())
+        except Exception as error:  # a flaky driver must not end the run: keep what was seen
+            self.warning = f"memory sampling via {self.source.name} stopped: {error}"
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    rank: int
+    pid: int
+    device: str  # the device label the rank drives
+    host: str = ""
+
+
+def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks: Iterable[RankProcess],
+              launcher_pid: int) -> dict[str, Any]:
+    """The results file's `memory` section: peaks per device and per PID, with ranks attached.
+
+    NVML: PIDs already on a GPU before the run are other users' and are left out. psutil: only the
+    worker processes count (the launcher too for one-process strategies, which run inside it).
+    """
+    rank_of_pid = {r.pid: r for r in ranks}
+    baseline = tracker.baseline or Sample()
+    before = {pid for pid, _ in baseline.per_process}
+    per_process = []
+    for (pid, device), peak in sorted(tracker.peak_process.items()):
+        rank = rank_of_pid.get(pid)
+        if source == "psutil":
+            if rank is None:
+                continue
+            device = rank.device
+        elif rank is None and pid in before and pid != launcher_pid:
+            continue
+        role = "rank" if rank is not None else ("launcher" if pid == launcher_pid else "other")
+        per_process.append({"pid": pid, "rank": None if rank is None else rank.rank, "device": device,
+                            "peak_mib": round(peak, 1), "role": role,
+                            "host": rank.host if rank is not None else ""})
+    if source == "psutil":
+        per_device = _devices_from_processes(per_process, baseline, rank_of_pid, devices)
+    else:
+        per_device = [{"device": d, "peak_mib": round(tracker.peak_device.get(d, 0.0), 1),
+                       "baseline_mib": round(baseline.per_device.get(d, 0.0), 1)} for d in devices]
+    return {"source": source, "samples": tracker.samples, "per_device": per_device, "per_process": per_process}
+
+
+def _devices_from_processes(per_process: list[dict[str, Any]], baseline: Sample,
+                            rank_of_pid: Mapping[int, RankProcess], devices: Sequence[str]) -> list[dict[str, Any]]:
+    """On CPU a worker process is the "device": its RSS peak, its RSS before the run as baseline."""
+    rows = []
+    for device in devices:
+        procs = [p for p in per_process if p["device"] == device]
+        base = sum(baseline.per_process.get((p["pid"], "cpu"), 0.0) for p in procs)
+        rows.append({"device": device, "peak_mib": round(sum(p["peak_mib"] for p in procs), 1),
+                     "baseline_mib": round(base, 1)})
+    return rows
+
+
+def open_source(accelerator: str, physical_ids: Sequence[int], launcher_pid: int,
+                nvml_factory: Callable[[Sequence[int]], MemorySource] = NvmlSource) -> tuple[MemorySource | None, str | None]:
+    """The best source for the accelerator, or (None, warning) when NVML cannot be had."""
+    if accelerator != "cuda":
+        return PsutilSource(launcher_pid), None
+    try:
+        return nvml_factory(physical_ids), None
+    except Exception as error:  # missing package, no driver, permissions
+        return None, f"NVML unavailable ({error}); GPU memory falls back to torch's allocator peaks"

@@ -1,0 +1,68 @@
+"""The results file: a stable contract read by the report and by users. Written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+STATUSES = ("ok", "failed", "oom", "skipped", "interrupted")
+RESULTS_NAME = "results.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Temp file in the same folder, fsync, rename: a reader sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
+    """Never over another run's results: a folder holds one run."""
+    path = run_dir / RESULTS_NAME
+    if path.exists():
+        raise FileExistsError(f"{path} already holds a run's results; refusing to overwrite it")
+    assert results["status"] in STATUSES, results["status"]
+    write_json_atomic(path, results)
+    return path
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    with open(path) as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict) or "schema" not in data or "status" not in data:
+        raise ValueError("not a results file (no schema/status)")
+    return data
+
+
+def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    import torch
+
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "driver": None,
+        "gpu_names": [],
+    }
+    env.update(extra or {})
+    return env

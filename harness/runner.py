@@ -1,0 +1,238 @@
+"""One run from the parent's side: validate, place, sample memory, launch, merge, write results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+from hydra.utils import get_class
+
+from harness.config import PrecisionSpec, RunConfig, resolve_precision
+from harness.devices import Hardware, Placement, place, probe_hardware
+from harness.launcher import WorkerFailure, launch_workers
+from harness.memory import MemorySampler, RankProcess, open_source, summarize
+from harness.results import SCHEMA, environment, write_results
+from harness.timing import Window, merge_ranks, steady_throughput
+from harness.worker import Interrupted, run_rank
+from precision import precision_unavailable_reason
+
+
+class Unavailable(RuntimeError):
+    """An optional package the run needs is missing: an error for one run, a `skipped` row in a sweep."""
+
+
+def command_start_time() -> float:
+    return psutil.Process().create_time()
+
+
+def plan(cfg: RunConfig, hw: Hardware) -> tuple[type, Placement, PrecisionSpec]:
+    """Everything decided before a worker starts; raises ConfigError on bad input."""
+    strategy_cls = get_class(cfg.strategy["_target_"])
+    placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
+                      strategy_cls.needs_cuda)
+    return strategy_cls, placement, resolve_precision(cfg.amp, placement.accelerator)
+
+
+def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: list[str] | None = None,
+            hw: Hardware | None = None) -> dict[str, Any]:
+    """Run one combination and write its results.json; return the results.
+
+    Raises ConfigError (bad input) and, outside sweeps, Unavailable, before anything starts.
+    Raises KeyboardInterrupt after the results are written if the run was interrupted.
+    """
+    started = time.time()
+    cfg = RunConfig.from_dict(cfg_dict)
+    hw = hw or probe_hardware()
+    strategy_cls, placement, precision = plan(cfg, hw)
+    base = _base_results(cfg, cfg_dict, placement, precision, overrides)
+
+    reason = strategy_cls.skip_reason(placement, precision)
+    missing = strategy_cls.unavailable_reason() or precision_unavailable_reason(precision, placement.accelerator)
+    if reason is None and missing is not None:
+        if not in_sweep:
+            raise Unavailable(missing)
+        reason = missing
+    if reason is not None:
+        results = {**base, "status": "skipped", "error": f"strategy={cfg.strategy_name}: {reason}"}
+        write_results(run_dir, results)
+        print(f"[{cfg.strategy_name} {cfg.amp.level}] skipped: {results['error']}", flush=True)
+        return results
+
+    for note in placement.notes:
+        print(f"note: {note}", flush=True)
+    record_dir = run_dir / "ranks"
+    spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
+            "record_dir": str(record_dir), "launched": placement.one_process_per_device}
+    launcher_pid = os.getpid()
+    source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid) \
+        if cfg.memory.enabled else (None, None)
+    if warning:
+        print(f"warning: {warning}", flush=True)
+    env_extra = _describe_source(source)
+    sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
+    failures: list[WorkerFailure] = []
+    interrupted: str | None = None
+    try:
+        with _sigterm_as_interrupt():
+            if placement.one_process_per_device:
+                failures = launch_workers(run_rank, spec, placement, cfg.dist.start_timeout_s,
+                                          str(run_dir / "logs"))
+            else:
+                run_rank(spec)
+    except (KeyboardInterrupt, Interrupted) as error:
+        interrupted = str(error) or "interrupted (SIGINT)"
+    except Exception as error:
+        if type(error).__name__ == "SignalException":  # the elastic agent forwarding SIGINT/SIGTERM
+            interrupted = f"interrupted ({error})"
+        elif not record_dir.exists():
+            raise
+    finally:
+        tracker = sampler.stop() if sampler else None
+
+    records = _read_records(record_dir)
+    status, error = _status(records, failures, interrupted)
+    results = {**base, **_measurements(cfg, placement, records, started), "status": status, "error": error}
+    if sampler is not None and tracker is not None:
+        ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"]) for r in records]
+        results["memory"] = summarize(tracker, source.name, placement.devices, ranks, launcher_pid)
+        if sampler.warning:
+            results["memory"]["warning"] = sampler.warning
+    else:
+        results["memory"] = _allocator_memory(records, placement, warning)
+    results["env"] = environment(env_extra)
+    results["finished_at"] = time.time()
+    write_results(run_dir, results)
+    _print_summary(results, run_dir)
+    if interrupted:
+        raise KeyboardInterrupt(interrupted)
+    return results
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the launcher ends the run like Ctrl-C: workers stopped, partial results written."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a launcher plugin's thread): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, precision: PrecisionSpec,
+                  overrides: list[str] | None) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "status": None, "error": None,
+        "strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
+        "devices": list(placement.devices), "accelerator": placement.accelerator,
+        "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
+        "local_batch": placement.local_batch, "image_size": cfg.data.image_size, "iterations": cfg.iterations,
+        "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
+        "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
+        "precision": {**_precision_record(precision), "final_loss_scale": None, "skipped_steps": None},
+        "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "startup_seconds": None,
+        "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
+        "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
+        "env": {}, "started_at": time.time(),
+    }
+
+
+def _precision_record(precision: PrecisionSpec) -> dict[str, Any]:
+    return {"level": precision.level, "impl": precision.impl, "dtype": precision.dtype,
+            "master_weights": precision.master_weights, "keep_batchnorm_fp32": precision.keep_batchnorm_fp32,
+            "loss_scale": precision.loss_scale}
+
+
+def _read_records(record_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(record_dir.glob("rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # a rank killed mid-write leaves only its temp file, never a half record
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def _status(records: list[dict[str, Any]], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
+    if interrupted:
+        return "interrupted", interrupted
+    for wanted in ("oom", "failed"):
+        for record in records:
+            if record["status"] == wanted:
+                return wanted, f"rank {record['rank']} (pid {record['pid']}): {record['error']}"
+    recorded = {r["rank"] for r in records}
+    for failure in failures:
+        if failure.rank not in recorded or failure.exitcode < 0:
+            return "failed", f"rank {failure.rank} (pid {failure.pid}): {failure.message}"
+    if failures:
+        f = failures[0]
+        return "failed", f"rank {f.rank} (pid {f.pid}): {f.message}"
+    if not records or any(r["status"] != "ok" for r in records):
+        return "failed", "a worker ended without a record"
+    return "ok", None
+
+
+def _measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, Any]],
+                  started: float) -> dict[str, Any]:
+    per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
+    windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
+    firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
+    state = next((r["precision_state"] for r in records if r["rank"] == 0 and r["precision_state"]), {})
+    precision = {**_precision_record(resolve_precision(cfg.amp, placement.accelerator)),
+                 "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
+    return {
+        "windows": [w.as_dict() for w in windows],
+        "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
+        "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
+        "startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
+        "precision": precision,
+        "ranks": [{k: r[k] for k in ("rank", "local_rank", "pid", "host", "device", "status", "error", "allocator")}
+                  for r in records],
+    }
+
+
+def _allocator_memory(records: list[dict[str, Any]], placement: Placement, warning: str | None) -> dict[str, Any]:
+    """Without a sampler (disabled, or no NVML): the ranks' own allocator peaks, if any."""
+    def label(record: dict[str, Any], torch_index: int) -> str:
+        if placement.one_process_per_device:
+            return record["device"]
+        return placement.devices[placement.torch_indices.index(torch_index)]
+
+    per_device = [{"device": label(r, peak["torch_index"]), "peak_mib": round(peak["max_reserved_mib"], 1),
+                   "baseline_mib": 0.0} for r in records for peak in r.get("allocator", [])]
+    per_process = [{"pid": r["pid"], "rank": r["rank"], "device": r["device"], "role": "rank", "host": r["host"],
+                    "peak_mib": round(sum(p["max_reserved_mib"] for p in r.get("allocator", [])), 1)}
+                   for r in records if r.get("allocator")]
+    memory: dict[str, Any] = {"source": "torch-allocator" if per_device else None, "per_device": per_device,
+                              "per_process": per_process}
+    if warning:
+        memory["warning"] = warning
+    return memory
+
+
+def _describe_source(source: Any) -> dict[str, Any]:
+    describe = getattr(source, "describe", None)
+    try:
+        return describe() if describe else {}
+    except Exception:
+        return {}
+
+
+def _print_summary(results: dict[str, Any], run_dir: Path) -> None:
+    from harness.console import print_run_summary
+
+    print_run_summary(results, run_dir)

@@ -1,0 +1,35 @@
+"""The one training loop every strategy and precision runs through.
+
+Inside a window nothing waits for the device: no .item(), no sync, no printing. The devices are
+synchronized and the loss is read only at window edges, by the WindowClock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.timing import Window, WindowClock
+from precision import Precision
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+          batch: tuple[torch.Tensor, torch.Tensor], clock: WindowClock, iterations: int, log_every: int,
+          before_step: Callable[[int], None] = lambda it: None,
+          on_window: Callable[[Window], None] = lambda w: None) -> list[Window]:
+    images, labels = batch
+    model.train()
+    clock.start()
+    for it in range(1, iterations + 1):
+        before_step(it)
+        with precision.forward_context():
+            loss = F.cross_entropy(model(images), labels)
+        precision.backward(loss)
+        precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        if it % log_every == 0:
+            on_window(clock.edge(it, loss.item))
+    return clock.windows

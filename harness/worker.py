@@ -1,0 +1,145 @@
+"""One rank's life: set up its device and strategy, build model and precision, train, leave a record.
+
+Workers get the parent's resolved config as a plain dict and never run Hydra. Each rank writes its
+record (windows, status, error) to `<run>/ranks/rank<N>.json` once, after the timed loop or when it
+fails, so whatever was measured survives a failing neighbour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from hydra.utils import get_class, instantiate
+
+from harness.config import FaultConfig, PrecisionSpec, RunConfig
+from harness.devices import DeviceOps, Placement
+from harness.results import write_json_atomic
+from harness.timing import Window, WindowClock
+from harness.trainer import train
+from precision import build_precision
+from strategies.base import RankEnv
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT reached this process: stop, and record what was measured."""
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+
+def rank_identity() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the elastic agent's environment; 0, 0, 1 inline."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1))
+
+
+def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[[int], None]:
+    """`fault.kind` at `fault.at_iter` on `fault.rank`; a no-op everywhere else."""
+    if fault.kind is None or fault.rank != rank:
+        return lambda it: None
+
+    def fire(it: int) -> None:
+        if it != fault.at_iter:
+            return
+        message = f"injected fault (fault.kind={fault.kind}) at iteration {it} on rank {rank}"
+        if fault.kind == "exit":
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            os._exit(13)
+        if fault.kind == "oom":
+            raise torch.OutOfMemoryError(message) if accelerator == "cuda" else MemoryError(message)
+        raise RuntimeError(message)
+
+    return fire
+
+
+def progress_printer(label: str, global_batch: int, log_every: int, iterations: int) -> Callable[[Window], None]:
+    def show(w: Window) -> None:
+        rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
+        tag = "  (warm-up)" if w.warmup else ""
+        print(f"[{label}] iter {w.end_iter:>5}/{iterations}  window {w.seconds:8.3f} s  "
+              f"total {w.cumulative_seconds:8.3f} s  {rate:9.1f} img/s  loss {w.loss:.4f}{tag}", flush=True)
+
+    return show
+
+
+def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise."""
+    cfg = RunConfig.from_dict(spec["config"])
+    placement = Placement.from_dict(spec["placement"])
+    precision_spec = PrecisionSpec(**spec["precision"])
+    rank, local_rank, world_size = rank_identity()
+    if spec.get("launched", False):
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+    record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
+                              "host": socket.gethostname(), "device": placement.rank_device(rank),
+                              "status": "failed", "error": None, "windows": [], "allocator": [],
+                              "precision_state": {}, "first_iter_time": None}
+    clock: WindowClock | None = None
+    strategy = None
+    try:
+        torch.set_num_threads(placement.threads_per_process)
+        strategy = instantiate(cfg.strategy)
+        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = instantiate(cfg.model, num_classes=cfg.data.num_classes).to(strategy.device)
+        precision = build_precision(precision_spec, strategy.device)
+        model, optimizer = precision.prepare(model, lambda params: torch.optim.SGD(
+            params, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay))
+        model = strategy.wrap(precision.wrap_module(model))
+        batch = synthetic_batch_for(cfg, placement, strategy.device, rank)
+        strategy.ops.reset_peaks()
+        clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
+        strategy.barrier()
+        record["first_iter_time"] = time.time()
+        label = f"{cfg.strategy_name} {cfg.amp.level}"
+        train(model, optimizer, precision, batch, clock, cfg.iterations, cfg.log_every,
+              before_step=fault_injector(cfg.fault, rank, placement.accelerator),
+              on_window=progress_printer(label, cfg.batch_size, cfg.log_every, cfg.iterations)
+              if rank == 0 else lambda w: None)
+        record["precision_state"] = precision.state()
+        record["allocator"] = strategy.ops.allocator_peaks()
+        record["status"] = "ok"
+        return record
+    except (Interrupted, KeyboardInterrupt) as error:
+        record.update(status="interrupted", error=_last_line(error))
+        raise
+    except BaseException as error:
+        record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=_last_line(error))
+        if strategy is not None and strategy.ops is not None:
+            record["allocator"] = strategy.ops.allocator_peaks()
+        raise
+    finally:
+        if clock is not None:
+            record["windows"] = [w.as_dict() for w in clock.windows]
+        write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
+        if strategy is not None:
+            strategy.teardown()
+
+
+def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.device,
+                        rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from harness.data import synthetic_batch
+
+    # Per-process share of the global batch; DataParallel gets it whole and splits it itself.
+    size = placement.local_batch
+    return synthetic_batch(size, cfg.data.image_size, cfg.data.num_classes, device, cfg.seed + rank)
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+
+
+def strategy_class(cfg: RunConfig) -> type:
+    return get_class(cfg.strategy["_target_"])

@@ -1,0 +1,57 @@
+"""NVIDIA apex's own amp (`amp.initialize` / `amp.scale_loss`): only apex releases up to tag 25.05 have it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.config import PrecisionSpec
+from precision.base import OptimizerFactory, Precision
+
+APEX_HELP = ("build NVIDIA apex from source at tag 25.05 or older (README: 'Building NVIDIA apex'); "
+             "never `pip install apex`, an unrelated package")
+
+
+def apex_missing(module: str) -> str | None:
+    """Why `apex.<module>` cannot be used here, or None."""
+    try:
+        importlib.import_module(f"apex.{module}")
+    except ImportError as error:
+        top = importlib.util.find_spec("apex")
+        what = "NVIDIA apex is not installed" if top is None else f"this apex has no apex.{module} ({error})"
+        return f"{what}: {APEX_HELP}"
+    return None
+
+
+class ApexPrecision(Precision):
+    @staticmethod
+    def unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+        if accelerator != "cuda":
+            return "amp.impl=apex needs CUDA GPUs (apex.amp has no CPU path)"
+        if spec.dtype == "bfloat16":
+            return "amp.impl=apex casts to float16 only: use amp.dtype=float16 or amp.impl=native"
+        missing = apex_missing("amp")
+        return f"amp.impl=apex: {missing}" if missing else None
+
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        from apex import amp
+
+        self._amp = amp
+        spec = self.spec
+        options: dict[str, Any] = {"opt_level": spec.level, "verbosity": 0,
+                                   "loss_scale": spec.loss_scale}
+        if spec.cast_model:  # apex refuses these for O0/O1
+            options.update(keep_batchnorm_fp32=spec.keep_batchnorm_fp32, master_weights=spec.master_weights)
+        model, self._optimizer = amp.initialize(model, make_optimizer(model.parameters()), **options)
+        return model, self._optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with self._amp.scale_loss(loss, self._optimizer) as scaled:
+            scaled.backward()
+
+    def state(self) -> dict[str, Any]:
+        scalers = self._amp._amp_state.loss_scalers
+        return {"final_loss_scale": float(scalers[0].loss_scale()) if scalers else None, "skipped_steps": None}

@@ -1,0 +1,118 @@
+"""apex's O1-O3 rebuilt on torch.autocast, torch.amp.GradScaler and explicit fp32 master weights."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.config import PrecisionSpec
+from precision.base import OptimizerFactory, Precision
+
+_BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+
+
+class CastingModule(nn.Module):
+    """Does the per-forward casting inside forward, where DataParallel's replica threads see it:
+    O1 enters autocast (thread-local state), O2/O3 cast inputs to the half type; outputs come back fp32."""
+
+    def __init__(self, module: nn.Module, input_dtype: torch.dtype | None, autocast_dtype: torch.dtype | None,
+                 device_type: str) -> None:
+        super().__init__()
+        self.module = module
+        self.input_dtype, self.autocast_dtype, self.device_type = input_dtype, autocast_dtype, device_type
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_dtype is not None:
+            x = x.to(self.input_dtype)
+        if self.autocast_dtype is not None:
+            with torch.autocast(self.device_type, dtype=self.autocast_dtype):
+                return self.module(x).float()
+        return self.module(x).float()
+
+
+class NativePrecision(Precision):
+    def __init__(self, spec: PrecisionSpec, device: torch.device) -> None:
+        super().__init__(spec, device)
+        self.half = getattr(torch, spec.dtype)
+        self.scaler: torch.amp.GradScaler | None = None
+        if spec.loss_scale == "dynamic":  # GradScaler's rules: 2^16, halve on overflow, double after 2000 good
+            self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16)
+        self.static_scale = 1.0 if spec.loss_scale == "dynamic" else float(spec.loss_scale)
+        self._model_params: list[nn.Parameter] = []
+        self._master_params: list[nn.Parameter] = []
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if not self.spec.cast_model:
+            return model, make_optimizer(model.parameters())
+        model.to(self.half)
+        if self.spec.keep_batchnorm_fp32:
+            for module in model.modules():
+                if isinstance(module, _BATCHNORM):
+                    module.float()
+        if not self.spec.master_weights:
+            return model, make_optimizer(model.parameters())
+        self._model_params = [p for p in model.parameters() if p.requires_grad]
+        self._master_params = [nn.Parameter(p.detach().float().clone()) for p in self._model_params]
+        return model, make_optimizer(self._master_params)
+
+    def wrap_module(self, model: nn.Module) -> nn.Module:
+        input_dtype = self.half if self.spec.cast_model else None
+        autocast_dtype = self.half if self.spec.autocast else None
+        return CastingModule(model, input_dtype, autocast_dtype, self.device.type)
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        if self.spec.autocast:  # the loss, outside the wrapped module, as apex O1 patched it too
+            return torch.autocast(self.device.type, dtype=self.half)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        elif self.static_scale != 1.0:
+            loss = loss * self.static_scale
+        loss.backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._master_params:
+            self._grads_to_master()
+        elif self.scaler is None and self.static_scale != 1.0:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            torch._foreach_div_(grads, self.static_scale)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)  # unscales, checks inf/NaN, skips the step on overflow
+            self._count_skipped(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        if self._master_params:
+            with torch.no_grad():
+                torch._foreach_copy_(self._model_params, self._master_params)  # fp32 result into the half model
+
+    def _grads_to_master(self) -> None:
+        for model_p, master_p in zip(self._model_params, self._master_params, strict=True):
+            if model_p.grad is None:
+                master_p.grad = None
+                continue
+            grad = model_p.grad.float()
+            if self.scaler is None and self.static_scale != 1.0:
+                grad.div_(self.static_scale)
+            master_p.grad = grad
+            model_p.grad = None
+
+    def _count_skipped(self, optimizer: torch.optim.Optimizer) -> None:
+        # GradScaler keeps its overflow flags on the device; summing them there avoids a host sync.
+        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]  # type: ignore[union-attr]
+        for flag in found.values():
+            self._skipped += flag.to(self._skipped.device, torch.int64)
+
+    def state(self) -> dict[str, Any]:
+        scale: float | None
+        if self.scaler is not None:
+            scale = float(self.scaler.get_scale())
+        else:
+            scale = self.static_scale
+        return {"final_loss_scale": scale, "skipped_steps": int(self._skipped.item())}

@@ -1,0 +1,24 @@
+"""Compare parallel training strategies: `python run.py strategy=ddp amp=O2 gpus=[0,1,3]`,
+or sweep them side by side with `python run.py -m`. See README.md."""
+
+import os
+import sys
+
+os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi/NVML do
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from harness import cli  # noqa: E402
+
+cli.register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    cli.task(cfg)
+
+
+if __name__ == "__main__":
+    cli.precheck(sys.argv[1:])
+    main()

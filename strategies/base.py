@@ -1,0 +1,94 @@
+"""What the trainer and launcher ask of a strategy. Class attributes say how processes are laid out,
+so the parent can place and validate a run without building anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.config import PrecisionSpec
+from harness.devices import DeviceOps, Placement
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    placement: Placement
+    timeout_s: float
+
+
+class Strategy:
+    one_process_per_device: ClassVar[bool] = False  # True: the launcher starts a worker per device
+    drives_all_devices: ClassVar[bool] = False  # True: one process uses every chosen GPU
+    needs_cuda: ClassVar[bool] = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ops: DeviceOps | None = None
+
+    @classmethod
+    def skip_reason(cls, placement: Placement, precision: PrecisionSpec) -> str | None:
+        """Why this strategy has nothing to measure on this placement (recorded as `skipped`)."""
+        if cls.needs_cuda and placement.accelerator != "cuda":
+            return "needs CUDA GPUs; this machine has none (ran nothing)"
+        return None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """A missing optional package: an error for a single run, a `skipped` row in a sweep."""
+        return None
+
+    def setup(self, env: RankEnv) -> None:
+        indices = env.placement.torch_indices
+        if self.one_process_per_device and env.placement.accelerator == "cuda":
+            indices = (env.local_rank,)  # CUDA_VISIBLE_DEVICES makes local rank r visible device r
+        self.ops = DeviceOps(env.placement.accelerator, indices)
+
+    @property
+    def device(self) -> torch.device:
+        assert self.ops is not None, "setup() first"
+        return self.ops.device
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def synchronize(self) -> None:
+        assert self.ops is not None
+        self.ops.synchronize()
+
+    def barrier(self) -> None:
+        """Line ranks up before the clock starts."""
+
+    def teardown(self) -> None:
+        pass
+
+
+class ProcessGroupStrategy(Strategy):
+    """One process per device joined in a torch.distributed process group (nccl on GPUs, gloo on CPU)."""
+
+    one_process_per_device = True
+
+    def setup(self, env: RankEnv) -> None:
+        super().setup(env)
+        assert self.ops is not None
+        device_id = self.ops.device if self.ops.accelerator == "cuda" else None
+        dist.init_process_group(self.ops.dist_backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=env.timeout_s), device_id=device_id)
+
+    def barrier(self) -> None:
+        assert self.ops is not None
+        if self.ops.accelerator == "cuda":
+            dist.barrier(device_ids=[self.ops.device.index])
+        else:
+            dist.barrier()
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

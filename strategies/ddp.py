@@ -1,0 +1,20 @@
+"""torch.nn.parallel.DistributedDataParallel, one process per device."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from strategies.base import ProcessGroupStrategy
+
+
+class TorchDDP(ProcessGroupStrategy):
+    def __init__(self, name: str, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
+                 gradient_as_bucket_view: bool = False) -> None:
+        super().__init__(name)
+        self.options = dict(find_unused_parameters=find_unused_parameters, bucket_cap_mb=bucket_cap_mb,
+                            gradient_as_bucket_view=gradient_as_bucket_view)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **self.options)
