@@ -74,16 +74,28 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
         print(note, flush=True)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     overrides = list(hydra_cfg.overrides.task)
+    repeat = int(cfg_dict.get("repeat", 1))
+    all_results = []
     try:
-        results = execute(cfg_dict, run_dir, in_sweep=in_sweep, overrides=overrides)
+        for index in range(repeat):
+            folder = run_dir if repeat == 1 else run_dir / f"repeat-{index}"
+            all_results.append(execute(cfg_dict, folder, in_sweep=in_sweep, overrides=overrides))
     except (ConfigError, Unavailable) as error:
         if in_sweep:
             return _record_refused(cfg_dict, run_dir, overrides, error)
         _remove_if_empty_run(run_dir)
         _refuse(error)
-    if not in_sweep and results["status"] not in ("ok", "skipped"):
+    except KeyboardInterrupt:
+        if in_sweep:  # Hydra skips on_multirun_end on Ctrl-C: report what finished now
+            from harness.report import build_report
+
+            sweep_dir = Path(hydra_cfg.sweep.dir)
+            print(f"interrupted: writing the report of the finished runs in {sweep_dir}", flush=True)
+            build_report([sweep_dir], sweep_dir, cfg_dict.get("report", {}).get("baseline"))
+        raise
+    if not in_sweep and any(r["status"] not in ("ok", "skipped") for r in all_results):
         sys.exit(EXIT_RUN_FAILED)
-    return results
+    return all_results[-1]
 
 
 def _record_refused(cfg_dict: dict[str, Any], run_dir: Path, overrides: list[str], error: Exception) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CONFIG_GROUPS = ("strategy", "amp", "model", "data", "experiment")
+CONFIG_GROUPS = ("strategy", "amp", "model", "data", "experiment", "combo", "sweep")
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_IMPLS = ("native", "apex")
 HALF_DTYPES = ("float16", "bfloat16")
@@ -162,6 +162,7 @@ class RunConfig:
     log_every: int
     warmup_windows: int
     seed: int
+    repeat: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -207,6 +208,7 @@ class RunConfig:
 
         for key in ("nprocs", "batch_size", "iterations", "log_every"):
             _positive_int(key, cfg[key])
+        _positive_int("repeat", cfg.get("repeat", 1))
         if not isinstance(cfg["warmup_windows"], int) or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
         if cfg["iterations"] < cfg["log_every"]:
@@ -224,8 +226,12 @@ class RunConfig:
             raise ConfigError("memory.interval_ms", memory.interval_ms, "a number of milliseconds > 0")
         dist = DistConfig(**_pick(cfg.get("dist", {}), DistConfig, "dist"))
         for key in ("timeout_s", "start_timeout_s"):
-            if getattr(dist, key) <= 0:
-                raise ConfigError(f"dist.{key}", getattr(dist, key), "a number of seconds > 0")
+            value = getattr(dist, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"dist.{key}", value, "a number of seconds > 0")
+        seed = cfg.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError("seed", seed, "an integer")
         fault = FaultConfig(**_pick(cfg.get("fault") or {}, FaultConfig, "fault"))
         if fault.kind is not None:
             _one_of("fault.kind", fault.kind, FAULT_KINDS)
@@ -237,7 +243,8 @@ class RunConfig:
         return cls(
             strategy=dict(cfg["strategy"]), amp=amp, model=dict(cfg["model"]), data=data, gpus=gpus,
             nprocs=cfg["nprocs"], batch_size=cfg["batch_size"], iterations=cfg["iterations"],
-            log_every=cfg["log_every"], warmup_windows=cfg["warmup_windows"], seed=int(cfg.get("seed", 0)),
+            log_every=cfg["log_every"], warmup_windows=cfg["warmup_windows"], seed=seed,
+            repeat=cfg.get("repeat", 1),
             optim=OptimConfig(**_pick(cfg.get("optim", {}), OptimConfig, "optim")), memory=memory, dist=dist,
             fault=fault,
         )

@@ -57,6 +57,7 @@ class Placement:
     threads_per_process: int
     global_batch: int
     worker_env: dict[str, str] = field(default_factory=dict)
+    explicit_gpus: bool = False  # the user named the GPUs (gpus=[...]) rather than taking all
     notes: tuple[str, ...] = ()
 
     @property
@@ -101,6 +102,8 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
         if not one_process_per_device and not drives_all_devices and len(gpus) > 1:
             notes.append(f"strategy={name} uses one device: GPU {gpus[0]} of {list(gpus)}")
             gpus = gpus[:1]
+        if drives_all_devices and len(gpus) == 1:
+            notes.append(f"strategy={name} on one GPU ({gpus[0]}): a one-GPU baseline, nothing is parallelised")
         nprocs = len(gpus) if one_process_per_device else 1
         devices = tuple(f"cuda:{g}" for g in gpus)
         worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
@@ -120,15 +123,16 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
     return Placement(accelerator=accelerator, gpus=tuple(gpus), torch_indices=torch_indices, nprocs=nprocs,
                      one_process_per_device=one_process_per_device, devices=devices,
                      threads_per_process=threads, global_batch=cfg.batch_size, worker_env=worker_env,
-                     notes=tuple(notes))
+                     explicit_gpus=cfg.gpus is not None, notes=tuple(notes))
 
 
 class DeviceOps:
     """What a rank needs from its devices: where tensors go, how to wait, what the allocator saw."""
 
-    def __init__(self, accelerator: str, torch_indices: Sequence[int]) -> None:
+    def __init__(self, accelerator: str, torch_indices: Sequence[int], labels: Sequence[str] = ()) -> None:
         self.accelerator = accelerator
         self.indices = list(torch_indices)
+        self.labels = list(labels) or [f"{accelerator}:{i}" for i in self.indices]  # physical ids, for reports
         if accelerator == "cuda":
             torch.cuda.set_device(self.indices[0])  # before anything is created: no stray context on GPU 0
             self.device = torch.device("cuda", self.indices[0])
@@ -155,8 +159,9 @@ class DeviceOps:
         if self.accelerator != "cuda":
             return []
         mib = 2**20
-        return [{"torch_index": i, "max_allocated_mib": torch.cuda.max_memory_allocated(i) / mib,
-                 "max_reserved_mib": torch.cuda.max_memory_reserved(i) / mib} for i in self.indices]
+        return [{"device": label, "max_allocated_mib": torch.cuda.max_memory_allocated(i) / mib,
+                 "max_reserved_mib": torch.cuda.max_memory_reserved(i) / mib}
+                for i, label in zip(self.indices, self.labels, strict=True)]
 
     @staticmethod
     def is_out_of_memory(error: BaseException) -> bool:

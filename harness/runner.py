@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 from hydra.utils import get_class
 
+from harness import imbalance
 from harness.config import PrecisionSpec, RunConfig, resolve_precision
 from harness.devices import Hardware, Placement, place, probe_hardware
 from harness.launcher import WorkerFailure, launch_workers
@@ -69,8 +70,11 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     for note in placement.notes:
         print(f"note: {note}", flush=True)
     record_dir = run_dir / "ranks"
+    # One-process strategies run inside this process, except in sweeps: there each run gets a fresh
+    # process, so no run inherits the memory, threads or CUDA context of the one before.
+    launched = placement.one_process_per_device or in_sweep
     spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
-            "record_dir": str(record_dir), "launched": placement.one_process_per_device}
+            "record_dir": str(record_dir), "launched": launched, "run_started": started}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid) \
         if cfg.memory.enabled else (None, None)
@@ -82,7 +86,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     interrupted: str | None = None
     try:
         with _sigterm_as_interrupt():
-            if placement.one_process_per_device:
+            if launched:
                 failures = launch_workers(run_rank, spec, placement, cfg.dist.start_timeout_s,
                                           str(run_dir / "logs"))
             else:
@@ -106,11 +110,16 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
         if sampler.warning:
             results["memory"]["warning"] = sampler.warning
     else:
-        results["memory"] = _allocator_memory(records, placement, warning)
+        results["memory"] = _allocator_memory(records, warning)
     results["env"] = environment(env_extra)
     results["finished_at"] = time.time()
     write_results(run_dir, results)
     _print_summary(results, run_dir)
+    if len(results["memory"]["per_device"]) >= 2:
+        balance = imbalance.write(results, run_dir)
+        print(f"memory balance ({balance.layout}): {balance.verdict}", flush=True)
+        for flag in balance.flags:
+            print(f"  ! {flag}", flush=True)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return results
@@ -198,22 +207,18 @@ def _measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, 
         "windows": [w.as_dict() for w in windows],
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
         "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
-        "startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
+        "startup_seconds": (max(firsts) - started) if firsts else None,
+        "command_startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
         "precision": precision,
         "ranks": [{k: r[k] for k in ("rank", "local_rank", "pid", "host", "device", "status", "error", "allocator")}
                   for r in records],
     }
 
 
-def _allocator_memory(records: list[dict[str, Any]], placement: Placement, warning: str | None) -> dict[str, Any]:
+def _allocator_memory(records: list[dict[str, Any]], warning: str | None) -> dict[str, Any]:
     """Without a sampler (disabled, or no NVML): the ranks' own allocator peaks, if any."""
-    def label(record: dict[str, Any], torch_index: int) -> str:
-        if placement.one_process_per_device:
-            return record["device"]
-        return placement.devices[placement.torch_indices.index(torch_index)]
-
-    per_device = [{"device": label(r, peak["torch_index"]), "peak_mib": round(peak["max_reserved_mib"], 1),
-                   "baseline_mib": 0.0} for r in records for peak in r.get("allocator", [])]
+    per_device = [{"device": peak["device"], "peak_mib": round(peak["max_reserved_mib"], 1), "baseline_mib": 0.0}
+                  for r in records for peak in r.get("allocator", [])]
     per_process = [{"pid": r["pid"], "rank": r["rank"], "device": r["device"], "role": "rank", "host": r["host"],
                     "peak_mib": round(sum(p["max_reserved_mib"] for p in r.get("allocator", [])), 1)}
                    for r in records if r.get("allocator")]

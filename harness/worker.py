@@ -90,9 +90,11 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
-        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
+        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s,
+                               launched=spec.get("launched", False)))
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        model = instantiate(cfg.model, num_classes=cfg.data.num_classes).to(strategy.device)
+        model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
+        model = strategy.convert_module(model).to(strategy.device)
         precision = build_precision(precision_spec, strategy.device)
         model, optimizer = precision.prepare(model, lambda params: torch.optim.SGD(
             params, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay))

@@ -29,12 +29,14 @@ def apex_missing(module: str) -> str | None:
 class ApexPrecision(Precision):
     @staticmethod
     def unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+        missing = apex_missing("amp")
+        if missing:
+            return f"amp.impl=apex: {missing}"
         if accelerator != "cuda":
-            return "amp.impl=apex needs CUDA GPUs (apex.amp has no CPU path)"
+            return "amp.impl=apex needs CUDA GPUs (apex.amp has no CPU path); use amp.impl=native on CPU"
         if spec.dtype == "bfloat16":
             return "amp.impl=apex casts to float16 only: use amp.dtype=float16 or amp.impl=native"
-        missing = apex_missing("amp")
-        return f"amp.impl=apex: {missing}" if missing else None
+        return None
 
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         from apex import amp

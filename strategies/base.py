@@ -22,6 +22,7 @@ class RankEnv:
     world_size: int
     placement: Placement
     timeout_s: float
+    launched: bool  # a child process whose CUDA_VISIBLE_DEVICES holds exactly the chosen GPUs
 
 
 class Strategy:
@@ -46,15 +47,21 @@ class Strategy:
         return None
 
     def setup(self, env: RankEnv) -> None:
-        indices = env.placement.torch_indices
-        if self.one_process_per_device and env.placement.accelerator == "cuda":
-            indices = (env.local_rank,)  # CUDA_VISIBLE_DEVICES makes local rank r visible device r
-        self.ops = DeviceOps(env.placement.accelerator, indices)
+        indices = env.placement.torch_indices  # inline: the parent's own numbering
+        if env.launched and env.placement.accelerator == "cuda":
+            # CUDA_VISIBLE_DEVICES lists the chosen GPUs: local rank r drives visible device r
+            indices = (env.local_rank,) if self.one_process_per_device else tuple(range(len(env.placement.gpus)))
+        labels = (env.placement.rank_device(env.rank),) if self.one_process_per_device else env.placement.devices
+        self.ops = DeviceOps(env.placement.accelerator, indices, labels)
 
     @property
     def device(self) -> torch.device:
         assert self.ops is not None, "setup() first"
         return self.ops.device
+
+    def convert_module(self, model: nn.Module) -> nn.Module:
+        """Layer swaps needed before precision set-up (e.g. synchronized batch-norm)."""
+        return model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
