@@ -14,6 +14,7 @@ from harness.config import ConfigError, check_group_choices
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
+EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
 AUTO_KEYS = ("model.name", "data.image_size", "batch_size")
 
 
@@ -86,13 +87,14 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
         _remove_if_empty_run(run_dir)
         _refuse(error)
     except KeyboardInterrupt:
-        if in_sweep:  # Hydra skips on_multirun_end on Ctrl-C: report what finished now
+        print("interrupted: partial results written with status 'interrupted'", file=sys.stderr, flush=True)
+        if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
             from harness.report import build_report
 
             sweep_dir = Path(hydra_cfg.sweep.dir)
-            print(f"interrupted: writing the report of the finished runs in {sweep_dir}", flush=True)
+            print(f"writing the report of the finished runs in {sweep_dir}", flush=True)
             build_report([sweep_dir], sweep_dir, cfg_dict.get("report", {}).get("baseline"))
-        raise
+        sys.exit(EXIT_INTERRUPTED)
     if not in_sweep and any(r["status"] not in ("ok", "skipped") for r in all_results):
         sys.exit(EXIT_RUN_FAILED)
     return all_results[-1]

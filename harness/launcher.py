@@ -1,8 +1,9 @@
 """Start one worker per device with torch.distributed.elastic, the engine behind torchrun.
 
-Everything listens on loopback only: the rendezvous store is created here on a socket bound to
-127.0.0.1 (torch's own TCPStore server would bind every interface) and the elastic agent and the
-workers reuse it; gloo is pinned to the loopback interface.
+Everything listens on loopback only. torch's TCPStore servers bind every interface, so the one
+store of a run is created here on a socket bound to 127.0.0.1 and everything else reuses it: the
+c10d rendezvous (same port, multi-tenant) and, through the `c10d-loopback` rendezvous handler,
+the store the workers bootstrap their process group from. gloo is pinned to the loopback interface.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any
 import psutil
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as handler_registry
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from harness.devices import Placement
@@ -52,13 +56,38 @@ def loopback_store(timeout_s: float) -> Iterator[int]:
     listener.bind((LOOPBACK, 0))
     listener.listen()
     port = listener.getsockname()[1]
+    # The store's server takes ownership of the socket and closes it when it goes.
     store = dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, wait_for_workers=False,
-                          master_listen_fd=listener.fileno(), timeout=timedelta(seconds=timeout_s))
+                          master_listen_fd=listener.detach(), timeout=timedelta(seconds=timeout_s))
     try:
         yield port
     finally:
         del store
-        listener.close()
+
+
+class _LoopbackRendezvous(DynamicRendezvousHandler):
+    """torch's c10d rendezvous, except that the workers' bootstrap store is the loopback store
+    (torch would open a second server, on every interface, for them)."""
+
+    def get_backend(self) -> str:
+        return "c10d-loopback"
+
+    def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
+        port = int(self._loopback_endpoint.rpartition(":")[2])
+        return dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True)  # the existing server
+
+
+def _loopback_rendezvous(params: RendezvousParameters) -> RendezvousHandler:
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    backend, store = create_backend(params)  # joins the loopback server already listening on the port
+    handler = create_handler(store, backend, params)  # parses timeouts etc. exactly as torchrun does
+    handler.__class__ = _LoopbackRendezvous
+    handler._loopback_endpoint = params.endpoint
+    return handler
+
+
+handler_registry.register("c10d-loopback", _loopback_rendezvous)
 
 
 @contextlib.contextmanager
@@ -87,7 +116,7 @@ def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
     with loopback_store(start_timeout_s) as port:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=placement.nprocs, run_id=uuid.uuid4().hex[:12],
-            rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:{port}",
+            rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
             rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
             max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
             logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=SHUTDOWN_GRACE_S)
@@ -96,8 +125,8 @@ def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
             try:
                 elastic_launch(config, entry)(spec)
             except ChildFailedError as error:
-                return [WorkerFailure(rank=f.rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
-                        for f in error.failures.values()]
+                return [WorkerFailure(rank=rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
+                        for rank, f in sorted(error.failures.items())]
     return []
 
 
@@ -105,4 +134,6 @@ def _describe(failure: Any) -> str:
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()}"
     message = failure.message if isinstance(failure.message, str) else str(failure.message)
-    return message if message and message != "<N/A>" else f"exited with code {failure.exitcode}"
+    if not message or message == "<N/A>" or message.startswith("To enable traceback"):
+        return f"exited with code {failure.exitcode} without a Python error"
+    return message

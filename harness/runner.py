@@ -22,7 +22,7 @@ from harness.launcher import WorkerFailure, launch_workers
 from harness.memory import MemorySampler, RankProcess, open_source, summarize
 from harness.results import SCHEMA, environment, write_results
 from harness.timing import Window, merge_ranks, steady_throughput
-from harness.worker import Interrupted, run_rank
+from harness.worker import Interrupted, last_line, run_rank
 from precision import precision_unavailable_reason
 
 
@@ -85,7 +85,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     failures: list[WorkerFailure] = []
     interrupted: str | None = None
     try:
-        with _sigterm_as_interrupt():
+        with _signals_as_interrupt():
             if launched:
                 failures = launch_workers(run_rank, spec, placement, cfg.dist.start_timeout_s,
                                           str(run_dir / "logs"))
@@ -96,8 +96,8 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     except Exception as error:
         if type(error).__name__ == "SignalException":  # the elastic agent forwarding SIGINT/SIGTERM
             interrupted = f"interrupted ({error})"
-        elif not record_dir.exists():
-            raise
+        else:  # the launcher itself failed (rendezvous timeout, spawn error): a failed run, not a crash
+            failures = [WorkerFailure(rank=-1, pid=None, exitcode=1, message=f"launcher: {last_line(error)}")]
     finally:
         tracker = sampler.stop() if sampler else None
 
@@ -126,20 +126,22 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the launcher ends the run like Ctrl-C: workers stopped, partial results written."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGINT/SIGTERM to the launcher end the run: workers stopped, partial results written.
+    Installed explicitly: a shell starting us in the background leaves SIGINT ignored."""
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(f"stopped by {signal.Signals(signum).name}")
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread (e.g. a launcher plugin's thread): leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, precision: PrecisionSpec,
@@ -177,16 +179,18 @@ def _read_records(record_dir: Path) -> list[dict[str, Any]]:
 
 
 def _status(records: list[dict[str, Any]], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
+    """The run's status and the root cause: a rank that died without a record went first (the others
+    wrote theirs on the way out); otherwise the earliest rank to fail, not its neighbours' broken pipes."""
     if interrupted:
         return "interrupted", interrupted
-    for wanted in ("oom", "failed"):
-        for record in records:
-            if record["status"] == wanted:
-                return wanted, f"rank {record['rank']} (pid {record['pid']}): {record['error']}"
     recorded = {r["rank"] for r in records}
     for failure in failures:
-        if failure.rank not in recorded or failure.exitcode < 0:
+        if failure.rank not in recorded:
             return "failed", f"rank {failure.rank} (pid {failure.pid}): {failure.message}"
+    bad = sorted((r for r in records if r["status"] in ("failed", "oom")), key=lambda r: r.get("ended_at") or 0)
+    if bad:
+        first = bad[0]
+        return first["status"], f"rank {first['rank']} (pid {first['pid']}): {first['error']}"
     if failures:
         f = failures[0]
         return "failed", f"rank {f.rank} (pid {f.pid}): {f.message}"

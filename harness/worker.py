@@ -114,14 +114,15 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
         record["status"] = "ok"
         return record
     except (Interrupted, KeyboardInterrupt) as error:
-        record.update(status="interrupted", error=_last_line(error))
+        record.update(status="interrupted", error=last_line(error))
         raise
     except BaseException as error:
-        record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=_last_line(error))
+        record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=last_line(error))
         if strategy is not None and strategy.ops is not None:
             record["allocator"] = strategy.ops.allocator_peaks()
         raise
     finally:
+        record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
@@ -138,7 +139,7 @@ def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.devi
     return synthetic_batch(size, cfg.data.image_size, cfg.data.num_classes, device, cfg.seed + rank)
 
 
-def _last_line(error: BaseException) -> str:
+def last_line(error: BaseException) -> str:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
