@@ -21,4 +21,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     cli.precheck(sys.argv[1:])
+    if cli.started_by_torchrun():  # one worker of a run torchrun launched: launch nothing
+        sys.exit(cli.torchrun_worker(sys.argv[1:]))
     main()

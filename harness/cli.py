@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -42,6 +43,23 @@ def precheck(argv: list[str]) -> None:
 def _refuse(error: Exception) -> None:
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def started_by_torchrun() -> bool:
+    from harness.torchrun import started_by_torchrun as check
+
+    return check()
+
+
+def torchrun_worker(argv: list[str]) -> int:
+    from harness.torchrun import run_worker
+
+    try:
+        return run_worker([a for a in argv if not a.startswith("-")])
+    except ConfigError as error:
+        if os.environ.get("RANK") == "0":
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
 
 
 def cpu_defaults_note(cfg: DictConfig) -> str | None:

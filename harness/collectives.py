@@ -224,7 +224,7 @@ def collectives_rank(spec: dict[str, Any]) -> None:
     record_path = Path(spec["record_dir"]) / f"rank{rank}.json"
     torch.set_num_threads(placement.threads_per_process)
     group = ProcessGroupStrategy("collectives")  # the device and process group exactly as DDP gets them
-    group.setup(RankEnv(rank, local_rank, world, placement, spec["timeout_s"], launched=True))
+    group.setup(RankEnv(rank, local_rank, world, placement, spec["timeout_s"]))
     try:
         measured, unsupported = measure(cfg, group, rank, world)
         if rank == 0:
@@ -366,13 +366,13 @@ def write_plot(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any], pat
 
 def run_benchmark(cfg_dict: Mapping[str, Any], out_dir: Path, hw: Hardware | None = None) -> dict[str, Any]:
     """Validate, place, launch, tabulate; raises ConfigError before anything starts on bad input."""
+    started = time.time()
+    cfg = CollectivesConfig.from_dict(cfg_dict.get("collectives") or {})
+    placement = placement_for(cfg_dict, hw or probe_hardware())
     # The entry by its importable name, also when this file runs as __main__ (python -m harness.collectives).
     from harness.collectives import collectives_rank
     from harness.launcher import launch_workers
 
-    started = time.time()
-    cfg = CollectivesConfig.from_dict(cfg_dict.get("collectives") or {})
-    placement = placement_for(cfg_dict, hw or probe_hardware())
     dist_cfg = {"timeout_s": 60, "start_timeout_s": 120, **(cfg_dict.get("dist") or {})}
     if placement.world_size < 2:
         print(f"note: one worker ({placement.devices[0]}): nothing crosses a link; use nprocs>=2 or two GPUs",

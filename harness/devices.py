@@ -4,7 +4,7 @@ how to wait for them, and what their allocators saw. Everything else asks throug
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ class Placement:
 
     accelerator: str  # "cuda" or "cpu"
     gpus: tuple[int, ...]  # physical ids used, in rank order; () on CPU
-    torch_indices: tuple[int, ...]  # the same GPUs as the parent's torch numbers them (inline runs)
+    torch_indices: tuple[int, ...]  # the same GPUs as torch numbers them inside the worker process
     nprocs: int  # worker processes on this node
     one_process_per_device: bool
     devices: tuple[str, ...]  # labels by physical id: cuda:3, or cpu / cpu:<rank>
@@ -59,18 +59,20 @@ class Placement:
     worker_env: dict[str, str] = field(default_factory=dict)
     explicit_gpus: bool = False  # the user named the GPUs (gpus=[...]) rather than taking all
     notes: tuple[str, ...] = ()
+    nodes: int = 1  # > 1 only under a multi-node torchrun; `nprocs` and `devices` are this node's
+    node_rank: int = 0
 
     @property
     def world_size(self) -> int:
-        return self.nprocs
+        return self.nprocs * self.nodes
 
     @property
     def local_batch(self) -> int:
         return self.global_batch // self.world_size
 
-    def rank_device(self, rank: int) -> str:
+    def rank_device(self, local_rank: int) -> str:
         """The device label a rank drives (one-process strategies: the first, i.e. base, device)."""
-        return self.devices[rank] if self.one_process_per_device else self.devices[0]
+        return self.devices[local_rank] if self.one_process_per_device else self.devices[0]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,9 +82,27 @@ class Placement:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
+@dataclass(frozen=True)
+class TorchrunWorld:
+    """What torchrun decided when it started this process (RANK, LOCAL_WORLD_SIZE, GROUP_RANK...)."""
+
+    local_world_size: int
+    nodes: int
+    node_rank: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TorchrunWorld:
+        world, local = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+        return cls(local_world_size=local, nodes=max(1, world // local), node_rank=int(env.get("GROUP_RANK", 0)))
+
+
 def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
-          needs_cuda: bool) -> Placement:
-    """Map `gpus`/`nprocs` to processes and devices; refuse what cannot be placed."""
+          needs_cuda: bool, isolated: bool = True, torchrun: TorchrunWorld | None = None) -> Placement:
+    """Map `gpus`/`nprocs` to processes and devices; refuse what cannot be placed.
+
+    `isolated`: the workers are child processes given CUDA_VISIBLE_DEVICES = the chosen GPUs, so they
+    number them 0..n-1; otherwise (inline, or under torchrun) they keep this process's numbering.
+    """
     name = cfg.strategy_name
     if cfg.gpus is None:
         gpus = hw.visible_gpus
@@ -97,6 +117,12 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
             raise ConfigError("gpus", [], f"strategy={name} runs on GPUs: give their ids, e.g. gpus=[0,1]")
 
     notes: list[str] = []
+    nodes, node_rank = (torchrun.nodes, torchrun.node_rank) if torchrun else (1, 0)
+    prefix = f"node{node_rank}/" if nodes > 1 else ""
+    if torchrun is not None:
+        if gpus and len(gpus) < torchrun.local_world_size:
+            raise ConfigError("gpus", list(gpus), f"at least --nproc-per-node={torchrun.local_world_size} GPUs")
+        gpus = gpus[:torchrun.local_world_size]
     if gpus:
         accelerator = "cuda"
         if not one_process_per_device and not drives_all_devices and len(gpus) > 1:
@@ -105,25 +131,28 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
         if drives_all_devices and len(gpus) == 1:
             notes.append(f"strategy={name} on one GPU ({gpus[0]}): a one-GPU baseline, nothing is parallelised")
         nprocs = len(gpus) if one_process_per_device else 1
-        devices = tuple(f"cuda:{g}" for g in gpus)
+        devices = tuple(f"{prefix}cuda:{g}" for g in gpus)
         worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     else:
         accelerator = "cpu"
-        nprocs = cfg.nprocs if one_process_per_device else 1
-        devices = tuple(f"cpu:{r}" for r in range(nprocs)) if one_process_per_device else ("cpu",)
+        nprocs = torchrun.local_world_size if torchrun else (cfg.nprocs if one_process_per_device else 1)
+        first = node_rank * nprocs
+        devices = tuple(f"{prefix}cpu:{first + r}" for r in range(nprocs)) if one_process_per_device else ("cpu",)
         worker_env = {}
     threads = max(1, hw.cores // nprocs)
     if one_process_per_device:
         worker_env["OMP_NUM_THREADS"] = str(threads)
-    if cfg.batch_size % nprocs:
-        lower, upper = cfg.batch_size // nprocs * nprocs, (cfg.batch_size // nprocs + 1) * nprocs
-        allowed = f"a multiple of the {nprocs} workers of strategy={name}, e.g. {lower or upper} or {upper}"
+    world = nprocs * nodes
+    if cfg.batch_size % world:
+        lower, upper = cfg.batch_size // world * world, (cfg.batch_size // world + 1) * world
+        allowed = f"a multiple of the {world} workers of strategy={name}, e.g. {lower or upper} or {upper}"
         raise ConfigError("batch_size", cfg.batch_size, allowed)
-    torch_indices = tuple(hw.visible_gpus.index(g) for g in gpus)
+    isolated = isolated and torchrun is None
+    torch_indices = tuple(range(len(gpus))) if isolated else tuple(hw.visible_gpus.index(g) for g in gpus)
     return Placement(accelerator=accelerator, gpus=tuple(gpus), torch_indices=torch_indices, nprocs=nprocs,
                      one_process_per_device=one_process_per_device, devices=devices,
                      threads_per_process=threads, global_batch=cfg.batch_size, worker_env=worker_env,
-                     explicit_gpus=cfg.gpus is not None, notes=tuple(notes))
+                     explicit_gpus=cfg.gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
 
 
 class DeviceOps:

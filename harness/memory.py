@@ -111,6 +111,7 @@ class MemorySampler:
 
     def __init__(self, source: MemorySource, interval_s: float) -> None:
         self.source, self.interval_s = source, interval_s
+        self.source_name = source.name
         self.tracker = MemoryTracker()
         self.warning: str | None = None
         self._stop = threading.Event()
@@ -128,6 +129,10 @@ class MemorySampler:
         self.source.close()
         return self.tracker
 
+    def findings(self) -> SamplerFindings:
+        """What the sampler saw, as plain data (to send to another process)."""
+        return SamplerFindings(self.tracker, self.source_name, self.warning)
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s) and self.warning is None:
             self._read()
@@ -139,6 +144,13 @@ class MemorySampler:
             self.tracker.add(self.source.read())
         except Exception as error:  # a flaky driver must not end the run: keep what was seen
             self.warning = f"memory sampling via {self.source.name} stopped: {error}"
+
+
+@dataclass(frozen=True)
+class SamplerFindings:
+    tracker: MemoryTracker
+    source_name: str
+    warning: str | None
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from hydra.utils import get_class
 
 from harness import imbalance
 from harness.config import PrecisionSpec, RunConfig, resolve_precision
-from harness.devices import Hardware, Placement, place, probe_hardware
+from harness.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
 from harness.launcher import WorkerFailure, launch_workers
-from harness.memory import MemorySampler, RankProcess, open_source, summarize
+from harness.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.results import SCHEMA, environment, write_results
 from harness.timing import Window, merge_ranks, steady_throughput
 from harness.worker import Interrupted, last_line, run_rank
@@ -34,11 +34,16 @@ def command_start_time() -> float:
     return psutil.Process().create_time()
 
 
-def plan(cfg: RunConfig, hw: Hardware) -> tuple[type, Placement, PrecisionSpec]:
-    """Everything decided before a worker starts; raises ConfigError on bad input."""
+def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False,
+         torchrun: TorchrunWorld | None = None) -> tuple[type, Placement, PrecisionSpec]:
+    """Everything decided before a worker starts; raises ConfigError on bad input.
+
+    One-process strategies run inside this process, except in sweeps: there each run gets a fresh
+    process, so no run inherits the memory, threads or CUDA context of the one before."""
     strategy_cls = get_class(cfg.strategy["_target_"])
+    isolated = strategy_cls.one_process_per_device or in_sweep
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
-                      strategy_cls.needs_cuda)
+                      strategy_cls.needs_cuda, isolated=isolated, torchrun=torchrun)
     return strategy_cls, placement, resolve_precision(cfg.amp, placement.accelerator)
 
 
@@ -52,8 +57,8 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     started = time.time()
     cfg = RunConfig.from_dict(cfg_dict)
     hw = hw or probe_hardware()
-    strategy_cls, placement, precision = plan(cfg, hw)
-    base = _base_results(cfg, cfg_dict, placement, precision, overrides)
+    strategy_cls, placement, precision = plan(cfg, hw, in_sweep)
+    base = base_results(cfg, cfg_dict, placement, precision, overrides)
 
     reason = strategy_cls.skip_reason(placement, precision)
     missing = strategy_cls.unavailable_reason() or precision_unavailable_reason(precision, placement.accelerator)
@@ -70,8 +75,6 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     for note in placement.notes:
         print(f"note: {note}", flush=True)
     record_dir = run_dir / "ranks"
-    # One-process strategies run inside this process, except in sweeps: there each run gets a fresh
-    # process, so no run inherits the memory, threads or CUDA context of the one before.
     launched = placement.one_process_per_device or in_sweep
     spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
             "record_dir": str(record_dir), "launched": launched, "run_started": started}
@@ -99,20 +102,34 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
         else:  # the launcher itself failed (rendezvous timeout, spawn error): a failed run, not a crash
             failures = [WorkerFailure(rank=-1, pid=None, exitcode=1, message=f"launcher: {last_line(error)}")]
     finally:
-        tracker = sampler.stop() if sampler else None
+        if sampler is not None:
+            sampler.stop()
 
-    records = _read_records(record_dir)
-    status, error = _status(records, failures, interrupted)
-    results = {**base, **_measurements(cfg, placement, records, started), "status": status, "error": error}
-    if sampler is not None and tracker is not None:
-        ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"]) for r in records]
-        results["memory"] = summarize(tracker, source.name, placement.devices, ranks, launcher_pid)
-        if sampler.warning:
-            results["memory"]["warning"] = sampler.warning
-    else:
-        results["memory"] = _allocator_memory(records, warning)
-    results["env"] = environment(env_extra)
-    results["finished_at"] = time.time()
+    records = read_records(record_dir)
+    status, error = run_status(records, failures, interrupted)
+    results = {**base, **measurements(cfg, placement, records, started), "status": status, "error": error,
+               "memory": memory_section(sampler, placement.devices, records, launcher_pid, warning),
+               "env": environment(env_extra), "finished_at": time.time()}
+    publish(run_dir, results)
+    if interrupted:
+        raise KeyboardInterrupt(interrupted)
+    return results
+
+
+def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tuple[str, ...], records: list[dict[str, Any]],
+                   launcher_pid: int, warning: str | None) -> dict[str, Any]:
+    """The sampler's view joined with the ranks' records; the allocator's peaks where no sampler ran."""
+    if sampler is None:
+        return _allocator_memory(records, warning)
+    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"]) for r in records]
+    memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
+    if sampler.warning:
+        memory["warning"] = sampler.warning
+    return memory
+
+
+def publish(run_dir: Path, results: dict[str, Any]) -> None:
+    """Write results.json, show the run, and its memory balance when it spans devices."""
     write_results(run_dir, results)
     _print_summary(results, run_dir)
     if len(results["memory"]["per_device"]) >= 2:
@@ -120,9 +137,6 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
         print(f"memory balance ({balance.layout}): {balance.verdict}", flush=True)
         for flag in balance.flags:
             print(f"  ! {flag}", flush=True)
-    if interrupted:
-        raise KeyboardInterrupt(interrupted)
-    return results
 
 
 @contextmanager
@@ -144,7 +158,7 @@ def _signals_as_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, precision: PrecisionSpec,
+def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, precision: PrecisionSpec,
                   overrides: list[str] | None) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "status": None, "error": None,
@@ -168,7 +182,7 @@ def _precision_record(precision: PrecisionSpec) -> dict[str, Any]:
             "loss_scale": precision.loss_scale}
 
 
-def _read_records(record_dir: Path) -> list[dict[str, Any]]:
+def read_records(record_dir: Path) -> list[dict[str, Any]]:
     records = []
     for path in sorted(record_dir.glob("rank*.json")):
         try:
@@ -178,7 +192,7 @@ def _read_records(record_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["rank"])
 
 
-def _status(records: list[dict[str, Any]], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
+def run_status(records: list[dict[str, Any]], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
     """The run's status and the root cause: a rank that died without a record went first (the others
     wrote theirs on the way out); otherwise the earliest rank to fail, not its neighbours' broken pipes."""
     if interrupted:
@@ -199,7 +213,7 @@ def _status(records: list[dict[str, Any]], failures: list[WorkerFailure], interr
     return "ok", None
 
 
-def _measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, Any]],
+def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, Any]],
                   started: float) -> dict[str, Any]:
     per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)

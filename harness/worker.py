@@ -73,8 +73,12 @@ def progress_printer(label: str, global_batch: int, log_every: int, iterations: 
     return show
 
 
-def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise."""
+def run_rank(spec: dict[str, Any],
+             before_teardown: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise.
+
+    `before_teardown(record)` runs while the process group is still up, after a successful run
+    (under torchrun: gathering every rank's record to global rank 0)."""
     cfg = RunConfig.from_dict(spec["config"])
     placement = Placement.from_dict(spec["placement"])
     precision_spec = PrecisionSpec(**spec["precision"])
@@ -82,7 +86,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("launched", False):
         signal.signal(signal.SIGTERM, _raise_interrupted)
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
-                              "host": socket.gethostname(), "device": placement.rank_device(rank),
+                              "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
                               "precision_state": {}, "first_iter_time": None}
     clock: WindowClock | None = None
@@ -90,8 +94,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
-        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s,
-                               launched=spec.get("launched", False)))
+        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         model = strategy.convert_module(model).to(strategy.device)
@@ -126,8 +129,12 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
-        if strategy is not None:
-            strategy.teardown()
+        try:
+            if before_teardown is not None and record["status"] == "ok":
+                before_teardown(record)
+        finally:
+            if strategy is not None:
+                strategy.teardown()
 
 
 def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.device,

@@ -22,7 +22,6 @@ class RankEnv:
     world_size: int
     placement: Placement
     timeout_s: float
-    launched: bool  # a child process whose CUDA_VISIBLE_DEVICES holds exactly the chosen GPUs
 
 
 class Strategy:
@@ -47,12 +46,13 @@ class Strategy:
         return None
 
     def setup(self, env: RankEnv) -> None:
-        indices = env.placement.torch_indices  # inline: the parent's own numbering
-        if env.launched and env.placement.accelerator == "cuda":
-            # CUDA_VISIBLE_DEVICES lists the chosen GPUs: local rank r drives visible device r
-            indices = (env.local_rank,) if self.one_process_per_device else tuple(range(len(env.placement.gpus)))
-        labels = (env.placement.rank_device(env.rank),) if self.one_process_per_device else env.placement.devices
-        self.ops = DeviceOps(env.placement.accelerator, indices, labels)
+        placement = env.placement
+        if self.one_process_per_device:
+            indices = placement.torch_indices[env.local_rank:env.local_rank + 1]
+            labels: tuple[str, ...] = (placement.rank_device(env.local_rank),)
+        else:
+            indices, labels = placement.torch_indices, placement.devices
+        self.ops = DeviceOps(placement.accelerator, indices, labels)
 
     @property
     def device(self) -> torch.device:

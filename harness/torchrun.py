@@ -1,0 +1,114 @@
+"""`run.py` started by torchrun: this process is one worker of a run torchrun launched, on one node
+or several. It launches nothing; global rank 0 alone writes the run's folder and results.json.
+
+Each node's local rank 0 samples its own node's memory (NVML or psutil, over the torchrun agent's
+workers); at the end every rank's record and every node's samples are gathered to global rank 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness.config import CONF_DIR, ConfigError, RunConfig
+from harness.devices import TorchrunWorld, probe_hardware
+from harness.memory import MemorySampler, open_source
+from harness.results import environment
+from harness.runner import base_results, measurements, memory_section, plan, publish, read_records, run_status
+from harness.worker import rank_identity, run_rank
+
+
+def started_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def compose_config(overrides: list[str]) -> dict[str, Any]:
+    """Every torchrun worker composes the same config from the same command line (no output folders)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def run_dir_for(cfg: RunConfig, now: dt.datetime) -> Path:
+    return Path("runs") / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S-%f}_{cfg.strategy_name}_{cfg.amp.level}_torchrun"
+
+
+def run_worker(overrides: list[str]) -> int:
+    started = time.time()
+    rank, local_rank, _ = rank_identity()
+    cfg_dict = compose_config(overrides)
+    cfg = RunConfig.from_dict(cfg_dict)
+    world = TorchrunWorld.from_env(os.environ)
+    strategy_cls, placement, precision = plan(cfg, probe_hardware(), torchrun=world)
+    if not strategy_cls.one_process_per_device:
+        raise ConfigError("strategy", cfg.strategy_name, "one process per device under torchrun (ddp, apex_ddp, "
+                          "allreduce); run other strategies as plain `python run.py`")
+    reason = strategy_cls.skip_reason(placement, precision) or strategy_cls.unavailable_reason()
+    if reason:
+        raise ConfigError("strategy", cfg.strategy_name, reason)
+
+    sampler = None
+    launcher_pid = os.getppid()  # the torchrun agent of this node
+    if local_rank == 0 and cfg.memory.enabled:
+        source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid)
+        if warning:
+            print(f"warning: {warning}", flush=True)
+        sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
+
+    record_dir = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-"))
+    spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
+            "record_dir": str(record_dir), "launched": True}
+
+    def gather(record: dict[str, Any]) -> None:
+        if sampler is not None:
+            sampler.stop()
+        node = {"node_rank": placement.node_rank, "devices": placement.devices, "launcher_pid": launcher_pid,
+                "sampler": sampler.findings() if sampler else None}
+        payload = {"record": record, "node": node if local_rank == 0 else None}
+        gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+        if rank == 0:
+            assert gathered is not None
+            write_results(cfg, cfg_dict, placement, precision, gathered, started, overrides)
+
+    try:
+        run_rank(spec, before_teardown=gather)
+    except BaseException:
+        if rank == 0:  # the process group is gone: record what this rank knows
+            records = read_records(record_dir)
+            write_results(cfg, cfg_dict, placement, precision, [{"record": r, "node": None} for r in records],
+                          started, overrides)
+        raise
+    return 0
+
+
+def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, precision: Any,
+                  gathered: list[dict[str, Any]], started: float, overrides: list[str]) -> None:
+    records = sorted((g["record"] for g in gathered), key=lambda r: r["rank"])
+    nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
+    devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
+    status, error = run_status(records, [], None)
+    if status == "ok" and len(records) < placement.world_size:
+        status, error = "failed", f"only {len(records)} of {placement.world_size} ranks reported"
+    per_device, per_process, sources = [], [], set()
+    for node in nodes:
+        node_records = [r for r in records if r["device"] in node["devices"]]
+        section = memory_section(node["sampler"], tuple(node["devices"]), node_records, node["launcher_pid"], None)
+        per_device += section["per_device"]
+        per_process += [{**p, "node": node["node_rank"]} for p in section["per_process"]]
+        sources.add(section["source"])
+    results = {**base_results(cfg, cfg_dict, placement, precision, overrides),
+               **measurements(cfg, placement, records, started), "status": status, "error": error,
+               "devices": devices, "nodes": placement.nodes,
+               "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
+                          "per_process": per_process},
+               "env": environment({"launcher": "torchrun"}), "finished_at": time.time()}
+    publish(run_dir_for(cfg, dt.datetime.now()), results)
