@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CONFIG_GROUPS = ("strategy", "amp", "model", "data", "experiment", "combo", "sweep")
+CONFIG_GROUPS = ("strategy", "amp", "model", "data", "launcher", "experiment", "combo", "sweep")
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_IMPLS = ("native", "apex")
 HALF_DTYPES = ("float16", "bfloat16")
 FAULT_KINDS = ("raise", "exit", "oom")
+LAUNCHERS = ("elastic", "spawn")
+START_METHODS = ("spawn", "fork", "forkserver")
 OVERSUBSCRIBE_FACTOR = 4  # nprocs beyond this many per core is refused as a typo, not a benchmark
 
 
@@ -141,6 +143,14 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class LauncherConfig:
+    """How worker processes are started (both give the same workers the same trainer)."""
+
+    name: str = "elastic"
+    start_method: str = "spawn"
+
+
+@dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
 
@@ -167,6 +177,7 @@ class RunConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
     @property
     def strategy_name(self) -> str:
@@ -232,6 +243,9 @@ class RunConfig:
         seed = cfg.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError("seed", seed, "an integer")
+        launcher = LauncherConfig(**_pick(cfg.get("launcher") or {}, LauncherConfig, "launcher"))
+        _one_of("launcher.name", launcher.name, LAUNCHERS)
+        _one_of("launcher.start_method", launcher.start_method, START_METHODS)
         fault = FaultConfig(**_pick(cfg.get("fault") or {}, FaultConfig, "fault"))
         if fault.kind is not None:
             _one_of("fault.kind", fault.kind, FAULT_KINDS)
@@ -246,7 +260,7 @@ class RunConfig:
             log_every=cfg["log_every"], warmup_windows=cfg["warmup_windows"], seed=seed,
             repeat=cfg.get("repeat", 1),
             optim=OptimConfig(**_pick(cfg.get("optim", {}), OptimConfig, "optim")), memory=memory, dist=dist,
-            fault=fault,
+            fault=fault, launcher=launcher,
         )
 
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -106,28 +107,81 @@ def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
 
 
 def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], placement: Placement,
-                   start_timeout_s: float, log_dir: str) -> list[WorkerFailure]:
+                   start_timeout_s: float, log_dir: str, method: str = "elastic",
+                   start_method: str = "spawn") -> list[WorkerFailure]:
     """Run `entry(spec)` on every rank; return the ranks that failed (empty when all succeeded).
 
-    SIGINT/SIGTERM to this process make the agent stop every worker and raise its SignalException.
+    `method`: "elastic" (torchrun's engine: an agent that monitors, rendezvous, error files) or
+    "spawn" (torch.multiprocessing.start_processes with `start_method`, the tutorials' way).
+    On SIGINT/SIGTERM every worker is stopped before the signal's exception propagates.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
     with loopback_store(start_timeout_s) as port:
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=placement.nprocs, run_id=uuid.uuid4().hex[:12],
-            rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
-            rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
-            max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
-            logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=SHUTDOWN_GRACE_S)
         env = {**placement.worker_env, "GLOO_SOCKET_IFNAME": loopback_interface(), "MASTER_ADDR": LOOPBACK}
         with patched_environ(env):
-            try:
-                elastic_launch(config, entry)(spec)
-            except ChildFailedError as error:
-                return [WorkerFailure(rank=rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
-                        for rank, f in sorted(error.failures.items())]
+            if method == "spawn":
+                return _spawn(entry, spec, placement.nprocs, port, start_method)
+            return _elastic(entry, spec, placement.nprocs, port, start_timeout_s, log_dir)
+
+
+def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs: int, port: int,
+             start_timeout_s: float, log_dir: str) -> list[WorkerFailure]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
+        rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
+        max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=SHUTDOWN_GRACE_S)
+    try:
+        elastic_launch(config, entry)(spec)
+    except ChildFailedError as error:
+        return [WorkerFailure(rank=rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
+                for rank, f in sorted(error.failures.items())]
     return []
+
+
+def _spawned_rank(local_rank: int, entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
+                  nprocs: int, port: int) -> None:
+    """What torchrun would have put in the environment; every rank joins the parent's loopback store."""
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(nprocs),
+                      LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
+    entry(spec)
+
+
+def _spawn(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs: int, port: int,
+           start_method: str) -> list[WorkerFailure]:
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(_spawned_rank, args=(entry, spec, nprocs, port), nprocs=nprocs, join=False,
+                                 start_method=start_method)
+    try:
+        while not context.join():
+            pass
+    except mp.ProcessExitedException as error:
+        message = f"killed by {error.signal_name}" if error.signal_name else f"exited with code {error.exit_code}"
+        return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=error.exit_code, message=message)]
+    except mp.ProcessRaisedException as error:
+        lines = [line for line in str(error).strip().splitlines() if line.strip()]
+        return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=1, message=lines[-1] if lines else "")]
+    except BaseException:
+        _stop(context.processes)
+        raise
+    return []
+
+
+def _stop(processes: list[Any]) -> None:
+    """SIGTERM (the workers write their records), then SIGKILL after the grace period."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _describe(failure: Any) -> str:

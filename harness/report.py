@@ -88,13 +88,13 @@ def _key(results: dict[str, Any]) -> tuple[Any, ...]:
     precision = results.get("precision") or {}
     return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
             results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
-            results.get("image_size"), results.get("iterations"))
+            results.get("image_size"), results.get("iterations"), results.get("launcher"))
 
 
 def _label(group: Sequence[dict[str, Any]], varying: set[int]) -> str:
     key = _key(group[0])
     parts = [f"{key[0]} {key[1]}"]
-    names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it"}
+    names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
     for index in sorted(varying):
         value = ",".join(key[index]) if index == 5 else key[index]
         parts.append(f"{names[index]}={value}")

@@ -91,7 +91,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
         with _signals_as_interrupt():
             if launched:
                 failures = launch_workers(run_rank, spec, placement, cfg.dist.start_timeout_s,
-                                          str(run_dir / "logs"))
+                                          str(run_dir / "logs"), cfg.launcher.name, cfg.launcher.start_method)
             else:
                 run_rank(spec)
     except (KeyboardInterrupt, Interrupted) as error:
@@ -163,6 +163,7 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
     return {
         "schema": SCHEMA, "status": None, "error": None,
         "strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
+        "launcher": f"{cfg.launcher.name}/{cfg.launcher.start_method}",
         "devices": list(placement.devices), "accelerator": placement.accelerator,
         "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
         "local_batch": placement.local_batch, "image_size": cfg.data.image_size, "iterations": cfg.iterations,
