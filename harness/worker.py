@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 
 from harness.config import FaultConfig, PrecisionSpec, RunConfig
 from harness.devices import DeviceOps, Placement
@@ -116,10 +116,11 @@ def run_rank(spec: dict[str, Any],
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
         return record
-    except (Interrupted, KeyboardInterrupt) as error:
-        record.update(status="interrupted", error=last_line(error))
-        raise
     except BaseException as error:
+        signal_error = _caused_by(error, (Interrupted, KeyboardInterrupt))  # also when wrapped (instantiate)
+        if signal_error is not None:
+            record.update(status="interrupted", error=last_line(signal_error))
+            raise
         record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=last_line(error))
         if strategy is not None and strategy.ops is not None:
             record["allocator"] = strategy.ops.allocator_peaks()
@@ -146,10 +147,16 @@ def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.devi
     return synthetic_batch(size, cfg.data.image_size, cfg.data.num_classes, device, cfg.seed + rank)
 
 
+def _caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kinds):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def last_line(error: BaseException) -> str:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
-
-
-def strategy_class(cfg: RunConfig) -> type:
-    return get_class(cfg.strategy["_target_"])
