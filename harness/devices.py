@@ -145,7 +145,8 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
     world = nprocs * nodes
     if cfg.batch_size % world:
         lower, upper = cfg.batch_size // world * world, (cfg.batch_size // world + 1) * world
-        allowed = f"a multiple of the {world} workers of strategy={name}, e.g. {lower or upper} or {upper}"
+        examples = f"{lower} or {upper}" if lower else f"{upper}"
+        allowed = f"a multiple of the {world} workers of strategy={name}, e.g. {examples}"
         raise ConfigError("batch_size", cfg.batch_size, allowed)
     isolated = isolated and torchrun is None
     torch_indices = tuple(range(len(gpus))) if isolated else tuple(hw.visible_gpus.index(g) for g in gpus)

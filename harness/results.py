@@ -21,6 +21,9 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Temp file in the same folder, fsync, rename: a reader sees the old file or the new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; results are for others to read too
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=2, default=str)

@@ -50,7 +50,9 @@ def merge_ranks(per_rank: Sequence[Sequence[Window]], warmup_windows: int) -> li
     """The run's clock is its slowest rank: cumulative time at each edge is the max over ranks.
 
     Ranks start together (a barrier precedes `start`), so max-of-cumulative is the wall time at which
-    the last rank finished that many iterations. Only edges every rank reached are kept.
+    the last rank finished that many iterations. Only edges every rank with windows reached are kept;
+    a rank that failed before its first edge has none and is left out, so a failed run keeps what the
+    others measured.
     """
     ranks = [list(w) for w in per_rank if w]
     if not ranks:

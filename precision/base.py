@@ -43,7 +43,7 @@ class Precision:
 
     def state(self) -> dict[str, Any]:
         """Loss-scale bookkeeping for the results; read once after the timed loop (it may sync)."""
-        return {"final_loss_scale": None, "skipped_steps": 0}
+        return {"final_loss_scale": 1.0, "skipped_steps": 0}
 
 
 def _implementation(spec: PrecisionSpec) -> type[Precision]:

@@ -1,0 +1,277 @@
+"""Shared helpers: the real CLI as a subprocess, cached real runs, tiny models and fake precision set-ups."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from harness.config import RunConfig
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+CLI_TIMEOUT_S = 120
+
+# A run small enough for 2 CPU cores: a few seconds, most of it process start-up.
+TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=8")
+
+
+def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S,
+            ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root.
+
+    Returns the finished process and the parsed results.json, or None when no results file was written.
+    """
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "run.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    path = run_dir / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else None
+    return proc, results
+
+
+def describe(proc: subprocess.CompletedProcess[str]) -> str:
+    """What to print when a CLI assertion fails."""
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[subprocess.CompletedProcess[str], dict[str, Any]]]:
+    """`cli_run(*overrides)`: one real run per distinct override list for the whole session (runs cost seconds,
+    and several test modules read the same run). Fails the calling test if the run wrote no results."""
+    cache: dict[tuple[str, ...], tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]] = {}
+
+    def get(*overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        if overrides not in cache:
+            cache[overrides] = run_cli(*overrides, tmp_path=tmp_path_factory.mktemp("cli"))
+        proc, results = cache[overrides]
+        assert results is not None, describe(proc)
+        return proc, results
+
+    return get
+
+
+# The two runs the "core" checks, the results-contract checks and the AMP O0 check share.
+DDP_RUN = ("strategy=ddp", "nprocs=2", *TINY, "iterations=40", "log_every=20")
+SINGLE_RUN = ("strategy=single", "amp=O0", *TINY, "iterations=60", "log_every=20")
+
+
+def tiny_batch(batch: int = 4, image_size: int = 8, num_classes: int = 10,
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 3, image_size, image_size, generator=generator),
+            torch.randint(0, num_classes, (batch,), generator=generator))
+
+
+def sgd(lr: float = 0.1) -> Callable[[Any], torch.optim.Optimizer]:
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP"}
+
+
+def run_config(strategy: str = "single", **values: Any) -> RunConfig:
+    """A RunConfig from a plain dict (no Hydra): tiny model, 12 images, 40 iterations; `values` override."""
+    cfg: dict[str, Any] = {
+        "strategy": {"_target_": STRATEGY_TARGETS[strategy], "name": strategy},
+        "amp": {"level": "O0"},
+        "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
+        "data": {"name": "synthetic", "image_size": 8, "num_classes": 10},
+        "gpus": None, "nprocs": 2, "batch_size": 12, "iterations": 40, "log_every": 20,
+        "warmup_windows": 1, "seed": 0,
+    }
+    cfg.update(values)
+    return RunConfig.from_dict(cfg)
+
+
+# ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----
+
+def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """`python run.py -m OVERRIDES hydra.sweep.dir=<sweep_dir>` from the repository root."""
+    return subprocess.run([sys.executable, "run.py", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def is_alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (`is_running` also checks the PID was not reused)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def alive_pids(pids: Iterable[int | None]) -> list[int]:
+    """Those of `pids` that still name a live, non-zombie process."""
+    alive = []
+    for pid in {p for p in pids if p}:
+        try:
+            if is_alive(psutil.Process(pid)):
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(alive)
+
+
+def run_pids(results: dict[str, Any]) -> set[int]:
+    """Every worker PID a results file names: the ranks' own records and the memory sampler's view."""
+    pids = {r["pid"] for r in results.get("ranks") or []}
+    pids |= {p["pid"] for p in (results.get("memory") or {}).get("per_process", []) if p.get("role") == "rank"}
+    return pids
+
+
+class LiveRun:
+    """`python run.py ARGS` in the background: its output collected line by line as it comes, and every
+    process ever seen below it remembered, so a test can act mid-run and check that nothing outlives it.
+
+    Use as a context manager: on the way out, whatever of the run is still alive is SIGKILLed (by PID)."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        # A session of its own: a Ctrl-C in the terminal running pytest does not reach the run directly.
+        self.proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.started_at = time.time()
+        self.ended_at: float | None = None  # time.time() right after the process was seen to exit
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.seen: dict[int, psutil.Process] = {}
+        self.worker_pids: set[int] = set()
+        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                         for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process below the launcher now (also remembered in `seen`)."""
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        for process in found:
+            self.seen.setdefault(process.pid, process)
+        return found
+
+    def workers(self) -> list[psutil.Process]:
+        """The worker processes (multiprocessing spawn children), in start order, i.e. rank order."""
+        workers = []
+        for process in self.descendants():
+            try:
+                if "spawn_main" in " ".join(process.cmdline()):
+                    workers.append((process.create_time(), process.pid, process))
+            except psutil.Error:
+                continue
+        self.worker_pids.update(pid for _, pid, _ in workers)
+        return [process for *_, process in sorted(workers)]
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+        """Poll `condition` (noting descendants meanwhile) until it holds; False on timeout or if the run ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.descendants()
+            if condition():
+                return True
+            if self.proc.poll() is not None:
+                return condition()
+            time.sleep(poll)
+        return False
+
+    def wait_for_output(self, text: str, timeout: float) -> bool:
+        return self.wait_until(lambda: text in self.stdout, timeout)
+
+    def signal(self, signum: int) -> float:
+        """Send `signum` to the launcher only; returns when it was sent (time.time())."""
+        self.descendants()
+        sent = time.time()
+        os.kill(self.proc.pid, signum)
+        return sent
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; `ended_at` is when the exit was seen. Raises subprocess.TimeoutExpired."""
+        code = self.proc.wait(timeout)
+        self.ended_at = time.time()
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+    def survivors(self, grace: float = 0.0) -> list[psutil.Process]:
+        """Processes ever seen below the launcher still alive after waiting up to `grace` seconds."""
+        deadline = time.monotonic() + grace
+        while True:
+            left = [p for p in self.seen.values() if is_alive(p)]
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+    def describe(self) -> str:
+        return (f"exit {self.proc.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n"
+                f"--- stderr ---\n{self.stderr[-4000:]}")
+
+    def __enter__(self) -> LiveRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.descendants()
+        for process in [*self.seen.values()]:
+            if is_alive(process):
+                try:
+                    process.kill()
+                except psutil.Error:
+                    pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        for reader in self._readers:
+            reader.join(timeout=10)
+
+
+# A DDP run that would go on for minutes: for tests that stop it mid-run.
+LONG_DDP_RUN = ("strategy=ddp", "nprocs=2", *TINY, "iterations=100000", "log_every=20")
+START_TIMEOUT_S = 180  # first window printed: process start-up on a loaded 2-core machine takes 5-30 s
+# A rank failing, a worker SIGKILLed, SIGINT/SIGTERM to the launcher -> launcher gone. Measured: 1-3 s on
+# 2 cores; the README's chain is agent notices within 0.1 s, SIGTERM to the others, SIGKILL after 10 s.
+STOP_BOUND_S = 30
+
+
+def check_stopped_by_signal(run: LiveRun, code: int, sent_at: float, signum: int, run_dir: Path) -> dict[str, Any]:
+    """What SIGINT/SIGTERM to the launcher must leave: exit 130 within STOP_BOUND_S, results.json with
+    status interrupted naming the signal and the windows measured so far, and no process of the run alive."""
+    assert code == 130, run.describe()
+    took = run.ended_at - sent_at
+    assert took < STOP_BOUND_S, f"launcher exited {took:.1f} s after {signal.Signals(signum).name}"
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "interrupted", results["error"]
+    name = signal.Signals(signum).name
+    assert name in results["error"] or f"signal: {int(signum)}" in results["error"], results["error"]
+    ends = [w["end_iter"] for w in results["windows"]]
+    assert ends and ends == list(range(20, 20 * len(ends) + 1, 20)), ends  # every window measured is kept
+    assert "interrupted" in run.stderr
+    workers_left = [p.pid for p in run.seen.values() if p.pid in run.worker_pids and is_alive(p)]
+    assert not workers_left, f"workers alive after the launcher exited: {workers_left}"
+    assert not run.survivors(grace=10), run.survivors()
+    assert not alive_pids(run_pids(results))
+    return results

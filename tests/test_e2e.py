@@ -1,0 +1,87 @@
+"""The real CLI end to end on CPU: DDP with 2 gloo workers, the single-device baseline, amp O0-O3."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import DDP_RUN, SINGLE_RUN, TINY, describe
+
+pytestmark = pytest.mark.slow
+
+
+def test_ddp_two_gloo_workers(cli_run):
+    proc, r = cli_run(*DDP_RUN)
+    assert proc.returncode == 0, describe(proc)
+    assert r["status"] == "ok" and r["error"] is None
+    assert (r["strategy"], r["amp"], r["model"]) == ("ddp", "O0", "tiny_cnn")
+    assert r["devices"] == ["cpu:0", "cpu:1"] and r["world_size"] == 2
+    assert r["global_batch"] == 8 and r["local_batch"] == 4  # equal per-rank batches
+
+    windows = r["windows"]
+    assert [w["end_iter"] for w in windows] == [20, 40]
+    assert [w["warmup"] for w in windows] == [True, False]
+    assert all(w["seconds"] > 0 for w in windows)
+    assert r["throughput_img_s"] > 0
+
+    per_rank = r["per_rank_windows"]
+    assert sorted(per_rank) == ["0", "1"]
+    for ws in per_rank.values():
+        assert [w["end_iter"] for w in ws] == [20, 40]
+    for i, w in enumerate(windows):  # the run's clock is its slowest rank
+        assert w["cumulative_seconds"] == max(per_rank[k][i]["cumulative_seconds"] for k in per_rank)
+    assert windows[0]["loss"] == pytest.approx((per_rank["0"][0]["loss"] + per_rank["1"][0]["loss"]) / 2)
+
+    procs = r["memory"]["per_process"]
+    assert sorted(p["rank"] for p in procs) == [0, 1]
+    pids = {p["pid"] for p in procs}
+    assert len(pids) == 2 and r["launcher_pid"] not in pids
+    assert {p["rank"]: p["device"] for p in procs} == {0: "cpu:0", 1: "cpu:1"}
+    assert all(p["peak_mib"] > 0 for p in procs)
+    assert {p["pid"] for p in r["ranks"]} == pids  # the workers that trained are the ones measured
+    assert [d["device"] for d in r["memory"]["per_device"]] == ["cpu:0", "cpu:1"]
+    assert "[ddp O0] iter    40/40" in proc.stdout
+
+
+def test_single_runs_inside_the_launcher(cli_run):
+    proc, r = cli_run(*SINGLE_RUN)
+    assert proc.returncode == 0, describe(proc)
+    assert r["status"] == "ok"
+    assert r["devices"] == ["cpu"] and r["world_size"] == 1 and r["local_batch"] == r["global_batch"] == 8
+    procs = r["memory"]["per_process"]
+    assert [(p["pid"], p["rank"], p["device"]) for p in procs] == [(r["launcher_pid"], 0, "cpu")]
+    assert list(r["per_rank_windows"]) == ["0"]
+    assert [w["warmup"] for w in r["windows"]] == [True, False, False]
+    assert r["throughput_img_s"] > 0
+
+
+def check_amp_run(proc, r, strategy: str, level: str) -> None:
+    assert proc.returncode == 0, describe(proc)
+    assert r["status"] == "ok", r["error"]
+    assert (r["strategy"], r["amp"]) == (strategy, level)
+    losses = [w["loss"] for w in r["windows"]]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses), losses
+    assert losses[-1] < losses[0], losses
+    precision = r["precision"]
+    assert precision["level"] == level and precision["impl"] == "native"
+    assert precision["dtype"] == ("float32" if level == "O0" else "bfloat16")  # the CPU default
+    assert precision["master_weights"] is (level == "O2")
+    assert precision["keep_batchnorm_fp32"] is (level != "O3")
+    assert precision["loss_scale"] == 1.0  # bfloat16: nothing to scale
+    assert precision["skipped_steps"] == 0
+
+
+@pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
+def test_single_amp_levels_train(cli_run, level):
+    run = SINGLE_RUN if level == "O0" else ("strategy=single", f"amp={level}", *TINY, "iterations=60",
+                                             "log_every=20")
+    proc, r = cli_run(*run)
+    check_amp_run(proc, r, "single", level)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_ddp_amp_levels_train(cli_run, level):
+    proc, r = cli_run("strategy=ddp", "nprocs=2", f"amp={level}", *TINY, "iterations=60", "log_every=20")
+    check_amp_run(proc, r, "ddp", level)
+    assert sorted(p["rank"] for p in r["memory"]["per_process"]) == [0, 1]
+    assert sorted(r["per_rank_windows"]) == ["0", "1"]

@@ -1,0 +1,295 @@
+"""harness.memory: NVML bookkeeping against a fake NVML, psutil against real child processes, the sampler."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from harness.memory import (
+    MIB,
+    MemorySampler,
+    MemoryTracker,
+    NvmlSource,
+    PsutilSource,
+    RankProcess,
+    Sample,
+    open_source,
+    summarize,
+)
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 (NVML's name)
+
+
+@dataclass
+class FakeMemoryInfo:
+    used: int
+
+
+class FakeNvml:
+    """Stands in for the pynvml module: physical index -> used bytes and running processes.
+
+    Tests change `used` and `procs` between reads, as the GPUs would change under a real run.
+    """
+
+    def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]]) -> None:
+        self.used, self.procs = used, procs
+        self.initialised = self.shut_down = 0
+        self.handles_asked: list[int] = []
+
+    def nvmlInit(self) -> None:  # noqa: N802
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shut_down += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:  # noqa: N802
+        self.handles_asked.append(index)
+        return ("handle", index)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple[str, int]) -> FakeMemoryInfo:  # noqa: N802
+        return FakeMemoryInfo(self.used[handle[1]])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: tuple[str, int]) -> list[FakeProcess]:  # noqa: N802
+        return [FakeProcess(pid, used) for pid, used in self.procs.get(handle[1], [])]
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+        return b"550.54.15"
+
+    def nvmlDeviceGetName(self, handle: tuple[str, int]) -> str | bytes:  # noqa: N802
+        return b"NVIDIA H100" if handle[1] == 0 else "NVIDIA A100"
+
+
+LAUNCHER, OTHER_USER, RANK0, RANK1, STRANGER = 1000, 999, 1001, 1002, 1003
+
+
+def mib(n: float) -> int:
+    return int(n * MIB)
+
+
+def nvml_run() -> tuple[MemoryTracker, FakeNvml, NvmlSource]:
+    """Baseline, then two reads of a 2-rank run on physical GPUs 0 and 3."""
+    fake = FakeNvml(used={0: mib(300), 3: mib(0)},
+                    procs={0: [(OTHER_USER, mib(250)), (LAUNCHER, mib(50))]})
+    source = NvmlSource([0, 3], nvml=fake)
+    tracker = MemoryTracker()
+    tracker.add(source.read())  # baseline
+
+    fake.used = {0: mib(1300), 3: mib(700)}
+    fake.procs = {0: [(OTHER_USER, mib(250)), (LAUNCHER, mib(120)), (RANK0, mib(900))],
+                  3: [(RANK1, mib(650)), (STRANGER, None)]}
+    tracker.add(source.read())
+
+    fake.used = {0: mib(1100), 3: mib(1500)}
+    fake.procs = {0: [(OTHER_USER, mib(250)), (LAUNCHER, mib(80)), (RANK0, mib(700))],
+                  3: [(RANK1, mib(1400))]}
+    tracker.add(source.read())
+    return tracker, fake, source
+
+
+def test_nvml_source_reads_physical_ids_in_mib():
+    fake = FakeNvml(used={0: mib(10), 3: mib(2048)}, procs={3: [(42, mib(512)), (43, None)]})
+    source = NvmlSource([0, 3], nvml=fake)
+    assert fake.initialised == 1 and fake.handles_asked == [0, 3]
+    sample = source.read()
+    assert sample.per_device == {"cuda:0": 10.0, "cuda:3": 2048.0}
+    assert sample.per_process == {(42, "cuda:3"): 512.0, (43, "cuda:3"): 0.0}  # None: hidden by the driver
+    assert source.describe() == {"driver": "550.54.15", "gpu_names": ["NVIDIA H100", "NVIDIA A100"]}
+    source.close()
+    assert fake.shut_down == 1
+
+
+def test_tracker_first_read_is_the_baseline_and_peaks_are_maxima():
+    tracker, _, _ = nvml_run()
+    assert tracker.baseline is not None
+    assert tracker.baseline.per_device == {"cuda:0": 300.0, "cuda:3": 0.0}
+    assert tracker.samples == 2  # the baseline is not a sample
+    assert tracker.peak_device == {"cuda:0": 1300.0, "cuda:3": 1500.0}
+    assert tracker.peak_process == {
+        (OTHER_USER, "cuda:0"): 250.0, (LAUNCHER, "cuda:0"): 120.0, (RANK0, "cuda:0"): 900.0,
+        (RANK1, "cuda:3"): 1400.0, (STRANGER, "cuda:3"): 0.0,
+    }
+
+
+def test_tracker_baseline_does_not_count_as_a_peak():
+    tracker = MemoryTracker()
+    tracker.add(Sample(per_device={"cuda:0": 5000.0}, per_process={(1, "cuda:0"): 5000.0}))
+    tracker.add(Sample(per_device={"cuda:0": 100.0}, per_process={(1, "cuda:0"): 100.0}))
+    assert tracker.peak_device == {"cuda:0": 100.0}
+    assert tracker.peak_process == {(1, "cuda:0"): 100.0}
+
+
+def test_summarize_nvml_drops_other_users_and_labels_ranks_and_launcher():
+    tracker, _, _ = nvml_run()
+    ranks = [RankProcess(0, RANK0, "cuda:0", "node1"), RankProcess(1, RANK1, "cuda:3", "node1")]
+    memory = summarize(tracker, "nvml", ["cuda:0", "cuda:3"], ranks, launcher_pid=LAUNCHER)
+    assert memory["source"] == "nvml" and memory["samples"] == 2
+    assert memory["per_device"] == [
+        {"device": "cuda:0", "peak_mib": 1300.0, "baseline_mib": 300.0},
+        {"device": "cuda:3", "peak_mib": 1500.0, "baseline_mib": 0.0},
+    ]
+    by_pid = {p["pid"]: p for p in memory["per_process"]}
+    assert OTHER_USER not in by_pid  # on the GPU before the run: someone else's
+    assert set(by_pid) == {LAUNCHER, RANK0, RANK1, STRANGER}
+    assert by_pid[RANK0] == {"pid": RANK0, "rank": 0, "device": "cuda:0", "peak_mib": 900.0, "role": "rank",
+                             "host": "node1"}
+    assert (by_pid[RANK1]["rank"], by_pid[RANK1]["device"], by_pid[RANK1]["peak_mib"]) == (1, "cuda:3", 1400.0)
+    assert by_pid[LAUNCHER]["role"] == "launcher" and by_pid[LAUNCHER]["rank"] is None
+    assert by_pid[LAUNCHER]["peak_mib"] == 120.0  # kept although it was there at baseline
+    assert by_pid[STRANGER]["role"] == "other" and by_pid[STRANGER]["peak_mib"] == 0.0
+
+
+def test_summarize_nvml_one_process_strategy_launcher_is_the_rank():
+    tracker, _, _ = nvml_run()
+    memory = summarize(tracker, "nvml", ["cuda:0"], [RankProcess(0, LAUNCHER, "cuda:0")], launcher_pid=LAUNCHER)
+    by_pid = {p["pid"]: p for p in memory["per_process"]}
+    assert by_pid[LAUNCHER]["role"] == "rank" and by_pid[LAUNCHER]["rank"] == 0
+    assert [d["device"] for d in memory["per_device"]] == ["cuda:0"]
+
+
+def test_summarize_without_any_read():
+    memory = summarize(MemoryTracker(), "nvml", ["cuda:0"], [], launcher_pid=1)
+    assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 0.0, "baseline_mib": 0.0}]
+    assert memory["per_process"] == [] and memory["samples"] == 0
+
+
+class FlakySource:
+    """Reads 100, 300, 200 MiB..., then raises from read number `fail_at` on."""
+
+    name = "flaky"
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at, self.reads, self.closed = fail_at, 0, False
+        self.failed = threading.Event()
+
+    def read(self) -> Sample:
+        self.reads += 1
+        if self.reads >= self.fail_at:
+            self.failed.set()
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        mib_used = [100.0, 300.0, 200.0, 250.0][(self.reads - 1) % 4]
+        return Sample(per_device={"cuda:0": mib_used}, per_process={(7, "cuda:0"): mib_used / 2})
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_sampler_failure_sets_a_warning_and_keeps_the_peaks():
+    source = FlakySource(fail_at=4)  # baseline 100, samples 300 and 200, then the driver fails
+    sampler = MemorySampler(source, interval_s=0.001).start()
+    assert source.failed.wait(30), "the sampler thread never reached the failing read"
+    tracker = sampler.stop()
+    assert source.reads == 4  # no read after the failure, not even the final one in stop()
+    assert source.closed
+    assert sampler.warning is not None
+    assert "flaky" in sampler.warning and "NVML_ERROR_GPU_IS_LOST" in sampler.warning
+    assert tracker.baseline.per_device == {"cuda:0": 100.0}
+    assert tracker.samples == 2
+    assert tracker.peak_device == {"cuda:0": 300.0}
+    assert tracker.peak_process == {(7, "cuda:0"): 150.0}
+
+
+def test_sampler_failing_at_baseline_leaves_an_empty_tracker():
+    source = FlakySource(fail_at=1)
+    sampler = MemorySampler(source, interval_s=0.001).start()
+    tracker = sampler.stop()
+    assert sampler.warning is not None and source.reads == 1
+    assert tracker.baseline is None and tracker.peak_device == {}
+
+
+def test_sampler_stop_takes_a_final_read():
+    source = FlakySource(fail_at=10_000)
+    sampler = MemorySampler(source, interval_s=3600).start()  # the thread waits: only start and stop read
+    tracker = sampler.stop()
+    assert source.reads == 2 and sampler.warning is None
+    assert tracker.samples == 1 and tracker.peak_device == {"cuda:0": 300.0}
+
+
+def test_open_source_picks_psutil_on_cpu_and_reports_missing_nvml():
+    source, warning = open_source("cpu", (), os.getpid())
+    assert isinstance(source, PsutilSource) and warning is None
+
+    def broken(ids):
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    source, warning = open_source("cuda", (0,), os.getpid(), nvml_factory=broken)
+    assert source is None and "NVML unavailable" in warning and "libnvidia-ml" in warning
+
+
+ALLOC_MIB = 50
+CHILD = (f"import sys, time\nblock = b'x' * ({ALLOC_MIB} * 2**20)\nprint('ready', flush=True)\n"
+         "sys.stdin.read()\n")
+
+
+@pytest.fixture
+def two_children():
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stdin.close()  # EOF: the child exits
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_psutil_source_sees_real_worker_processes(two_children):
+    launcher = os.getpid()
+    source = PsutilSource(launcher)
+    sample = source.read()
+    pids = [p.pid for p in two_children]
+    for pid in pids:
+        assert sample.per_process[(pid, "cpu")] > ALLOC_MIB
+    assert (launcher, "cpu") in sample.per_process
+    assert sample.per_device == {}
+
+
+def test_psutil_summary_maps_worker_pids_to_ranks_and_devices(two_children):
+    launcher = os.getpid()
+    source = PsutilSource(launcher)
+    tracker = MemoryTracker()
+    tracker.add(Sample(per_process={(launcher, "cpu"): 1.0}))  # baseline: before the workers existed
+    tracker.add(source.read())
+    tracker.add(source.read())
+    pids = [p.pid for p in two_children]
+    ranks = [RankProcess(0, pids[0], "cpu:0"), RankProcess(1, pids[1], "cpu:1")]
+    memory = summarize(tracker, "psutil", ["cpu:0", "cpu:1"], ranks, launcher_pid=launcher)
+
+    assert memory["source"] == "psutil"
+    rows = memory["per_process"]
+    assert [(p["pid"], p["rank"], p["device"], p["role"]) for p in rows] == \
+        [(pids[0], 0, "cpu:0", "rank"), (pids[1], 1, "cpu:1", "rank")]  # the launcher is not a worker
+    assert all(p["peak_mib"] > ALLOC_MIB for p in rows)
+    devices = {d["device"]: d for d in memory["per_device"]}
+    assert list(devices) == ["cpu:0", "cpu:1"]
+    for row in rows:
+        assert devices[row["device"]]["peak_mib"] == row["peak_mib"]
+        assert devices[row["device"]]["baseline_mib"] == 0.0
+
+
+def test_psutil_summary_one_process_strategy_counts_the_launcher():
+    launcher = os.getpid()
+    source = PsutilSource(launcher)
+    tracker = MemoryTracker()
+    tracker.add(source.read())
+    tracker.add(source.read())
+    memory = summarize(tracker, "psutil", ["cpu"], [RankProcess(0, launcher, "cpu")], launcher_pid=launcher)
+    assert [(p["pid"], p["rank"], p["device"]) for p in memory["per_process"]] == [(launcher, 0, "cpu")]
+    (device,) = memory["per_device"]
+    assert device["device"] == "cpu" and device["peak_mib"] > 0
+    assert device["baseline_mib"] == round(tracker.baseline.per_process[(launcher, "cpu")], 1)

@@ -1,0 +1,424 @@
+"""Issue 6 end to end on CPU, with real worker processes: bad input refused before anything starts;
+a rank raising, exiting or running out of memory, a worker SIGKILLed, Ctrl-C to the launcher (inline
+and DDP runs, and a sweep); a sweep going on past a failed combination; run folders never touched or
+overwritten; the report skipping unreadable results files. SIGTERM and the loopback-only rule:
+tests/test_launcher.py.
+
+Time bound asserted (generous: the machine may be shared): the launcher exits within STOP_BOUND_S
+(conftest) of a rank failing, a worker being SIGKILLed, or SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    CLI_TIMEOUT_S,
+    LONG_DDP_RUN,
+    REPO,
+    START_TIMEOUT_S,
+    STOP_BOUND_S,
+    TINY,
+    LiveRun,
+    alive_pids,
+    check_stopped_by_signal,
+    describe,
+    is_alive,
+    run_cli,
+    run_pids,
+    run_sweep,
+)
+
+from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED
+from harness.config import OVERSUBSCRIBE_FACTOR
+from harness.devices import probe_hardware, usable_cores
+from harness.results import SCHEMA
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: one line naming the key, the bad value and what is allowed; exit 2; no worker; no folder.
+# (amp=O4, amp.dtype, amp.impl=apex and batch_size=7 are in tests/test_cli.py.)
+# ---------------------------------------------------------------------------------------------------
+
+# A DDP run, so that a wrongly started run would show "[ddp O0] iter" lines and leave ranks/.
+BASE = {"strategy": "ddp", "nprocs": "2", "model": "tiny_cnn", "data.image_size": "8", "batch_size": "8",
+        "iterations": "40", "log_every": "20"}
+GPU_BEYOND = max(probe_hardware().visible_gpus, default=-1) + 1  # 0 on a machine without GPUs
+NPROCS_LIMIT = OVERSUBSCRIBE_FACTOR * usable_cores()
+
+# case id: (overrides, fragments of the one error line; the first is `key=value`, right after "error: ")
+BAD_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "unknown-strategy": (("strategy=nope",), ("strategy=nope", "allreduce, apex_ddp, ddp, dp, ignite, single")),
+    "unknown-strategy-in-a-sweep": (("-m", "strategy=ddp,nope"), ("strategy=nope", "ddp", "single")),
+    "unknown-amp-level-key": (("amp.level=O5",), ("amp.level=O5", "O0, O1, O2, O3")),
+    "unknown-model": (("model=vgg",), ("model=vgg", "resnet18", "tiny_cnn")),
+    "unknown-data": (("data=imagenet",), ("data=imagenet", "synthetic")),
+    "gpus-duplicate": (("gpus=[0,0]",), ("gpus=[0,0]", "each GPU id at most once")),
+    "gpus-negative": (("gpus=[-1]",), ("gpus=[-1]", "non-negative integer")),
+    "gpus-fraction": (("gpus=[0.5]",), ("gpus=[0.5]", "non-negative integer")),
+    "gpus-not-a-number": (("gpus=[a]",), ("gpus=[a]", "non-negative integer")),
+    "gpus-beyond-visible": ((f"gpus=[{GPU_BEYOND}]",), (f"gpus=[{GPU_BEYOND}]", "visible GPU")),
+    "dp-with-no-gpus": (("strategy=dp", "gpus=[]"), ("gpus=[]", "strategy=dp runs on GPUs")),
+    "apex_ddp-with-no-gpus": (("strategy=apex_ddp", "gpus=[]"), ("gpus=[]", "strategy=apex_ddp runs on GPUs")),
+    "batch-zero": (("batch_size=0",), ("batch_size=0", "an integer >= 1")),
+    "batch-negative": (("batch_size=-8",), ("batch_size=-8", "an integer >= 1")),
+    "image-size-zero": (("data.image_size=0",), ("data.image_size=0", "an integer >= 1")),
+    "iterations-below-log_every": (("iterations=10", "log_every=20"), ("iterations=10", "at least log_every (20)")),
+    "iterations-not-a-multiple": (("iterations=30",), ("iterations=30", "a multiple of log_every (20)")),
+    "nprocs-zero": (("nprocs=0",), ("nprocs=0", "an integer >= 1")),
+    "nprocs-far-beyond-cores": ((f"nprocs={NPROCS_LIMIT + 1}",),
+                                (f"nprocs={NPROCS_LIMIT + 1}", f"1 to {NPROCS_LIMIT} on this machine")),
+    "memory-interval-zero": (("memory.interval_ms=0",), ("memory.interval_ms=0", "> 0")),
+    "memory-interval-negative": (("memory.interval_ms=-5",), ("memory.interval_ms=-5", "> 0")),
+}
+
+
+def with_overrides(*overrides: str) -> list[str]:
+    """BASE with `overrides` replacing its keys (Hydra refuses a key given twice)."""
+    merged = dict(BASE)
+    for override in overrides:
+        key, _, value = override.partition("=")
+        merged[key] = value
+    return [f"{key}={value}" for key, value in merged.items()]
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """Exit 2 and exactly one line `error: KEY=VALUE is not allowed: WHAT IS`; nothing trained."""
+    assert proc.returncode == EXIT_BAD_INPUT, describe(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, describe(proc)
+    line = lines[0]
+    assert line.startswith(f"error: {fragments[0]} is not allowed: "), line
+    for fragment in fragments[1:]:
+        assert fragment in line, (fragment, line)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert " iter " not in proc.stdout, describe(proc)  # no rank got as far as a window
+    return line
+
+
+def selected(request: pytest.FixtureRequest, test_name: str, param: str) -> list[Any]:
+    """The values of `param` for which `test_name` is part of this session (to start only those runs)."""
+    return [item.callspec.params[param] for item in request.session.items
+            if getattr(item, "originalname", None) == test_name and hasattr(item, "callspec")]
+
+
+@pytest.fixture(scope="module")
+def refusals(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Every selected bad-input case through the real CLI, four at a time (each is ~2 s of start-up)."""
+    root = tmp_path_factory.mktemp("refused")
+
+    def refuse(case: str) -> tuple[str, tuple[subprocess.CompletedProcess[str], Path]]:
+        overrides, _ = BAD_INPUTS[case]
+        multirun = overrides[:1] == ("-m",)
+        out_dir = root / case
+        dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        argv = [*(["-m"] if multirun else []), *with_overrides(*overrides[multirun:]), f"{dir_key}={out_dir}"]
+        proc = subprocess.run([sys.executable, "run.py", *argv], cwd=REPO, capture_output=True, text=True,
+                              timeout=CLI_TIMEOUT_S)
+        return case, (proc, out_dir)
+
+    cases = selected(request, "test_bad_input_is_refused_before_anything_starts", "case")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(refuse, cases))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_refused_before_anything_starts(refusals, case):
+    proc, out_dir = refusals[case]
+    assert_refused(proc, *BAD_INPUTS[case][1])
+    assert not out_dir.exists(), sorted(str(p) for p in out_dir.rglob("*"))  # no run folder, no ranks/
+
+
+@pytest.mark.slow
+def test_sweep_records_bad_input_as_failed_and_missing_apex_as_skipped(tmp_path):
+    """In a sweep, a combination that cannot start is a row with its reason; the sweep goes on."""
+    sweep = tmp_path / "sweep"
+    proc = run_sweep("strategy=single", "amp=O1", "amp.impl=apex", "batch_size=0,8", "model=tiny_cnn",
+                     "data.image_size=8", "iterations=20", "log_every=20", sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    assert " iter " not in proc.stdout  # neither combination trained
+    rows = {r["global_batch"]: r for r in map(json.loads, (p.read_text() for p in sweep.glob("*/results.json")))}
+    assert sorted(rows) == [0, 8]
+    assert rows[0]["status"] == "failed" and rows[0]["error"].startswith("batch_size=0 is not allowed")
+    assert rows[8]["status"] == "skipped" and "apex" in rows[8]["error"]
+    assert not list(sweep.glob("*/ranks")) and not list(sweep.glob("*/logs"))  # no worker started
+    report = (sweep / "report.md").read_text()
+    assert re.search(r"^\| single O1 batch=0 .*\| failed: batch_size=0 is not allowed", report, re.M), report
+    assert re.search(r"^\| single O1 batch=8 .*\| skipped: .*apex", report, re.M), report
+
+
+# ---------------------------------------------------------------------------------------------------
+# No existing run folder touched, never another run's folder overwritten.
+# ---------------------------------------------------------------------------------------------------
+
+BUG_HYDRA_WRITES_FIRST = (
+    "BUG: Hydra creates <run dir>/.hydra/{config,hydra,overrides}.yaml and run.log before harness.cli.task "
+    "validates, so bad input pointed at an existing run folder overwrites that run's .hydra files")
+BUG_RUNS_INTO_EXISTING = (
+    "BUG: a valid run pointed at a folder holding results.json trains anyway, overwrites that run's "
+    "ranks/rank*.json and .hydra/, then dies in results.write_results with a FileExistsError traceback (exit 1)")
+
+
+def finished_run_folder(path: Path) -> dict[str, bytes | None]:
+    """Make `path` look like another run's finished folder; return its snapshot."""
+    for sub in (".hydra", "ranks", "logs"):
+        (path / sub).mkdir(parents=True)
+    files = {"results.json": json.dumps({"schema": SCHEMA, "status": "ok", "error": None, "sentinel": True}),
+             ".hydra/config.yaml": "sentinel: true\n", ".hydra/hydra.yaml": "sentinel: true\n",
+             ".hydra/overrides.yaml": "- sentinel=true\n", "ranks/rank0.json": '{"rank": 0, "sentinel": true}\n',
+             "run.log": "sentinel\n"}
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return snapshot(path)
+
+
+def snapshot(path: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under `path`."""
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None) for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    pytest.param(("strategy=nope",), id="refused-before-hydra"),
+    pytest.param(("batch_size=0",), id="refused-by-the-config-checks",
+                 marks=pytest.mark.xfail(strict=True, reason=BUG_HYDRA_WRITES_FIRST)),
+])
+def test_bad_input_leaves_an_existing_run_folder_untouched(tmp_path, overrides):
+    before = finished_run_folder(tmp_path / "run")
+    proc, _ = run_cli(*with_overrides(*overrides), tmp_path=tmp_path)
+    assert proc.returncode == EXIT_BAD_INPUT, describe(proc)
+    assert snapshot(tmp_path / "run") == before
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=BUG_RUNS_INTO_EXISTING)
+def test_a_run_never_writes_into_another_runs_folder(tmp_path):
+    """A run pointed at a folder that already holds a run: refused like bad input, the folder untouched."""
+    before = finished_run_folder(tmp_path / "run")
+    proc, _ = run_cli("strategy=single", *TINY, "iterations=20", "log_every=20", tmp_path=tmp_path)
+    assert snapshot(tmp_path / "run") == before
+    assert proc.returncode == EXIT_BAD_INPUT, describe(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "run") in lines[0], describe(proc)
+    assert " iter " not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# Failures during a run: fault.kind=raise|exit|oom on rank 1 at iteration 30 of 60 (windows of 20).
+# ---------------------------------------------------------------------------------------------------
+
+FAULT_RUN = ("strategy=ddp", "nprocs=2", *TINY, "iterations=60", "log_every=20", "fault.rank=1", "fault.at_iter=30")
+# kind: (status, what the run's error says after "rank 1 (pid N): ")
+FAULTS = {
+    "raise": ("failed", "RuntimeError: injected fault (fault.kind=raise) at iteration 30 on rank 1"),
+    "exit": ("failed", "exited with code 13"),  # os._exit(13): no Python error, no record from that rank
+    "oom": ("oom", "MemoryError: injected fault (fault.kind=oom) at iteration 30 on rank 1"),
+}
+
+
+@pytest.fixture(scope="module")
+def fault_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The selected fault runs, started together (each is mostly process start-up); kind ->
+    (process, results, run folder, time.time() when the launcher had exited)."""
+    def run(kind: str) -> tuple[str, tuple[Any, ...]]:
+        tmp = tmp_path_factory.mktemp(f"fault-{kind}")
+        proc, results = run_cli(*FAULT_RUN, f"fault.kind={kind}", tmp_path=tmp)
+        return kind, (proc, results, tmp / "run", time.time())
+
+    kinds = selected(request, "test_injected_fault_ends_the_run_and_keeps_what_was_measured", "kind")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(run, kinds))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(FAULTS))
+def test_injected_fault_ends_the_run_and_keeps_what_was_measured(fault_runs, kind):
+    proc, r, run_dir, exited_at = fault_runs[kind]
+    status, message = FAULTS[kind]
+    assert proc.returncode == EXIT_RUN_FAILED, describe(proc)
+    assert r is not None, describe(proc)
+    assert r["status"] == status, r["error"]
+    # The root cause, not rank 0's "connection closed by peer" from the collective it was in.
+    assert re.fullmatch(r"rank 1 \(pid \d+\): .+", r["error"]) and message in r["error"], r["error"]
+    assert [w["end_iter"] for w in r["windows"]] == [20]  # the window finished before iteration 30 is kept
+    assert [w["end_iter"] for w in r["per_rank_windows"]["0"]] == [20]
+    ranks = {x["rank"]: x for x in r["ranks"]}
+    if kind == "exit":
+        assert 1 not in ranks  # died without writing a record
+    else:
+        assert ranks[1]["status"] == status and message in ranks[1]["error"]
+    assert ranks[0]["status"] == "failed"  # stopped by its neighbour's failure
+
+    # Time bound: the fault fired after the first window ended; the launcher was gone soon after.
+    records = [json.loads(p.read_text()) for p in (run_dir / "ranks").glob("rank*.json")]
+    fault_not_before = max(x["first_iter_time"] for x in records) + r["windows"][0]["cumulative_seconds"]
+    took = exited_at - fault_not_before
+    assert 0 < took < STOP_BOUND_S, f"launcher exited {took:.1f} s after the fault"
+    print(f"\n{kind}: launcher exited {took:.2f} s after the fault")
+
+    assert not alive_pids(run_pids(r)), "a worker outlived the launcher"
+    if kind == "oom":  # the memory seen up to the failure is kept
+        memory = r["memory"]
+        assert memory["source"] == "psutil"
+        assert sorted(p["rank"] for p in memory["per_process"]) == [0, 1]
+        assert all(p["peak_mib"] > 0 for p in memory["per_process"])
+        assert [d["device"] for d in memory["per_device"]] == ["cpu:0", "cpu:1"]
+        assert all(d["peak_mib"] > 0 for d in memory["per_device"])
+
+
+@pytest.mark.slow
+def test_worker_killed_with_sigkill_fails_the_run_within_the_bound(tmp_path):
+    run_dir = tmp_path / "run"
+    with LiveRun(*LONG_DDP_RUN, f"hydra.run.dir={run_dir}") as run:
+        assert run.wait_for_output("[ddp O0] iter", START_TIMEOUT_S), run.describe()
+        workers = run.workers()
+        assert len(workers) == 2, workers
+        victim = workers[1]  # started second: rank 1
+        killed_at = time.time()
+        victim.kill()
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+    took = run.ended_at - killed_at
+    assert code == EXIT_RUN_FAILED, run.describe()
+    assert took < STOP_BOUND_S, f"launcher exited {took:.1f} s after SIGKILL"
+    print(f"\nSIGKILL: launcher exited {took:.2f} s after the worker was killed")
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["status"] == "failed"
+    assert r["error"] == f"rank 1 (pid {victim.pid}): killed by SIGKILL", r["error"]
+    ends = [w["end_iter"] for w in r["windows"]]
+    assert ends and ends == list(range(20, 20 * len(ends) + 1, 20)), ends  # the windows measured are kept
+    assert [x["rank"] for x in r["ranks"]] == [0] and r["ranks"][0]["pid"] == workers[0].pid
+    assert not [w.pid for w in workers if is_alive(w)], "a worker outlived the launcher"
+    assert not run.survivors(grace=10)
+    assert not alive_pids(run_pids(r))
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_launcher_ends_every_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    with LiveRun(*LONG_DDP_RUN, f"hydra.run.dir={run_dir}") as run:
+        assert run.wait_for_output("[ddp O0] iter", START_TIMEOUT_S), run.describe()
+        assert len(run.workers()) == 2
+        sent = run.signal(signal.SIGINT)
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+    r = check_stopped_by_signal(run, code, sent, signal.SIGINT, run_dir)
+    assert sorted(p["rank"] for p in r["memory"]["per_process"]) == [0, 1]  # memory seen so far kept
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_run_inside_the_launcher(tmp_path):
+    """strategy=single outside a sweep trains in the launcher itself: Ctrl-C still writes the results."""
+    run_dir = tmp_path / "run"
+    with LiveRun("strategy=single", *TINY, "iterations=100000", "log_every=20", f"hydra.run.dir={run_dir}") as run:
+        assert run.wait_for_output("[single O0] iter", START_TIMEOUT_S), run.describe()
+        sent = run.signal(signal.SIGINT)
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+    r = check_stopped_by_signal(run, code, sent, signal.SIGINT, run_dir)
+    assert r["error"] == "stopped by SIGINT"
+    assert [(p["pid"], p["role"]) for p in r["memory"]["per_process"]] == [(r["launcher_pid"], "rank")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sweeps: a failed combination is a row and the sweep goes on; Ctrl-C still writes the report.
+# ---------------------------------------------------------------------------------------------------
+
+def sweep_results(sweep: Path) -> dict[str, dict[str, Any]]:
+    """Job folder name (0_ddp_O0, ...) -> its results."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))}
+
+
+def report_row(report: str, label: str) -> str:
+    rows = [line for line in report.splitlines() if line.startswith(f"| {label} |")]
+    assert len(rows) == 1, (label, report)
+    return rows[0]
+
+
+@pytest.mark.slow
+def test_sweep_goes_on_past_a_failed_combination(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_sweep("strategy=ddp,single", "amp=O0", "nprocs=2", *TINY, "iterations=60", "log_every=20",
+                     "fault.kind=raise", "fault.rank=1", "fault.at_iter=30", sweep_dir=sweep, timeout=2 * CLI_TIMEOUT_S)
+    assert proc.returncode == 0, describe(proc)
+    results = sweep_results(sweep)
+    assert sorted(results) == ["0_ddp_O0", "1_single_O0"]  # ddp first: the sweep went on after it failed
+    ddp, single = results["0_ddp_O0"], results["1_single_O0"]
+    assert ddp["status"] == "failed" and ddp["error"].startswith("rank 1 (pid ") and "injected fault" in ddp["error"]
+    assert [w["end_iter"] for w in ddp["windows"]] == [20]
+    assert single["status"] == "ok" and [w["end_iter"] for w in single["windows"]] == [20, 40, 60]  # rank 0 only
+    for r in results.values():
+        assert not alive_pids(run_pids(r))
+    report = (sweep / "report.md").read_text()
+    assert report_row(report, "ddp O0").endswith("| failed: " + ddp["error"].replace("|", "/") + " |")
+    assert report_row(report, "single O0").endswith("| ok |")
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
+    sweep = tmp_path / "sweep"
+    first = sweep / "0_single_O0" / "results.json"
+    with LiveRun("-m", "strategy=single", "amp=O0", *TINY, "log_every=20", "iterations=20,100000,200000",
+                 f"hydra.sweep.dir={sweep}") as run:
+        # The first combination finished and the second is training.
+        assert run.wait_until(lambda: first.exists() and "/100000 " in run.stdout, START_TIMEOUT_S), run.describe()
+        sent = run.signal(signal.SIGINT)
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+    assert code == EXIT_INTERRUPTED, run.describe()
+    assert run.ended_at - sent < STOP_BOUND_S
+    results = sweep_results(sweep)
+    assert sorted(results) == ["0_single_O0", "1_single_O0"]  # the third never started
+    assert results["0_single_O0"]["status"] == "ok"
+    interrupted = results["1_single_O0"]
+    assert interrupted["status"] == "interrupted" and interrupted["windows"]
+    report = (sweep / "report.md").read_text()
+    assert report_row(report, "single O0 it=20").endswith("| ok |")
+    assert "| interrupted: " in report_row(report, "single O0 it=100000")
+    assert "single O0 it=200000" not in report
+    assert not [p.pid for p in run.seen.values() if p.pid in run.worker_pids and is_alive(p)]
+    assert not run.survivors(grace=10)
+    for r in results.values():
+        assert not alive_pids(run_pids(r))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report skips unreadable results files, naming them.
+# ---------------------------------------------------------------------------------------------------
+
+def minimal_ok_results() -> dict[str, Any]:
+    windows = [{"end_iter": 20, "seconds": 0.2, "cumulative_seconds": 0.2, "warmup": True, "loss": 2.3},
+               {"end_iter": 40, "seconds": 0.1, "cumulative_seconds": 0.3, "warmup": False, "loss": 2.1}]
+    return {"schema": SCHEMA, "status": "ok", "error": None, "strategy": "single", "amp": "O0", "model": "tiny_cnn",
+            "devices": ["cpu"], "world_size": 1, "nodes": 1, "global_batch": 8, "local_batch": 8, "image_size": 8,
+            "iterations": 40, "log_every": 20, "windows": windows, "per_rank_windows": {"0": windows},
+            "throughput_img_s": 1600.0, "startup_seconds": 1.0,
+            "precision": {"level": "O0", "impl": "native", "dtype": "float32"},
+            "ranks": [{"rank": 0, "pid": 4242, "device": "cpu", "status": "ok", "error": None}],
+            "memory": {"source": "psutil", "per_device": [{"device": "cpu", "peak_mib": 300.0, "baseline_mib": 0.0}],
+                       "per_process": [{"pid": 4242, "rank": 0, "device": "cpu", "peak_mib": 300.0, "role": "rank"}]}}
+
+
+def test_report_skips_an_unreadable_results_file_and_names_it(tmp_path):
+    good = tmp_path / "0_single_O0" / "results.json"
+    torn = tmp_path / "1_ddp_O0" / "results.json"
+    good.parent.mkdir()
+    torn.parent.mkdir()
+    good.write_text(json.dumps(minimal_ok_results()))
+    text = json.dumps({**minimal_ok_results(), "strategy": "ddp"})
+    torn.write_text(text[: len(text) // 2])  # half-written
+    proc = subprocess.run([sys.executable, "-m", "harness.report", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 0, describe(proc)
+    assert f"warning: skipping unreadable results file {torn}" in proc.stderr, describe(proc)
+    assert str(good) not in proc.stderr
+    report = (tmp_path / "report.md").read_text()
+    assert report_row(report, "single O0").endswith("| ok |")
+    assert "| ddp O0" not in report
+    assert f"- {torn}: " in report  # named under "Unreadable results files (skipped)"

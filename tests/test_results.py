@@ -1,0 +1,141 @@
+"""harness.results: the results file contract (checked on real runs), atomic writes, no overwrites."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from conftest import DDP_RUN, SINGLE_RUN
+
+from harness import results as results_mod
+from harness.results import SCHEMA, STATUSES, environment, load_results, write_json_atomic, write_results
+
+NUMBER = (int, float)
+
+
+def check_contract(r: dict) -> None:
+    """Every key a reader (report, users) relies on, with its type."""
+    assert isinstance(r["schema"], int) and not isinstance(r["schema"], bool) and r["schema"] == SCHEMA
+    assert r["status"] in STATUSES
+    assert r["error"] is None or isinstance(r["error"], str)
+    for key in ("strategy", "amp", "model"):
+        assert isinstance(r[key], str) and r[key]
+    assert isinstance(r["devices"], list) and all(isinstance(d, str) for d in r["devices"])
+    for key in ("world_size", "global_batch", "iterations", "log_every"):
+        assert isinstance(r[key], int) and r[key] >= 1, key
+
+    assert isinstance(r["windows"], list)
+    for w in r["windows"]:
+        assert set(w) >= {"end_iter", "seconds", "cumulative_seconds", "warmup", "loss"}
+        assert isinstance(w["end_iter"], int) and isinstance(w["warmup"], bool)
+        assert isinstance(w["seconds"], NUMBER) and isinstance(w["cumulative_seconds"], NUMBER)
+        assert w["loss"] is None or isinstance(w["loss"], NUMBER)
+    assert isinstance(r["per_rank_windows"], dict)
+    for rank, ws in r["per_rank_windows"].items():
+        assert rank.isdigit() and isinstance(ws, list)
+        for w in ws:
+            assert set(w) >= {"end_iter", "seconds", "cumulative_seconds", "warmup", "loss"}
+    assert r["throughput_img_s"] is None or isinstance(r["throughput_img_s"], NUMBER)
+
+    memory = r["memory"]
+    assert memory["source"] in ("nvml", "psutil", "torch-allocator", None)
+    for d in memory["per_device"]:
+        assert set(d) >= {"device", "peak_mib", "baseline_mib"}
+        assert isinstance(d["device"], str)
+        assert isinstance(d["peak_mib"], NUMBER) and isinstance(d["baseline_mib"], NUMBER)
+    for p in memory["per_process"]:
+        assert set(p) >= {"pid", "rank", "device", "peak_mib"}
+        assert isinstance(p["pid"], int) and (p["rank"] is None or isinstance(p["rank"], int))
+        assert isinstance(p["device"], str) and isinstance(p["peak_mib"], NUMBER)
+
+    env = r["env"]
+    assert set(env) >= {"torch", "cuda", "driver", "gpu_names", "hostname", "python", "command"}
+    assert isinstance(env["torch"], str) and isinstance(env["python"], str) and isinstance(env["hostname"], str)
+    assert isinstance(env["gpu_names"], list)
+    assert "run.py" in env["command"]
+
+    assert isinstance(r["config"], dict) and r["config"]["strategy"]["name"] == r["strategy"]
+    assert set(r["precision"]) >= {"level", "impl", "dtype", "master_weights", "keep_batchnorm_fp32",
+                                   "loss_scale", "final_loss_scale", "skipped_steps"}
+    assert r["precision"]["level"] == r["amp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", [DDP_RUN, SINGLE_RUN], ids=["ddp", "single"])
+def test_real_results_file_matches_the_contract(cli_run, run):
+    proc, results = cli_run(*run)
+    assert proc.returncode == 0
+    check_contract(results)
+    assert results["status"] == "ok" and results["error"] is None
+    assert results["memory"]["source"] == "psutil"
+    assert results["env"]["driver"] is None and results["env"]["gpu_names"] == []  # CPU machine
+    assert results["env"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert results["precision"] == {**results["precision"], "level": "O0", "impl": "native", "dtype": "float32",
+                                    "master_weights": False, "skipped_steps": 0}
+    config = results["config"]
+    assert (config["batch_size"], config["iterations"], config["log_every"]) == \
+        (results["global_batch"], results["iterations"], results["log_every"])
+    assert json.dumps(results)  # round-trips
+
+
+def minimal(status: str = "ok") -> dict:
+    return {"schema": SCHEMA, "status": status, "error": None}
+
+
+def test_write_json_atomic_leaves_only_the_file(tmp_path):
+    path = tmp_path / "deep" / "results.json"
+    write_json_atomic(path, {"a": 1, "when": tmp_path})  # default=str for paths and the like
+    assert sorted(p.name for p in path.parent.iterdir()) == ["results.json"]
+    assert json.loads(path.read_text()) == {"a": 1, "when": str(tmp_path)}
+    write_json_atomic(path, {"a": 2})
+    assert sorted(p.name for p in path.parent.iterdir()) == ["results.json"]
+    assert json.loads(path.read_text()) == {"a": 2}
+
+
+def test_write_json_atomic_failure_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    write_json_atomic(path, {"old": True})
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results_mod.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_json_atomic(path, {"new": True})
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    assert json.loads(path.read_text()) == {"old": True}
+
+
+def test_write_results_refuses_to_overwrite(tmp_path):
+    path = write_results(tmp_path, {**minimal(), "run": 1})
+    assert path == tmp_path / "results.json"
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        write_results(tmp_path, {**minimal(), "run": 2})
+    assert load_results(path)["run"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_write_results_rejects_an_unknown_status(tmp_path):
+    with pytest.raises(AssertionError):
+        write_results(tmp_path, minimal(status="great"))
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_load_results_rejects_other_json(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": "world"}))
+    with pytest.raises(ValueError, match="not a results file"):
+        load_results(other)
+    other.write_text("[1, 2]")
+    with pytest.raises(ValueError):
+        load_results(other)
+
+
+def test_environment_has_the_contract_keys_and_takes_extras():
+    env = environment({"driver": "550.54.15", "gpu_names": ["NVIDIA H100"]})
+    assert env["driver"] == "550.54.15" and env["gpu_names"] == ["NVIDIA H100"]
+    assert env["hostname"] and env["torch"] and env["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert os.path.basename(sys.executable) in env["command"]
+    assert environment()["driver"] is None and environment()["gpu_names"] == []

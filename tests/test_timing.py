@@ -1,0 +1,161 @@
+"""harness.timing and the trainer's use of it, driven by a fake clock: windows, warm-up, sync placement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_batch
+
+from harness.config import AmpConfig, resolve_precision
+from harness.models import TinyCNN
+from harness.timing import Window, WindowClock, merge_ranks, steady_throughput, steady_windows
+from harness.trainer import train
+from precision import build_precision
+
+
+class FakeClock:
+    """Returns the scripted times in order; counts syncs and logs every event in `events`."""
+
+    def __init__(self, times: list[float], events: list[tuple] | None = None) -> None:
+        self.times, self.reads, self.syncs = list(times), 0, 0
+        self.events = events if events is not None else []
+
+    def clock(self) -> float:
+        self.events.append(("clock",))
+        value = self.times[self.reads]
+        self.reads += 1
+        return value
+
+    def sync(self) -> None:
+        self.syncs += 1
+        self.events.append(("sync",))
+
+
+def test_window_clock_seconds_cumulative_warmup_and_one_sync_per_edge():
+    fake = FakeClock([10.0, 13.0, 14.5, 15.5, 17.0])
+    wc = WindowClock(fake.sync, warmup_windows=2, clock=fake.clock)
+    wc.start()
+    assert fake.syncs == 1
+    losses = iter([2.0, 1.5, 1.2, 1.0])
+    for n, end in enumerate((10, 20, 30, 40), start=1):
+        window = wc.edge(end, lambda: next(losses))
+        assert fake.syncs == 1 + n  # exactly one per edge: nothing between edges waits
+        assert window is wc.windows[-1]
+    assert [w.end_iter for w in wc.windows] == [10, 20, 30, 40]
+    assert [w.seconds for w in wc.windows] == [3.0, 1.5, 1.0, 1.5]
+    assert [w.cumulative_seconds for w in wc.windows] == [3.0, 4.5, 5.5, 7.0]
+    assert [w.warmup for w in wc.windows] == [True, True, False, False]
+    assert [w.loss for w in wc.windows] == [2.0, 1.5, 1.2, 1.0]
+    assert fake.syncs == 5 and fake.reads == 5
+
+
+def test_edge_reads_the_clock_and_the_loss_after_the_sync():
+    events: list[tuple] = []
+    fake = FakeClock([0.0, 1.0], events)
+    wc = WindowClock(fake.sync, warmup_windows=0, clock=fake.clock)
+    wc.start()
+    events.clear()
+    window = wc.edge(5, lambda: events.append(("loss",)) or 0.5)
+    assert events == [("sync",), ("clock",), ("loss",)]
+    assert window.loss == 0.5 and window.warmup is False
+
+
+def test_no_loss_callable_means_no_loss():
+    fake = FakeClock([0.0, 2.0])
+    wc = WindowClock(fake.sync, warmup_windows=1, clock=fake.clock)
+    wc.start()
+    assert wc.edge(10).loss is None
+
+
+def test_zero_warmup_windows_marks_none():
+    fake = FakeClock([0.0, 1.0, 2.0])
+    wc = WindowClock(fake.sync, warmup_windows=0, clock=fake.clock)
+    wc.start()
+    wc.edge(1)
+    wc.edge(2)
+    assert not any(w.warmup for w in wc.windows)
+
+
+def windows(cumulative: list[float], losses: list[float | None] | None = None, every: int = 10) -> list[Window]:
+    out, previous = [], 0.0
+    for i, c in enumerate(cumulative):
+        out.append(Window(end_iter=every * (i + 1), seconds=c - previous, cumulative_seconds=c, warmup=False,
+                          loss=None if losses is None else losses[i]))
+        previous = c
+    return out
+
+
+def test_merge_ranks_takes_the_slowest_rank_at_every_edge():
+    rank0 = windows([2.0, 3.0, 6.0], [1.0, 0.8, 0.6])
+    rank1 = windows([2.5, 4.0, 5.0], [3.0, 1.2, 0.4])
+    merged = merge_ranks([rank0, rank1], warmup_windows=1)
+    assert [w.end_iter for w in merged] == [10, 20, 30]
+    assert [w.cumulative_seconds for w in merged] == [2.5, 4.0, 6.0]
+    assert [w.seconds for w in merged] == [2.5, 1.5, 2.0]  # differences of the merged cumulatives
+    assert [w.warmup for w in merged] == [True, False, False]
+    assert [w.loss for w in merged] == pytest.approx([2.0, 1.0, 0.5])  # mean over ranks
+
+
+def test_merge_ranks_keeps_only_edges_every_rank_reached():
+    merged = merge_ranks([windows([1.0, 2.0, 3.0]), windows([1.5, 2.5])], warmup_windows=0)
+    assert [w.end_iter for w in merged] == [10, 20]
+    assert [w.cumulative_seconds for w in merged] == [1.5, 2.5]
+    assert all(w.loss is None for w in merged)
+
+
+def test_merge_ranks_of_nothing_is_empty():
+    assert merge_ranks([], warmup_windows=1) == []
+    assert merge_ranks([[], []], warmup_windows=1) == []
+
+
+def test_merge_of_one_rank_is_that_rank_with_warmup_reapplied():
+    rank0 = windows([1.0, 3.0], [0.9, 0.7])
+    merged = merge_ranks([rank0], warmup_windows=1)
+    assert [(w.seconds, w.cumulative_seconds, w.loss) for w in merged] == [(1.0, 1.0, 0.9), (2.0, 3.0, 0.7)]
+    assert [w.warmup for w in merged] == [True, False]
+
+
+def test_steady_throughput_excludes_warmup():
+    ws = [Window(20, 10.0, 10.0, True), Window(40, 2.0, 12.0, False), Window(60, 3.0, 15.0, False)]
+    # 2 steady windows x 20 iterations x 8 images in 5 s; the 10 s warm-up window does not count
+    assert steady_throughput(ws, global_batch=8, log_every=20) == pytest.approx(2 * 20 * 8 / 5.0)
+    assert steady_windows(ws) == ws[1:]
+
+
+def test_steady_throughput_is_none_when_warmup_took_every_window():
+    assert steady_throughput([Window(20, 1.0, 1.0, True)], global_batch=8, log_every=20) is None
+    assert steady_throughput([], global_batch=8, log_every=20) is None
+    assert steady_throughput([Window(20, 0.0, 0.0, False)], global_batch=8, log_every=20) is None
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_trainer_syncs_only_at_window_edges(level):
+    iterations, log_every = 40, 10
+    events: list[tuple] = []
+    fake = FakeClock([float(t) for t in range(iterations // log_every + 1)], events)
+    clock = WindowClock(fake.sync, warmup_windows=1, clock=fake.clock)
+    torch.manual_seed(0)
+    precision = build_precision(resolve_precision(AmpConfig(level=level), "cpu"), torch.device("cpu"))
+    model, optimizer = precision.prepare(TinyCNN(num_classes=10, width=4),
+                                         lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
+    model = precision.wrap_module(model)
+    seen: list[Window] = []
+    result = train(model, optimizer, precision, tiny_batch(), clock, iterations, log_every,
+                   before_step=lambda it: events.append(("step", it)), on_window=seen.append)
+
+    assert fake.syncs == iterations // log_every + 1
+    # every sync comes right after the last step of a window (or before the first step), never inside one
+    steps_before_sync = []
+    last_step = 0
+    for event in events:
+        if event[0] == "step":
+            last_step = event[1]
+        elif event[0] == "sync":
+            steps_before_sync.append(last_step)
+    assert steps_before_sync == [0, 10, 20, 30, 40]
+    assert result == seen == clock.windows
+    assert [w.end_iter for w in result] == [10, 20, 30, 40]
+    assert [w.seconds for w in result] == [1.0] * 4
+    assert [w.warmup for w in result] == [True, False, False, False]
+    assert all(w.loss is not None and w.loss == w.loss for w in result)  # finite, read at the edge
+    assert result[-1].loss < result[0].loss
