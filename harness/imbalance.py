@@ -67,12 +67,12 @@ def _pid_layout(results: dict[str, Any], processes: list[dict[str, Any]]) -> tup
         elif p.get("role") == "other":
             flags.append(f"PID {p['pid']} (not part of this run) appeared on {p['device']} during the run")
     ranked = [p for p in processes if p.get("role") == "rank"]
-    pids = {p["pid"] for p in ranked}
+    pids = {(p.get("node"), p["pid"]) for p in ranked}  # a PID is per node (containers repeat them)
     devices = {p["device"] for p in ranked}
     if not ranked:
         layout = "no per-process data"
     elif len(pids) == 1:
-        layout = f"one PID ({next(iter(pids))}) on {'every' if len(devices) > 1 else 'its'} device"
+        layout = f"one PID ({next(iter(pids))[1]}) on {'every' if len(devices) > 1 else 'its'} device"
     elif len(pids) == len(devices) == len(ranked):
         layout = "one PID per device"
     else:

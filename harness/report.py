@@ -120,7 +120,7 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     statuses = sorted({r.get("status", "?") for r in group})
     status = statuses[0] if len(statuses) == 1 else "/".join(f"{s} {sum(r['status'] == s for r in group)}" for s in statuses)
     reasons = [r.get("error") for r in group if r.get("error")]
-    pids = {p["pid"] for r in group[:1] for p in (r.get("memory") or {}).get("per_process", []) if p.get("role") == "rank"}
+    pids = {(p.get("node"), p["pid"]) for r in group[:1] for p in (r.get("memory") or {}).get("per_process", []) if p.get("role") == "rank"}
     row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
               model=first.get("model", "?"), devices=list(first.get("devices") or []),
               processes=len(pids) or None, global_batch=first.get("global_batch"), status=status,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR, ConfigError, RunConfig
 from harness.devices import TorchrunWorld, probe_hardware
-from harness.memory import MemorySampler, open_source
+from harness.memory import MemorySampler, Sample, SamplerFindings, open_source
 from harness.results import environment
 from harness.runner import base_results, measurements, memory_section, plan, publish, read_records, run_status
 from harness.worker import rank_identity, run_rank
@@ -41,9 +42,42 @@ def run_dir_for(cfg: RunConfig, now: dt.datetime) -> Path:
     return Path("runs") / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S-%f}_{cfg.strategy_name}_{cfg.amp.level}_torchrun"
 
 
+def split_run_dir(overrides: list[str]) -> tuple[list[str], Path | None]:
+    """`hydra.run.dir=DIR` names the run's folder, as for plain `python run.py` (compose() ignores it)."""
+    from hydra.core.utils import setup_globals
+
+    rest, run_dir = [], None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+") == "hydra.run.dir":
+            setup_globals()  # the `now` resolver, as in hydra.run.dir='runs/${now:%H-%M-%S}'
+            run_dir = Path(str(OmegaConf.create({"dir": value}).dir))
+        else:
+            rest.append(override)
+    return rest, run_dir
+
+
+def node_labelled(findings: SamplerFindings, devices: tuple[str, ...]) -> SamplerFindings:
+    """NVML names this node's GPUs cuda:N; a multi-node run names them node<K>/cuda:N. (psutil's "cpu" stays.)"""
+    label = {d.rpartition("/")[2]: d for d in devices if "/" in d}
+    tracker = findings.tracker
+
+    def by_device(values: dict[str, float]) -> dict[str, float]:
+        return {label.get(k, k): v for k, v in values.items()}
+
+    def by_process(values: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
+        return {(pid, label.get(d, d)): v for (pid, d), v in values.items()}
+
+    tracker.peak_device, tracker.peak_process = by_device(tracker.peak_device), by_process(tracker.peak_process)
+    if tracker.baseline is not None:
+        tracker.baseline = Sample(by_device(tracker.baseline.per_device), by_process(tracker.baseline.per_process))
+    return findings
+
+
 def run_worker(overrides: list[str]) -> int:
     started = time.time()
     rank, local_rank, _ = rank_identity()
+    overrides, out_dir = split_run_dir(overrides)
     cfg_dict = compose_config(overrides)
     cfg = RunConfig.from_dict(cfg_dict)
     world = TorchrunWorld.from_env(os.environ)
@@ -71,13 +105,13 @@ def run_worker(overrides: list[str]) -> int:
         if sampler is not None:
             sampler.stop()
         node = {"node_rank": placement.node_rank, "devices": placement.devices, "launcher_pid": launcher_pid,
-                "sampler": sampler.findings() if sampler else None}
+                "sampler": node_labelled(sampler.findings(), placement.devices) if sampler else None}
         payload = {"record": record, "node": node if local_rank == 0 else None}
         gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if rank == 0:
             assert gathered is not None
-            write_results(cfg, cfg_dict, placement, precision, gathered, started, overrides)
+            write_results(cfg, cfg_dict, placement, precision, gathered, started, overrides, out_dir)
 
     try:
         run_rank(spec, before_teardown=gather)
@@ -85,13 +119,16 @@ def run_worker(overrides: list[str]) -> int:
         if rank == 0:  # the process group is gone: record what this rank knows
             records = read_records(record_dir)
             write_results(cfg, cfg_dict, placement, precision, [{"record": r, "node": None} for r in records],
-                          started, overrides)
+                          started, overrides, out_dir)
         raise
+    finally:
+        shutil.rmtree(record_dir, ignore_errors=True)  # this rank's record: sent to rank 0 or written by it
     return 0
 
 
 def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, precision: Any,
-                  gathered: list[dict[str, Any]], started: float, overrides: list[str]) -> None:
+                  gathered: list[dict[str, Any]], started: float, overrides: list[str],
+                  out_dir: Path | None = None) -> None:
     records = sorted((g["record"] for g in gathered), key=lambda r: r["rank"])
     nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
     devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
@@ -111,4 +148,4 @@ def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, prec
                "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
                           "per_process": per_process},
                "env": environment({"launcher": "torchrun"}), "finished_at": time.time()}
-    publish(run_dir_for(cfg, dt.datetime.now()), results)
+    publish(out_dir or run_dir_for(cfg, dt.datetime.now()), results)

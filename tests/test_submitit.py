@@ -1,0 +1,143 @@
+"""Sweeps through hydra-submitit-launcher: one job per combination, one job at a time except on SLURM,
+and the report built by the callback in the submitting process when the last job ends.
+
+`hydra/launcher=submitit_local` runs for real here; SLURM is checked as far as it goes without a cluster:
+the configs compose, and the plugin turns conf/hydra/launcher/slurm.yaml into the sbatch script it would
+submit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from harness import cli
+from tests.conftest import CONF_DIR, REPO, TINY
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
+
+SWEEP_TIMEOUT_S = 300
+
+
+def hydra_config(*overrides: str) -> DictConfig:
+    cli.register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def report_rows(report_md: str) -> dict[str, list[str]]:
+    """The report's table as {combination: cells}."""
+    rows = {}
+    for line in report_md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] not in ("combination",):
+            rows[cells[0]] = cells
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configs: which launcher, how many combinations at once
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_plugins_slurm_launcher_composes_as_the_issue_writes_it():
+    cfg = hydra_config("hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_node=4")
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.gpus_per_node == 4 and launcher.tasks_per_node == 1 and launcher.nodes == 1
+    # Every job has GPUs of its own: as many at once as the launcher allows.
+    assert cfg.hydra.sweeper.max_batch_size == launcher.array_parallelism == 256
+
+
+def test_the_editable_slurm_yaml_extends_the_plugins_config():
+    cfg = hydra_config("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.partition=gpu")
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == ("gpu", 4, 1, 1)
+    assert launcher.timeout_min == 60 and launcher.cpus_per_task and launcher.mem_gb
+    assert hydra_config("hydra/launcher=slurm").hydra.launcher.gpus_per_node == 4  # the yaml's value
+    one_by_one = hydra_config("hydra/launcher=slurm", "hydra.launcher.array_parallelism=1")
+    assert one_by_one.hydra.sweeper.max_batch_size == 1
+
+
+@pytest.mark.parametrize("launcher", [None, "submitit_local"])
+def test_other_launchers_run_one_combination_at_a_time(launcher):
+    """submitit's local executor starts every job it is given at once: the sweeper gives it one."""
+    cfg = hydra_config(*([f"hydra/launcher={launcher}"] if launcher else []))
+    assert cfg.hydra.sweeper.max_batch_size == 1
+
+
+def test_the_slurm_yaml_becomes_this_sbatch_script(tmp_path, monkeypatch):
+    """The plugin's own launch(), up to the submission: parameters renamed, validated and rendered by submitit."""
+    import submitit
+
+    cfg = hydra_config("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.partition=gpu",
+                       "+hydra.launcher.additional_parameters.exclusive=true",
+                       "hydra.launcher.setup=[module load cuda]", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    submitted: dict[str, Any] = {}
+
+    def fake_map_array(executor: Any, fn: Any, *args: Any) -> list[Any]:
+        submitted["jobs"] = len(args[0])
+        submitted["sbatch"] = executor._executor._make_submission_file_text("COMMAND", "uid")
+        return []
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 1))  # "srun is there"
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", fake_map_array)
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    assert launcher.launch([["strategy=dp", "amp=O0"], ["strategy=ddp", "amp=O0"]], initial_job_idx=0) == []
+    assert submitted["jobs"] == 2  # one job per combination
+    sbatch = submitted["sbatch"].splitlines()
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --nodes=1", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=64GB", "#SBATCH --time=60",
+                 "#SBATCH --exclusive", "module load cuda"):
+        assert line in sbatch, submitted["sbatch"]
+    assert any(line.startswith("srun ") and line.endswith(" COMMAND") for line in sbatch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real sweep through submitit_local
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_sweep_through_submitit_local_ends_with_the_report(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=submitit_local", "strategy=single,ddp",
+                           "amp=O0", *TINY, "iterations=40", f"hydra.sweep.dir={sweep}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    out = f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, out
+
+    results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
+    assert sorted(results) == ["0_single_O0", "1_ddp_O0"], out
+    single, ddp = results["0_single_O0"], results["1_ddp_O0"]
+    assert single["status"] == "ok" and ddp["status"] == "ok", (single["error"], ddp["error"])
+    assert ddp["world_size"] == 2 and single["world_size"] == 1
+
+    # Each combination was a submitit job of its own: a process other than the sweep's, with its log.
+    jobs = [d for d in (sweep / ".submitit").iterdir() if list(d.glob("*_result.pkl"))]
+    assert len(jobs) == 2, sorted(p.name for p in (sweep / ".submitit").iterdir())
+    job_logs = "".join(p.read_text() for d in jobs for p in d.glob("*_log.out"))
+    assert "results: " in job_logs and "Job completed successfully" in job_logs
+    assert len({single["launcher_pid"], ddp["launcher_pid"]}) == 2
+    # ... where a one-process strategy still trained in a fresh child process, as in any sweep.
+    assert single["ranks"][0]["pid"] != single["launcher_pid"]
+
+    # One at a time: the second job started after the first had finished.
+    first, second = sorted((single, ddp), key=lambda r: r["started_at"])
+    assert second["started_at"] >= first["finished_at"]
+
+    # The callback built the report in the submitting process, after both jobs.
+    assert f"report: {sweep / 'index.html'}" in proc.stdout and "report: " not in job_logs
+    report_md = sweep / "report.md"
+    assert report_md.stat().st_mtime >= max(r["finished_at"] for r in results.values()) - 1
+    rows = report_rows(report_md.read_text())
+    assert set(rows) == {"single O0", "ddp O0"}, report_md.read_text()
+    assert all(cells[-1] == "ok" for cells in rows.values()), report_md.read_text()
+    for name in ("report.csv", "report.json", "index.html"):
+        assert (sweep / name).exists()
