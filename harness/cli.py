@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import ConfigError, check_group_choices
+from harness.config import ConfigError, check_group_choices, check_output_dirs
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -33,9 +33,11 @@ def register_resolvers() -> None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Unknown group choices, refused in one line before Hydra composes anything."""
+    """Unknown group choices and occupied output folders, refused in one line before Hydra starts."""
     try:
-        check_group_choices([a for a in argv if not a.startswith("-")])
+        overrides = [a for a in argv if not a.startswith("-")]
+        check_group_choices(overrides)
+        check_output_dirs(overrides)
     except ConfigError as error:
         _refuse(error)
 

@@ -54,6 +54,17 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
                 raise ConfigError(key, choice, "one of " + ", ".join(options))
 
 
+def check_output_dirs(overrides: Sequence[str]) -> None:
+    """A run never lands in a folder that already holds one: refuse before Hydra writes into it."""
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value:
+            held = next(Path(value).rglob("results.json"), None) if Path(value).is_dir() else None
+            if held is not None:
+                raise ConfigError(key, value, f"a folder that holds no run yet ({held} exists); "
+                                  "every run gets a folder of its own")
+
+
 def _split_sweep(value: str) -> list[str]:
     """`a,b` in a multirun override means two choices; anything fancier is left to Hydra."""
     if any(c in value for c in "()[]{}"):

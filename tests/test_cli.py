@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from conftest import TINY, describe, run_cli
+from conftest import REPO, TINY, describe, run_cli
 from omegaconf import OmegaConf
 
 from harness import cli
@@ -90,3 +93,18 @@ def test_cpu_defaults_note_names_only_defaults_left_to_the_machine():
         assert "model.name=resnet18" in note and "batch_size=32" in note and "image_size" not in note
         assert cli.cpu_defaults_note(OmegaConf.create({"model": {"name": "tiny_cnn"}, "data": {"image_size": 8},
                                                        "batch_size": 8})) is None
+
+
+def test_occupied_run_folder_is_refused_before_hydra_touches_it(tmp_path):
+    occupied = tmp_path / "old_run"
+    (occupied / ".hydra").mkdir(parents=True)
+    (occupied / "results.json").write_text('{"schema": 1, "status": "ok"}')
+    (occupied / ".hydra" / "config.yaml").write_text("sentinel")
+    before = {p: p.stat().st_mtime_ns for p in occupied.rglob("*")}
+    proc = subprocess.run([sys.executable, "run.py", "model=tiny_cnn", f"hydra.run.dir={occupied}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "hydra.run.dir" in lines[0] and "results.json" in lines[0]
+    assert {p: p.stat().st_mtime_ns for p in occupied.rglob("*")} == before
+    assert (occupied / ".hydra" / "config.yaml").read_text() == "sentinel"
