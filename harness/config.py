@@ -54,12 +54,16 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
                 raise ConfigError(key, choice, "one of " + ", ".join(options))
 
 
+RUN_MARKERS = ("results.json", ".hydra", "ranks", "multirun.yaml")  # what a started run or sweep leaves
+
+
 def check_output_dirs(overrides: Sequence[str]) -> None:
-    """A run never lands in a folder that already holds one: refuse before Hydra writes into it."""
+    """A run never lands in a folder that already holds one (finished or not): refuse before Hydra
+    writes into it."""
     for override in overrides:
         key, sep, value = override.partition("=")
-        if sep and key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value:
-            held = next(Path(value).rglob("results.json"), None) if Path(value).is_dir() else None
+        if sep and key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and Path(value).is_dir():
+            held = next((p for marker in RUN_MARKERS for p in Path(value).rglob(marker)), None)
             if held is not None:
                 raise ConfigError(key, value, f"a folder that holds no run yet ({held} exists); "
                                   "every run gets a folder of its own")

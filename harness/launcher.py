@@ -157,7 +157,7 @@ def _spawn(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs:
     context = mp.start_processes(_spawned_rank, args=(entry, spec, nprocs, port), nprocs=nprocs, join=False,
                                  start_method=start_method)
     try:
-        while not context.join():
+        while not context.join(grace_period=SHUTDOWN_GRACE_S):
             pass
     except mp.ProcessExitedException as error:
         message = f"killed by {error.signal_name}" if error.signal_name else f"exited with code {error.exit_code}"

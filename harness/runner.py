@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,7 +99,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
         interrupted = str(error) or "interrupted (SIGINT)"
     except Exception as error:
         if type(error).__name__ == "SignalException":  # the elastic agent forwarding SIGINT/SIGTERM
-            interrupted = f"interrupted ({error})"
+            interrupted = f"stopped by {error.sigval.name}"
         else:  # the launcher itself failed (rendezvous timeout, spawn error): a failed run, not a crash
             failures = [WorkerFailure(rank=-1, pid=None, exitcode=1, message=f"launcher: {last_line(error)}")]
     finally:
@@ -108,12 +109,21 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     records = read_records(record_dir)
     status, error = run_status(records, failures, interrupted)
     results = {**base, **measurements(cfg, placement, records, started), "status": status, "error": error,
-               "memory": memory_section(sampler, placement.devices, records, launcher_pid, warning),
+               "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
+                                        launcher_pid, warning),
                "env": environment(env_extra), "finished_at": time.time()}
     publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return results
+
+
+def _unrecorded(failures: list[WorkerFailure], records: list[dict[str, Any]],
+                placement: Placement) -> list[dict[str, Any]]:
+    """Ranks that died without a record (SIGKILL, the kernel's OOM killer): the sampler still saw them."""
+    recorded = {r["rank"] for r in records}
+    return [{"rank": f.rank, "pid": f.pid, "device": placement.rank_device(f.rank), "host": socket.gethostname()}
+            for f in failures if f.pid is not None and 0 <= f.rank < placement.nprocs and f.rank not in recorded]
 
 
 def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tuple[str, ...], records: list[dict[str, Any]],

@@ -126,6 +126,9 @@ def run_rank(spec: dict[str, Any],
             record["allocator"] = strategy.ops.allocator_peaks()
         raise
     finally:
+        if spec.get("launched", False):  # the launcher's SIGTERM to the survivors must not cut this write
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]

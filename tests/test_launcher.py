@@ -1,0 +1,82 @@
+"""harness.launcher: during a single-machine run nothing listens outside the loopback interface
+(127.0.0.0/8, ::1), and SIGTERM to the launcher ends every worker."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+from collections.abc import Iterable
+
+import psutil
+import pytest
+from conftest import LONG_DDP_RUN, START_TIMEOUT_S, STOP_BOUND_S, LiveRun, check_stopped_by_signal
+
+
+def listening_sockets(processes: Iterable[psutil.Process]) -> set[tuple[int, str, str, int]]:
+    """(pid, tcp|udp, address, port) of every listening TCP socket and every bound, unconnected UDP socket."""
+    found = set()
+    for process in processes:
+        try:
+            connections = process.net_connections(kind="inet")
+        except psutil.Error:
+            continue  # ended meanwhile
+        for c in connections:
+            if not c.laddr:
+                continue
+            if c.type == socket.SOCK_STREAM and c.status == psutil.CONN_LISTEN:
+                found.add((process.pid, "tcp", c.laddr.ip, c.laddr.port))
+            elif c.type == socket.SOCK_DGRAM and not c.raddr:
+                found.add((process.pid, "udp", c.laddr.ip, c.laddr.port))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1
+        ip = ip.ipv4_mapped
+    return ip.is_loopback  # 127.0.0.0/8 or ::1; 0.0.0.0 and :: (every interface) are not
+
+
+def test_the_socket_check_sees_a_listener_on_every_interface():
+    """The check below can fail: a socket listening on 0.0.0.0 is found and is not loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        found = listening_sockets([psutil.Process()])
+    assert (psutil.Process().pid, "tcp", "0.0.0.0", port) in found
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.1.2.3")
+    assert is_loopback("127.0.0.1") and is_loopback("127.3.4.5") and is_loopback("::1")
+    assert is_loopback("::ffff:127.0.0.1")
+
+
+@pytest.mark.slow
+def test_nothing_listens_outside_loopback_during_a_ddp_run(tmp_path):
+    """Sockets of the launcher and every process below it, sampled from start-up (rendezvous, bootstrap
+    store) until the workers train (gloo); then SIGTERM to the launcher."""
+    run_dir = tmp_path / "run"
+    seen: set[tuple[int, str, str, int]] = set()
+    with LiveRun(*LONG_DDP_RUN, f"hydra.run.dir={run_dir}") as run:
+        def sample() -> bool:
+            try:
+                launcher = [psutil.Process(run.proc.pid)]
+            except psutil.NoSuchProcess:
+                launcher = []
+            seen.update(listening_sockets([*launcher, *run.descendants()]))
+            return "[ddp O0] iter" in run.stdout
+
+        assert run.wait_until(sample, START_TIMEOUT_S, poll=0.02), run.describe()
+        workers = run.workers()
+        assert len(workers) == 2
+        for _ in range(10):  # a little longer into training
+            run.wait_until(sample, 0.05)
+        sent = run.signal(signal.SIGTERM)
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+
+    outside = sorted(s for s in seen if not is_loopback(s[2]))
+    assert not outside, f"listening outside loopback: {outside}"
+    owners = {pid for pid, *_ in seen}
+    assert run.proc.pid in owners, seen  # the rendezvous/bootstrap store: the check did see listeners
+    assert owners & {w.pid for w in workers}, seen  # gloo's listeners in the workers
+    check_stopped_by_signal(run, code, sent, signal.SIGTERM, run_dir)
