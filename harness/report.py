@@ -24,6 +24,7 @@ from harness import imbalance
 from harness.results import RESULTS_NAME, load_results, write_json_atomic
 
 PER = 20  # the user's unit: seconds per 20 iterations
+PLOT_ROWS = 20  # combinations drawn per plot
 
 
 @dataclass
@@ -80,7 +81,6 @@ def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, dict[str, Any]
                 found.append((path, load_results(path)))
             except (OSError, ValueError) as error:
                 skipped.append(f"{path}: {error}")
-                warnings.warn(f"skipping unreadable results file {path}: {error}", stacklevel=2)
     return found, skipped
 
 
@@ -151,7 +151,9 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
         else:
             per_window = [ok[0]["global_batch"] * ok[0]["log_every"] / w["seconds"]
                           for w in ok[0]["windows"] if not w["warmup"] and w["seconds"] > 0]
-            row.throughput_lo, row.throughput_hi = percentile(per_window, 10), percentile(per_window, 90)
+            if per_window:  # the run's rate lies within its windows' range; keep the spread around it
+                row.throughput_lo = min(percentile(per_window, 10), row.throughput)
+                row.throughput_hi = max(percentile(per_window, 90), row.throughput)
     startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
     row.startup_s = statistics.median(startups) if startups else None
 
@@ -269,6 +271,11 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     ok = [r for r in rows if r.throughput or r.cumulative]
     if not ok:
         return []
+    note = ""
+    if len(ok) > PLOT_ROWS:  # beyond this, legends and labels are unreadable (and slow to lay out)
+        ranked = sorted(ok, key=lambda r: r.throughput or 0, reverse=True)[:PLOT_ROWS]
+        ok = [r for r in ok if r in ranked]
+        note = f" (top {PLOT_ROWS} by throughput; every row is in report.md)"
     written = []
 
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -276,7 +283,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
         if r.cumulative:
             xs, ys = zip(*[(0, 0.0), *r.cumulative], strict=True)
             ax.plot(xs, ys, marker="o", label=r.label)
-    ax.set(xlabel="iterations", ylabel="cumulative time (s)", title="Cumulative training time")
+    ax.set(xlabel="iterations", ylabel="cumulative time (s)", title="Cumulative training time" + note)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     written.append(_save(fig, out_dir / "cumulative_time.png"))
@@ -289,7 +296,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     ax.barh(list(ys), [r.throughput for r in rated], xerr=[lo, hi], color="tab:blue", capsize=3)
     ax.set_yticks(list(ys), [r.label for r in rated], fontsize=8)
     ax.invert_yaxis()
-    ax.set(xlabel="throughput (images/s, steady state; bars: spread)", title="Throughput")
+    ax.set(xlabel="throughput (images/s, steady state; bars: spread)", title="Throughput" + note)
     ax.grid(axis="x", alpha=0.3)
     written.append(_save(fig, out_dir / "throughput.png"))
 
@@ -308,7 +315,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
             tick_labels.append(r.label)
             x += 0.8
         ax.set_xticks(ticks, tick_labels, fontsize=8, rotation=20, ha="right")
-        ax.set(ylabel="peak memory above baseline (MiB)", title="Memory per device (labels: device and PIDs)")
+        ax.set(ylabel="peak memory above baseline (MiB)", title="Memory per device (labels: device and PIDs)" + note)
         ax.margins(y=0.2)
         written.append(_save(fig, out_dir / "memory_per_device.png"))
 
@@ -318,7 +325,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
         for r in lossy:
             xs, ys = zip(*r.losses, strict=True)
             ax.plot(xs, ys, marker="o", label=r.label)
-        ax.set(xlabel="iterations", ylabel="training loss (cross-entropy, at window end)", title="Loss")
+        ax.set(xlabel="iterations", ylabel="training loss (cross-entropy, at window end)", title="Loss" + note)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         written.append(_save(fig, out_dir / "loss.png"))
@@ -388,6 +395,8 @@ def print_table(rows: Sequence[Row], baseline: str | None, console: Any = None) 
 def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None,
                  console: Any = None, quiet: bool = False) -> Report:
     found, skipped = find_results(paths)
+    for entry in skipped:
+        print(f"warning: skipping unreadable results file {entry}", file=sys.stderr, flush=True)
     rows, base = build_rows(found, baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(rows=rows, baseline=base, skipped_files=skipped)
@@ -416,10 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out = args.out or (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"  # type: ignore[assignment]
-        report = build_report(args.paths, out, args.baseline)
+    report = build_report(args.paths, out, args.baseline)
     if not report.rows:
         print("error: no results.json found under " + ", ".join(map(str, args.paths)), file=sys.stderr)
         return 1

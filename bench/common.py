@@ -1,0 +1,525 @@
+"""Shared helpers for the benchmarks in bench/: pinned settings, subprocess runs of `run.py` and of the
+bare comparators, a check that nobody else used the CPU during a measurement, statistics, tables, and
+the README block each script owns inside the Performance section.
+
+Every figure a script prints comes from runs it made itself, on this machine, in this invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the bare comparators import the same model classes as the harness
+
+README = REPO / "README.md"
+PERF_START, PERF_END = "<!-- perf:start -->", "<!-- perf:end -->"
+PLACEHOLDER = "(figures from `bench/` land here)"
+# The README order of the sub-blocks, whichever script writes first.
+BLOCK_ORDER = ("index", "overhead", "sampler", "ddp", "fidelity", "report", "scaling")
+INDEX = """\
+Benchmarks of the harness itself (`bench/`), each one command, each runnable on a CPU-only machine in a few
+minutes; add `--write-readme` to replace its block below with the figures of that run, `--quick` for a
+seconds-long check (what `tests/test_bench.py` runs).
+
+| # | measures | command | goal |
+|---|---|---|---|
+| 1 | harness overhead: `run.py strategy=single` vs a bare PyTorch loop | `python bench/overhead.py` | ≥ 0.99 |
+| 2 | memory sampler overhead: off vs 10/100/1000 ms | `python bench/sampler.py` | default < 0.5 % |
+| 3 | DDP through the harness vs plain `torchrun` | `python bench/ddp_vs_torchrun.py` | ≥ 0.98 |
+| 4 | timing fidelity vs outside clocks; run-to-run spread | `python bench/timing_fidelity.py` | within 2 % |
+| 5 | report over 1,000 results files | `python bench/report_speed.py` | < 5 s |
+| 6 | DDP with 1, 2, 4 workers on 2 cores (oversubscription) | `python bench/scaling.py` | reported |
+
+How every figure is taken: each run is a fresh process started by the script (`run.py` exactly as a user
+types it, or the script's own bare comparator), with `OMP_NUM_THREADS` and `torch.set_num_threads` pinned
+and printed; ratios compare only runs of the same round, taken back to back in alternating order. Around
+every run the script measures the CPU time other processes used (system busy time minus its own and its
+children's); a round disturbed by more than 0.05 cores is measured again (up to 3 times) after waiting for an
+machine idle for 5 s, and one kept anyway is marked `*`.
+"""
+
+# The CPU-sized workload of conf/ (what `run.py` does by default on a machine without a GPU), spelled out
+# so the bare comparators run exactly the same thing.
+CPU_WORKLOAD = {"image_size": 32, "batch_size": 32, "num_classes": 10, "lr": 0.01, "momentum": 0.9, "seed": 0}
+
+T = TypeVar("T")
+
+
+class BenchError(RuntimeError):
+    """A run the benchmark depends on failed: the message holds its command and the tail of its output."""
+
+
+# ---- the machine and the settings that are pinned ----
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu": cpu_model(), "cores": cores(), "ram_gib": round(psutil.virtual_memory().total / 2**30),
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+            "torch": torch_version()}
+
+
+def machine_line() -> str:
+    m = machine()
+    return (f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU, {m['os']}, "
+            f"Python {m['python']}, torch {m['torch']}")
+
+
+def harness_commit() -> str:
+    """The commit the harness code comes from, and whether it has local changes."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "harness", "strategies",
+                                "precision", "conf", "run.py"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" with local changes" if dirty.strip() else "")
+
+
+def pinned_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every process a benchmark starts: thread pools pinned, output unbuffered."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.update(extra or {})
+    return env
+
+
+def print_settings(title: str, settings: dict[str, Any]) -> None:
+    print(f"== {title} ==", flush=True)
+    print(f"machine: {machine_line()}", flush=True)
+    for key, value in settings.items():
+        print(f"  {key}: {value}", flush=True)
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    return "; ".join(f"{k} {v}" for k, v in settings.items())
+
+
+# ---- other people's CPU use: measured around every run, waited out before every round ----
+
+def _busy_seconds() -> tuple[float, float]:
+    """CPU seconds the whole machine spent busy, and seconds stolen by the hypervisor, since boot."""
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return busy, getattr(t, "steal", 0.0)
+
+
+def _own_seconds() -> float:
+    """CPU seconds of this process and of every child (and their children) it has waited for."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@dataclass
+class Load:
+    """What else ran while we measured: `background` cores busy on average with work that is not ours
+    (other users' processes), and `steal` cores taken by the hypervisor. Set when the block exits."""
+
+    wall_s: float = 0.0
+    background: float = 0.0
+    steal: float = 0.0
+
+
+@contextmanager
+def measure_load() -> Iterator[Load]:
+    load = Load()
+    t0, (busy0, steal0), own0 = time.perf_counter(), _busy_seconds(), _own_seconds()
+    try:
+        yield load
+    finally:
+        wall = max(time.perf_counter() - t0, 1e-9)
+        busy1, steal1 = _busy_seconds()
+        load.wall_s = wall
+        # /proc/stat counts in clock ticks: allow two ticks per core of reading error
+        slack = 2 * psutil.cpu_count() / os.sysconf("SC_CLK_TCK")
+        load.background = max(0.0, (busy1 - busy0) - (_own_seconds() - own0) - slack) / wall
+        load.steal = max(0.0, steal1 - steal0) / wall
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float, sample_s: float = 0.5, quiet_s: float = 5.0) -> float:
+    """Wait until the machine has been idle (busy < threshold cores) for `quiet_s` in a row (a pause between
+    someone's commands is shorter), at most `max_wait_s`; return the seconds waited."""
+    start = time.perf_counter()
+    quiet, needed = 0, max(1, round(quiet_s / sample_s))
+    while time.perf_counter() - start < max_wait_s and quiet < needed:
+        with measure_load() as load:
+            time.sleep(sample_s)
+        quiet = quiet + 1 if load.background < threshold else 0
+    return time.perf_counter() - start
+
+
+@dataclass
+class Round:
+    """One round of measurements taken back to back, and the background load seen during each."""
+
+    results: list[Any]
+    background: list[float]
+    attempts: int
+    clean: bool
+
+    @property
+    def worst_background(self) -> float:
+        return max(self.background, default=0.0)
+
+
+@dataclass
+class Guard:
+    """How hard to try for an undisturbed measurement (see `add_common_args`)."""
+
+    max_background: float = 0.05
+    retries: int = 3
+    quiet_wait_s: float = 120.0
+    rounds: list[Round] = field(default_factory=list)
+
+    def round(self, tasks: Sequence[Callable[[], Any]], label: str = "") -> Round:
+        """Run `tasks` back to back; if anyone else used the CPU meanwhile, wait and run them all again
+        (up to `retries` times), keeping the least disturbed attempt."""
+        best: Round | None = None
+        for attempt in range(1, self.retries + 2):
+            waited = wait_for_quiet(self.quiet_wait_s, self.max_background) if self.quiet_wait_s > 0 else 0.0
+            if waited > 6:
+                print(f"  (waited {waited:.0f} s for the machine to be idle for 5 s)", flush=True)
+            results, loads = [], []
+            for task in tasks:
+                with measure_load() as load:
+                    results.append(task())
+                loads.append(load.background)
+            current = Round(results, loads, attempt, clean=max(loads) <= self.max_background)
+            if best is None or current.worst_background < best.worst_background:
+                best = current
+            if current.clean:
+                break
+            print(f"  {label} attempt {attempt}: other processes used {max(loads):.2f} cores meanwhile; "
+                  + ("measuring again" if attempt <= self.retries else "keeping the least disturbed attempt"),
+                  flush=True)
+        assert best is not None
+        best.attempts = attempt
+        self.rounds.append(best)
+        return best
+
+    def absorb(self, rounds: Sequence[dict[str, Any]]) -> None:
+        """Rounds a worker process measured under its own Guard (see `round_record`)."""
+        for r in rounds:
+            self.rounds.append(Round([], [r["worst"]], r["attempts"], r["clean"]))
+
+    @staticmethod
+    def round_record(done: Round) -> dict[str, Any]:
+        return {"worst": done.worst_background, "attempts": done.attempts, "clean": done.clean}
+
+    def summary(self) -> str:
+        if not self.rounds:
+            return "no rounds"
+        worst = max(r.worst_background for r in self.rounds)
+        dirty = sum(not r.clean for r in self.rounds)
+        redone = sum(r.attempts - 1 for r in self.rounds)
+        text = (f"background load (other processes) at most {worst:.3f} cores during any kept measurement; "
+                f"{redone} round(s) re-measured because of it")
+        if dirty:
+            text += f"; {dirty} round(s) kept although disturbed (above {self.max_background} cores): marked *"
+        return text
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs (seconds)")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="replace this benchmark's block in the README's Performance section")
+    parser.add_argument("--readme", type=Path, default=README, help="the README to write (default: the repo's)")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="keep the runs' folders here (default: a temporary folder, removed at the end)")
+    parser.add_argument("--max-background", type=float, default=0.05,
+                        help="re-measure a round when other processes used more than this many cores (default 0.05)")
+    parser.add_argument("--retries", type=int, default=3, help="re-measurements per disturbed round (default 3)")
+    parser.add_argument("--quiet-wait", type=float, default=None,
+                        help="seconds to wait for an idle machine before each round (default 120, 0 with --quick)")
+
+
+def guard_from(args: argparse.Namespace) -> Guard:
+    quiet = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 120.0)
+    return Guard(max_background=args.max_background, retries=0 if args.quick else args.retries, quiet_wait_s=quiet)
+
+
+@contextmanager
+def runs_dir(args: argparse.Namespace, name: str) -> Iterator[Path]:
+    if args.runs_dir is not None:
+        path = args.runs_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        yield Path(tmp)
+
+
+# ---- processes ----
+
+@dataclass
+class Proc:
+    cmd: list[str]
+    returncode: int
+    launched_at: float  # time.time() just before the process was started
+    wall_s: float  # start to exit, by this process's clock
+    lines: list[tuple[float, str]]  # (time.perf_counter() when the line arrived here, the line)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(text for _, text in self.lines)
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(text for _, text in self.lines[-n:])
+
+
+def run_command(cmd: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout_s: float = 900,
+                echo: str | None = None) -> Proc:
+    """Run `cmd`, stamping each output line with this process's clock as it arrives (stderr merged);
+    lines starting with `echo` are shown as they come."""
+    cmd = [str(c) for c in cmd]
+    launched_at, t0 = time.time(), time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    killer = threading.Timer(timeout_s, proc.kill)
+    killer.start()
+    lines: list[tuple[float, str]] = []
+    try:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            lines.append((time.perf_counter(), raw.decode(errors="replace").rstrip("\n")))
+            if echo is not None and lines[-1][1].startswith(echo):
+                print(lines[-1][1], flush=True)
+        returncode = proc.wait()
+    finally:
+        killer.cancel()
+    return Proc(cmd, returncode, launched_at, time.perf_counter() - t0, lines)
+
+
+def python() -> str:
+    return sys.executable
+
+
+@dataclass
+class HarnessRun:
+    results: dict[str, Any]
+    proc: Proc
+    run_dir: Path
+
+    @property
+    def throughput(self) -> float:
+        return float(self.results["throughput_img_s"])
+
+    def first_iteration_at(self) -> float:
+        """time.time() at which the last rank began its first iteration (the ranks' own records)."""
+        firsts = [json.loads(p.read_text())["first_iter_time"] for p in (self.run_dir / "ranks").glob("rank*.json")]
+        return max(firsts)
+
+
+def run_harness(overrides: Sequence[str], run_dir: Path, env: dict[str, str], timeout_s: float = 900) -> HarnessRun:
+    """`python run.py OVERRIDES hydra.run.dir=RUN_DIR`, as a user types it; fails loudly unless status ok.
+    A round measured again gets fresh folders (RUN_DIR-2, -3, ...): the harness never overwrites a run."""
+    run_dir = fresh(run_dir)
+    proc = run_command([python(), REPO / "run.py", *overrides, f"hydra.run.dir={run_dir}"], env,
+                       timeout_s=timeout_s)
+    path = run_dir / "results.json"
+    if proc.returncode != 0 or not path.exists():
+        raise BenchError(f"run.py {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+    results = json.loads(path.read_text())
+    if results.get("status") != "ok" or not results.get("throughput_img_s"):
+        raise BenchError(f"run.py {' '.join(overrides)}: status {results.get('status')}: {results.get('error')}")
+    return HarnessRun(results, proc, run_dir)
+
+
+def fresh(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def run_json(cmd: Sequence[str], out: Path, env: dict[str, str], timeout_s: float = 900,
+             echo: str | None = None) -> tuple[dict[str, Any], Proc]:
+    """Run a comparator that writes its measurements to `out` as JSON."""
+    out.unlink(missing_ok=True)
+    proc = run_command(cmd, env, timeout_s=timeout_s, echo=echo)
+    if proc.returncode != 0 or not out.exists():
+        raise BenchError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.tail()}")
+    return json.loads(out.read_text()), proc
+
+
+# ---- the harness inside this process (what `run.py strategy=single` does after Hydra has composed) ----
+
+def compose_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """The resolved config `run.py OVERRIDES` would hand to the runner, composed from the same conf/."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness import cli
+
+    cli.register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    resolved.pop("hydra", None)
+    return resolved
+
+
+def execute_in_process(cfg_dict: dict[str, Any], run_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """harness.runner.execute, as run.py's task calls it for one run; its console output is swallowed."""
+    import contextlib
+    import io
+
+    from harness.runner import execute
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        results = execute(cfg_dict, fresh(run_dir), in_sweep=False, overrides=list(overrides))
+    if results.get("status") != "ok" or not results.get("throughput_img_s"):
+        raise BenchError(f"harness run {' '.join(overrides)}: status {results.get('status')}: {results.get('error')}")
+    return results
+
+
+def guard_to_dict(guard: Guard) -> dict[str, float]:
+    return {"max_background": guard.max_background, "retries": guard.retries, "quiet_wait_s": guard.quiet_wait_s}
+
+
+# ---- statistics: the same definitions the harness documents, recomputed here ----
+
+def steady_throughput(window_seconds: Sequence[float], images_per_window: int, warmup_windows: int) -> float:
+    steady = list(window_seconds[warmup_windows:])
+    return images_per_window * len(steady) / sum(steady)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    return min(values), max(values)
+
+
+def cv_percent(values: Sequence[float]) -> float:
+    return 100 * statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
+
+
+def fmt_spread(values: Sequence[float], digits: int = 3) -> str:
+    """median (min–max)"""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    lo, hi = spread(values)
+    return f"{median(values):.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def verdict(met: bool) -> str:
+    return "**met**" if met else "**missed**"
+
+
+# ---- output: a table on the terminal, the same table in the README ----
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def print(self) -> None:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table as RichTable
+
+        print(f"== {self.title} ==", flush=True)  # plain, so a pipe or a test sees the header whole
+        table = RichTable(title=None)
+        for column in self.columns:
+            table.add_column(escape(column), justify="left" if column == self.columns[0] else "right")
+        for row in self.rows:
+            table.add_row(*[escape(c) for c in row])
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def readme_block(heading: str, command: str, settings: dict[str, Any], tables: Sequence[Table],
+                 lines: Sequence[str]) -> str:
+    stamp = _dt.date.today().isoformat()
+    parts = [f"### {heading}", "",
+             f"`{command}` — measured {stamp} on {machine_line()}; harness at commit {harness_commit()}.", "",
+             f"Pinned: {settings_line(settings)}.", ""]
+    for table in tables:
+        parts += [f"*{table.title}*", "", table.markdown(), ""]
+    parts += list(lines)
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_readme_block(name: str, body: str, readme: Path = README) -> None:
+    """Replace (or add, in BLOCK_ORDER) `<!-- bench:NAME:start -->...end -->` inside the perf markers,
+    in one read-modify-write; nothing outside the markers changes."""
+    text = readme.read_text()
+    if PERF_START not in text or PERF_END not in text:
+        raise BenchError(f"{readme} has no {PERF_START} ... {PERF_END} section")
+    p0 = text.index(PERF_START) + len(PERF_START)
+    p1 = text.index(PERF_END, p0)
+    perf = _put_block(text[p0:p1].replace(PLACEHOLDER, ""), name, body)
+    if name != "index":
+        perf = _put_block(perf, "index", INDEX)
+    perf = "\n" + perf.strip("\n") + "\n"
+    readme.write_text(text[:p0] + perf + text[p1:])
+    print(f"README: wrote the {name} block in {readme}", flush=True)
+
+
+def _put_block(perf: str, name: str, body: str) -> str:
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in perf and end in perf:
+        i, j = perf.index(start), perf.index(end) + len(end)
+        perf = perf[:i] + block + perf[j:]
+    else:
+        after = BLOCK_ORDER[BLOCK_ORDER.index(name) + 1:] if name in BLOCK_ORDER else ()
+        positions = [perf.index(m) for m in (f"<!-- bench:{n}:start -->" for n in after) if m in perf]
+        if positions:
+            i = min(positions)
+            perf = perf[:i] + block + "\n\n" + perf[i:]
+        else:
+            perf = perf.rstrip() + "\n\n" + block + "\n"
+    return perf
