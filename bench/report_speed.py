@@ -195,12 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 NOTES = [
     "",
     "Where the time goes: reading 1,000 files and building the rows take a fraction of a second; the plots take "
-    "the rest (stage column). `write_plots` (harness/report.py) draws every row into four figures — one legend "
-    "entry per row in the cumulative-time and loss plots, one bar and tick label per row in the throughput plot "
-    "(its height grows 0.5 in per row), one labelled bar per device per row in the memory plot — and matplotlib's "
-    "text layout dominates. Proposed fix: plot the best N rows (e.g. 20 by throughput, plus the baseline) and say "
-    "so in the figure title, leaving every row in report.md/csv/json; or skip legends and per-bar labels beyond "
-    "N rows. Until then the goal is missed for sweeps of more than a few dozen combinations.",
+    "the rest (stage column). matplotlib's text layout grows with the rows drawn, so `write_plots` "
+    "(harness/report.py) draws the top 20 rows by throughput and says so in each title; every row stays in "
+    "report.md/csv/json. Before that change the same 1,000 files took 6.3 s (200 rows) and 31.8 s (1,000 rows).",
 ]
 
 
