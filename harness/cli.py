@@ -16,7 +16,7 @@ from harness.config import ConfigError, check_group_choices, check_output_dirs
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
-AUTO_KEYS = ("model.name", "data.image_size", "batch_size")
+AUTO_KEYS = ("model.name", "data.image_size", "batch_size", "iterations")
 
 
 @functools.cache
@@ -71,7 +71,7 @@ def cpu_defaults_note(cfg: DictConfig) -> str | None:
     if not auto:
         return None
     return ("No GPU found: CPU-sized defaults " + ", ".join(auto) +
-            " (the GPU defaults are resnet101, 224 px, batch 128); any explicit override wins.")
+            " (the GPU defaults are resnet101, 224 px, batch 128, 100 iterations); any explicit override wins.")
 
 
 def _is_interpolation(cfg: DictConfig, key: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import html
+import re
 import statistics
 import sys
 import warnings
@@ -75,13 +76,18 @@ def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, dict[str, Any]
     """Every readable results.json under `paths`; unreadable ones are named in a warning and skipped."""
     found, skipped = [], []
     for root in paths:
-        files = [root] if root.is_file() else sorted(root.rglob(RESULTS_NAME))
+        files = [root] if root.is_file() else sorted(root.rglob(RESULTS_NAME), key=_natural)
         for path in files:
             try:
                 found.append((path, load_results(path)))
             except (OSError, ValueError) as error:
                 skipped.append(f"{path}: {error}")
     return found, skipped
+
+
+def _natural(path: Path) -> list[Any]:
+    """Sweep job 2 before job 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
 def _key(results: dict[str, Any]) -> tuple[Any, ...]:
