@@ -308,7 +308,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
 
     with_mem = [r for r in ok if r.memory_per_device]
     if with_mem:
-        fig, ax = plt.subplots(figsize=(max(8, 1.2 * sum(len(r.memory_per_device) for r in with_mem)), 5))
+        fig, ax = plt.subplots(figsize=(min(24, max(8, 0.8 * sum(len(r.memory_per_device) for r in with_mem))), 6))
         x, ticks, tick_labels = 0.0, [], []
         for r in with_mem:
             start = x
