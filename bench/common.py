@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -50,12 +51,15 @@ seconds-long check (what `tests/test_bench.py` runs).
 | 5 | report over 1,000 results files | `python bench/report_speed.py` | < 5 s |
 | 6 | DDP with 1, 2, 4 workers on 2 cores (oversubscription) | `python bench/scaling.py` | reported |
 
-How every figure is taken: each run is a fresh process started by the script (`run.py` exactly as a user
-types it, or the script's own bare comparator), with `OMP_NUM_THREADS` and `torch.set_num_threads` pinned
-and printed; ratios compare only runs of the same round, taken back to back in alternating order. Around
-every run the script measures the CPU time other processes used (system busy time minus its own and its
-children's); a round disturbed by more than 0.05 cores is measured again (up to 3 times) after waiting for an
-machine idle for 5 s, and one kept anyway is marked `*`.
+How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or
+`harness.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to
+alternate harness and comparator in one process, which removes process-to-process noise), or the script's
+own bare comparator — with `OMP_NUM_THREADS` and `torch.set_num_threads` pinned and printed; ratios compare
+only runs of the same round, taken back to back in alternating order. Around every run the script measures
+the CPU time other processes used (system busy time minus its own and its children's); a round disturbed by
+more than 0.05 cores is measured again (up to 3 times) once the machine has been idle for 5 s, and one kept
+anyway is marked `*`. This VM's throughput also drifts by 5–15 % over tens of seconds with nothing else
+running (the host), so each table shows medians with min–max, never a single run.
 """
 
 # The CPU-sized workload of conf/ (what `run.py` does by default on a machine without a GPU), spelled out
@@ -252,7 +256,7 @@ class Guard:
         worst = max(r.worst_background for r in self.rounds)
         dirty = sum(not r.clean for r in self.rounds)
         redone = sum(r.attempts - 1 for r in self.rounds)
-        text = (f"background load (other processes) at most {worst:.3f} cores during any kept measurement; "
+        text = (f"Background load (other processes) at most {worst:.3f} cores during any kept measurement; "
                 f"{redone} round(s) re-measured because of it")
         if dirty:
             text += f"; {dirty} round(s) kept although disturbed (above {self.max_background} cores): marked *"
@@ -503,7 +507,7 @@ def write_readme_block(name: str, body: str, readme: Path = README) -> None:
     perf = _put_block(text[p0:p1].replace(PLACEHOLDER, ""), name, body)
     if name != "index":
         perf = _put_block(perf, "index", INDEX)
-    perf = "\n" + perf.strip("\n") + "\n"
+    perf = "\n" + re.sub(r"end -->\n+(?=<!-- bench:)", "end -->\n\n", perf.strip("\n")) + "\n"
     readme.write_text(text[:p0] + perf + text[p1:])
     print(f"README: wrote the {name} block in {readme}", flush=True)
 

@@ -191,8 +191,8 @@ NOTES = [
     "",
     "What differs on the harness's side: the workers run the same trainer loop as every strategy (nothing per "
     "iteration beyond a few Python calls); the launcher process additionally runs the memory sampler, whose "
-    "per-sample scan of all of /proc preempts one of the two single-threaded workers on a 2-core machine while "
-    "the other waits at the next all-reduce (see block 2 and its proposed fix). The spread of the ratio is this "
+    "wake-ups preempt one of the two single-threaded workers on a 2-core machine while the other waits at the "
+    "next all-reduce (see block 2). The spread of the ratio is this "
     "VM's run-to-run drift (see block 4's coefficient of variation); the median is the estimate. Startup: before "
     "the rendezvous `run.py` lets Hydra compose and validates the config and imports the runner (torch, the "
     "elastic launcher), and every spawned worker re-imports `run.py` (Hydra, OmegaConf) as multiprocessing's "

@@ -224,11 +224,10 @@ NOTES = [
     "Reading these figures: identical runs on this VM drift by 5–15 % over tens of seconds (invisible to steal "
     "time and to the background-load check: it is the host), which is more than the 1 % being measured. The "
     "medians of many short alternating pairs in one process are the best estimate; the fresh-process pairs can "
-    "land on either side of 1 for the same reason. What is not noise is the memory sampler thread, which runs "
-    "inside the training process for `strategy=single`: block 2 measures it alone (off vs on) and shows that the "
-    "proposed fix of harness/memory.py (list the process tree once a second instead of on every sample) brings it "
-    "to the noise level. The rest of the harness adds nothing per iteration but a few Python calls "
-    "(`before_step`, `forward_context`, `precision.backward/step`, well under a microsecond each).",
+    "land on either side of 1 for the same reason. The one cost found is the memory sampler thread, which runs "
+    "inside the training process for `strategy=single` (block 2 measures it alone, with the reason). The rest of the harness adds nothing per "
+    "iteration but a few Python calls (`before_step`, `forward_context`, `precision.backward/step`, well under a "
+    "microsecond each) next to a sub-millisecond iteration.",
 ]
 
 

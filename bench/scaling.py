@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     env = common.pinned_env(cores)
     configs: list[tuple[str, int]] = [("single", 1)] + [("ddp", n) for n in counts]
     settings = {"model": model, "global batch": batch, "image size": size, "cores": cores,
-                "threads per process": ", ".join(f"{n} workers: {max(1, cores // n)}" for n in counts)
+                "threads per process": ", ".join(f"{max(1, cores // n)} with {n} worker(s)" for n in counts)
                 + f" (OMP_NUM_THREADS the same; single: {cores})",
                 "iterations": f"{iterations} (windows of {log_every}, first excluded)", "rounds": rounds,
                 "backend": "gloo on lo"}

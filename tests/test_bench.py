@@ -17,7 +17,7 @@ import common  # noqa: E402  (bench/common.py: bench/ is a folder of scripts, no
 # script -> table headers its --quick run must print
 SCRIPTS = {
     "overhead.py": ["== harness overhead"],
-    "sampler.py": ["== cost of one sample", "== throughput with the sampler on / off"],
+    "sampler.py": ["== the sampler's own work", "== throughput with the sampler on / off"],
     "ddp_vs_torchrun.py": ["== DDP 2 workers: harness vs torchrun"],
     "timing_fidelity.py": ["== the harness's steady-state time vs this script's clock", "== summary =="],
     "report_speed.py": ["== report over 20 synthetic results.json files =="],
