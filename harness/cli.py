@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import ConfigError, check_group_choices, check_output_dirs
+from harness.config import ConfigError, Incompatible, check_group_choices, check_output_dirs
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -125,7 +125,7 @@ def _record_refused(cfg_dict: dict[str, Any], run_dir: Path, overrides: list[str
     from harness.results import SCHEMA, write_results
     from harness.runner import Unavailable
 
-    status = "skipped" if isinstance(error, Unavailable) else "failed"
+    status = "skipped" if isinstance(error, Unavailable | Incompatible) else "failed"
     results = {"schema": SCHEMA, "status": status, "error": str(error),
                "strategy": cfg_dict["strategy"]["name"], "amp": cfg_dict["amp"]["level"],
                "model": cfg_dict["model"]["name"], "devices": [], "world_size": None, "nodes": 1,

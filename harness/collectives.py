@@ -118,11 +118,13 @@ class CollectivesConfig:
     dtype: str
     warmup: int
     repeats: int
+    fault_rank: int | None = None  # debugging aid: this rank runs out of memory at `fault_size`
+    fault_size: int | None = None
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> CollectivesConfig:
         """Every check on the `collectives.*` keys, one line naming the key on failure."""
-        known = {"ops", "sizes", "min_size", "max_size", "factor", "dtype", "warmup", "repeats"}
+        known = {"ops", "sizes", "min_size", "max_size", "factor", "dtype", "warmup", "repeats", "fault"}
         unknown = sorted(set(section) - known)
         if unknown:
             raise ConfigError(f"collectives.{unknown[0]}", section[unknown[0]], "one of " + ", ".join(sorted(known)))
@@ -152,7 +154,14 @@ class CollectivesConfig:
             raise ConfigError("collectives.warmup", warmup, "an integer >= 0")
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ConfigError("collectives.repeats", repeats, "an integer >= 1")
-        return cls(ops=tuple(ops), sizes=tuple(sorted(set(sizes))), dtype=dtype, warmup=warmup, repeats=repeats)
+        fault = section.get("fault") or {}
+        fault_rank, fault_size = fault.get("rank"), fault.get("size")
+        if fault_rank is not None and (isinstance(fault_rank, bool) or not isinstance(fault_rank, int) or fault_rank < 0):
+            raise ConfigError("collectives.fault.rank", fault_rank, "null or a rank >= 0")
+        if fault_size is not None:
+            fault_size = _size("collectives.fault.size", fault_size)
+        return cls(ops=tuple(ops), sizes=tuple(sorted(set(sizes))), dtype=dtype, warmup=warmup, repeats=repeats,
+                   fault_rank=fault_rank, fault_size=fault_size)
 
 
 def _size(key: str, value: Any) -> int:
@@ -237,25 +246,43 @@ def collectives_rank(spec: dict[str, Any]) -> None:
         group.teardown()
 
 
+FAILURES = (RuntimeError, NotImplementedError, ValueError, MemoryError)  # torch.OutOfMemoryError is a RuntimeError
+
+
 def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Per (op, size): `repeats` timed calls, each after a barrier and ending with a device sync."""
+    """Per (op, size): `repeats` timed calls, each after a barrier and ending with a device sync.
+
+    Whether a size can run is agreed across ranks before anything is timed: an op the backend lacks
+    fails on every rank alike, but running out of memory may hit one rank only, and a rank that went
+    on alone would leave its peers waiting in a different collective until the timeout."""
     dtype = getattr(torch, cfg.dtype)
     element_size = torch.empty((), dtype=dtype).element_size()
+    agreement = Agreement(group.device)  # allocated before any large buffer: it must not run out itself
     measured: list[dict[str, Any]] = []
     unsupported: dict[str, str] = {}
     for op in cfg.ops:
         for size in cfg.sizes:
             count = element_count(op, size, n, element_size)
+            call, error = None, None
             try:
+                if cfg.fault_rank == rank and cfg.fault_size == size:
+                    raise torch.OutOfMemoryError(f"injected fault (collectives.fault) at {format_size(size)} "
+                                                 f"on rank {rank}")
                 call = collective_call(op, count, dtype, group.device, rank, n)
-                for _ in range(cfg.warmup or 1):  # at least one untimed call: it also tells "unsupported"
-                    call()
-                group.synchronize()
-            except (RuntimeError, NotImplementedError, ValueError) as error:
-                # Not offered by this backend (or out of memory at this size): every rank fails alike,
-                # so record why, line the ranks up again and go on with the next op.
-                first_line = (str(error).strip().splitlines() or [""])[0]
-                unsupported[op] = f"at {format_size(size)}: {type(error).__name__}: {first_line}"
+            except FAILURES as failure:
+                error = failure
+            reason = agreement.failure(error)
+            if reason is None:
+                try:
+                    for _ in range(cfg.warmup or 1):  # at least one untimed call: it also tells "unsupported"
+                        call()
+                    group.synchronize()
+                except FAILURES as failure:
+                    error = failure
+                reason = agreement.failure(error)
+            if reason is not None:  # every rank leaves this op together
+                unsupported[op] = f"at {format_size(size)}: {reason}"
+                del call
                 group.barrier()
                 break
             times = []
@@ -278,6 +305,25 @@ def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list
                 note += f"; stopped {unsupported[op]}"
             print(f"[collectives] {op:<14} {note}", flush=True)
     return measured, unsupported
+
+
+class Agreement:
+    """Did every rank get through a step? One small all-reduce (MIN of "ok" flags) answers for all."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._flag = torch.ones(1, dtype=torch.int32, device=device)
+
+    def failure(self, error: BaseException | None) -> str | None:
+        """None when every rank succeeded; otherwise the same reason on every rank (the first failing rank's)."""
+        self._flag.fill_(0 if error is not None else 1)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MIN)
+        if int(self._flag.item()) == 1:
+            return None
+        mine = None if error is None else f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        reasons: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(reasons, mine)
+        first = next(i for i, r in enumerate(reasons) if r is not None)
+        return f"rank {first}: {reasons[first]}" if len(reasons) > 1 else reasons[first]
 
 
 # ---- the table ----

@@ -32,6 +32,11 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={_show(value)} is not allowed: {allowed}")
 
 
+class Incompatible(ConfigError):
+    """Values that are each fine but cannot go together on this machine (e.g. DataParallel with apex's
+    patched forward): refused before anything starts, and a `skipped` row with the reason in a sweep."""
+
+
 def _show(value: object) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(_show(v) for v in value) + "]"

@@ -4,7 +4,7 @@ how to wait for them, and what their allocators saw. Everything else asks throug
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,15 +12,29 @@ import torch
 
 from harness.config import ConfigError, RunConfig
 
+OUT_OF_MEMORY_MARKERS = (
+    "CUDA out of memory",  # the caching allocator, when re-raised as a plain RuntimeError
+    "Cuda failure 'out of memory'",  # NCCL (e.g. DistBackendError from a collective)
+    "CUDA error: out of memory",  # a kernel launch or cudaMalloc outside the allocator
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
 
 @dataclass(frozen=True)
 class Hardware:
-    visible_gpus: tuple[int, ...]  # physical (PCI bus order, as nvidia-smi) ids this process may use
+    visible_gpus: tuple[int, ...]  # ids the user names in gpus=[...]: physical (PCI bus order, as nvidia-smi)
     cores: int
+    # CUDA_VISIBLE_DEVICES's own token for each visible GPU, in the same order: "3", or a UUID / MIG name.
+    # Workers get these tokens back, so a GPU chosen by UUID stays that GPU.
+    tokens: tuple[str, ...] = ()
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.visible_gpus)
+
+    def token(self, gpu: int) -> str:
+        return self.tokens[self.visible_gpus.index(gpu)] if self.tokens else str(gpu)
 
 
 def usable_cores() -> int:
@@ -30,18 +44,40 @@ def usable_cores() -> int:
 def probe_hardware() -> Hardware:
     """Count GPUs without creating a CUDA context in the parent."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return Hardware(visible_gpus=visible_physical_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), count),
-                    cores=usable_cores())
+    ids, tokens = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+    return Hardware(visible_gpus=ids, cores=usable_cores(), tokens=tokens)
 
 
-def visible_physical_ids(cuda_visible_devices: str | None, count: int) -> tuple[int, ...]:
-    """Physical ids behind torch's indices 0..count-1 (the user may have narrowed them already)."""
-    if cuda_visible_devices is None or cuda_visible_devices.strip() == "":
-        return tuple(range(count)) if cuda_visible_devices is None else ()
-    ids = [s.strip() for s in cuda_visible_devices.split(",")]
-    if all(s.isdigit() for s in ids):
-        return tuple(int(s) for s in ids[:count])
-    return tuple(range(count))  # UUIDs or MIG names: fall back to torch's own numbering
+def visible_gpus(cuda_visible_devices: str | None, count: int,
+                 physical_index: Callable[[str], int | None] | None = None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(ids, tokens) of the GPUs behind torch's indices 0..count-1 (the user may have narrowed them already).
+
+    Numeric tokens are physical ids. UUIDs (GPU-...) are turned into physical ids through NVML; where that
+    is impossible (MIG instances, no NVML), every id is the GPU's position in CUDA_VISIBLE_DEVICES."""
+    if cuda_visible_devices is None:
+        return tuple(range(count)), tuple(str(i) for i in range(count))
+    tokens = tuple(t.strip() for t in cuda_visible_devices.split(",") if t.strip())[:count]
+    if all(t.isdigit() for t in tokens):
+        return tuple(int(t) for t in tokens), tokens
+    resolve = physical_index or nvml_physical_index
+    resolved = [int(t) if t.isdigit() else resolve(t) for t in tokens]
+    if all(i is not None for i in resolved) and len(set(resolved)) == len(resolved):
+        return tuple(i for i in resolved if i is not None), tokens
+    return tuple(range(len(tokens))), tokens
+
+
+def nvml_physical_index(uuid: str) -> int | None:
+    """nvidia-smi's index of the GPU with this UUID; None for MIG instances or without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no package, a MIG handle (no index): positions instead
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +93,7 @@ class Placement:
     threads_per_process: int
     global_batch: int
     worker_env: dict[str, str] = field(default_factory=dict)
+    gpu_tokens: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES tokens of `gpus` (UUIDs stay UUIDs)
     explicit_gpus: bool = False  # the user named the GPUs (gpus=[...]) rather than taking all
     notes: tuple[str, ...] = ()
     nodes: int = 1  # > 1 only under a multi-node torchrun; `nprocs` and `devices` are this node's
@@ -132,13 +169,14 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
             notes.append(f"strategy={name} on one GPU ({gpus[0]}): a one-GPU baseline, nothing is parallelised")
         nprocs = len(gpus) if one_process_per_device else 1
         devices = tuple(f"{prefix}cuda:{g}" for g in gpus)
-        worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        tokens = tuple(hw.token(g) for g in gpus)
+        worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(tokens)}
     else:
         accelerator = "cpu"
         nprocs = torchrun.local_world_size if torchrun else (cfg.nprocs if one_process_per_device else 1)
         first = node_rank * nprocs
         devices = tuple(f"{prefix}cpu:{first + r}" for r in range(nprocs)) if one_process_per_device else ("cpu",)
-        worker_env = {}
+        worker_env, tokens = {}, ()
     threads = max(1, hw.cores // nprocs)
     if one_process_per_device:
         worker_env["OMP_NUM_THREADS"] = str(threads)
@@ -153,7 +191,7 @@ def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all
     return Placement(accelerator=accelerator, gpus=tuple(gpus), torch_indices=torch_indices, nprocs=nprocs,
                      one_process_per_device=one_process_per_device, devices=devices,
                      threads_per_process=threads, global_batch=cfg.batch_size, worker_env=worker_env,
-                     explicit_gpus=cfg.gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
+                     gpu_tokens=tokens, explicit_gpus=cfg.gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
 
 
 class DeviceOps:
@@ -195,4 +233,14 @@ class DeviceOps:
 
     @staticmethod
     def is_out_of_memory(error: BaseException) -> bool:
-        return isinstance(error, torch.OutOfMemoryError | MemoryError)
+        """Out of memory, however it arrives: the allocator's own error, or a library that ran out inside
+        (NCCL's "Cuda failure 'out of memory'", cuBLAS/cuDNN handles that could not be allocated)."""
+        seen: set[int] = set()
+        while error is not None and id(error) not in seen:
+            seen.add(id(error))
+            if isinstance(error, torch.OutOfMemoryError | MemoryError):
+                return True
+            if any(marker in str(error) for marker in OUT_OF_MEMORY_MARKERS):
+                return True
+            error = error.__cause__ or error.__context__
+        return False

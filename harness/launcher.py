@@ -3,7 +3,8 @@
 Everything listens on loopback only. torch's TCPStore servers bind every interface, so the one
 store of a run is created here on a socket bound to 127.0.0.1 and everything else reuses it: the
 c10d rendezvous (same port, multi-tenant) and, through the `c10d-loopback` rendezvous handler,
-the store the workers bootstrap their process group from. gloo is pinned to the loopback interface.
+the store the workers bootstrap their process group from. gloo and NCCL's bootstrap are pinned to the
+loopback interface.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def loopback_interface() -> str:
         if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addresses):
             return name
     return "lo"
+
+
+def loopback_env() -> dict[str, str]:
+    """gloo and NCCL bootstrap over loopback: NCCL would not pick `lo` while other interfaces exist."""
+    interface = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface, "MASTER_ADDR": LOOPBACK}
 
 
 @contextlib.contextmanager
@@ -116,7 +123,7 @@ def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
     On SIGINT/SIGTERM every worker is stopped before the signal's exception propagates.
     """
     with loopback_store(start_timeout_s) as port:
-        env = {**placement.worker_env, "GLOO_SOCKET_IFNAME": loopback_interface(), "MASTER_ADDR": LOOPBACK}
+        env = {**placement.worker_env, **loopback_env()}
         with patched_environ(env):
             if method == "spawn":
                 return _spawn(entry, spec, placement.nprocs, port, start_method)

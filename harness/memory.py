@@ -21,7 +21,9 @@ MIB = 2**20
 @dataclass
 class Sample:
     per_device: dict[str, float] = field(default_factory=dict)  # device label -> MiB used
-    per_process: dict[tuple[int, str], float] = field(default_factory=dict)  # (pid, device) -> MiB
+    # (pid, device) -> MiB; None where the driver hides a process's figure (MIG without privileges, some
+    # containers): known to be there, amount unknown, never 0
+    per_process: dict[tuple[int, str], float | None] = field(default_factory=dict)
 
 
 class MemorySource(Protocol):
@@ -33,25 +35,52 @@ class MemorySource(Protocol):
 
 
 class NvmlSource:
-    """Used memory per GPU and per PID (nvmlDeviceGetComputeRunningProcesses) for physical ids."""
+    """Used memory per GPU and per PID (nvmlDeviceGetComputeRunningProcesses) for the run's GPUs.
+
+    Each GPU is opened by its CUDA_VISIBLE_DEVICES token: an index by index, a UUID or MIG name by UUID,
+    so the GPU read is the GPU the workers use. Per-process figures are extra: when NVML refuses them
+    (NO_PERMISSION under MIG, a driver older than the binding's `_v3` query) the per-GPU figures go on
+    and `process_warning` says why the PIDs are missing."""
 
     name = "nvml"
 
-    def __init__(self, physical_ids: Sequence[int], nvml: ModuleType | None = None) -> None:
+    def __init__(self, physical_ids: Sequence[int], nvml: ModuleType | None = None,
+                 tokens: Sequence[str] | None = None) -> None:
         if nvml is None:
             import pynvml as nvml  # lazy: optional at run time, absent data just means no NVML figures
         self._nvml = nvml
         nvml.nvmlInit()
-        self._handles = {f"cuda:{i}": nvml.nvmlDeviceGetHandleByIndex(i) for i in physical_ids}
+        tokens = list(tokens) if tokens else [str(i) for i in physical_ids]
+        self._handles = {f"cuda:{i}": self._open(token) for i, token in zip(physical_ids, tokens, strict=True)}
+        self._query_processes = nvml.nvmlDeviceGetComputeRunningProcesses
+        self.process_warning: str | None = None
+
+    def _open(self, token: str) -> Any:
+        if token.isdigit():
+            return self._nvml.nvmlDeviceGetHandleByIndex(int(token))
+        return self._nvml.nvmlDeviceGetHandleByUUID(token)
 
     def read(self) -> Sample:
         sample = Sample()
         for label, handle in self._handles.items():
             sample.per_device[label] = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
-            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                used = proc.usedGpuMemory  # None where the driver hides it (some containers, MIG)
-                sample.per_process[(proc.pid, label)] = (used or 0) / MIB
+            for proc in self._processes(handle):
+                used = proc.usedGpuMemory  # None where the driver hides it (pynvml maps NOT_AVAILABLE to None)
+                sample.per_process[(proc.pid, label)] = None if used is None else used / MIB
         return sample
+
+    def _processes(self, handle: Any) -> list[Any]:
+        if self.process_warning is not None:
+            return []
+        try:
+            return self._query_processes(handle)
+        except self._nvml.NVMLLibraryMismatchError:
+            # pynvml 13 calls only `..._v3`; an older driver lacks it: its `_v2` holds the same fields
+            self._query_processes = self._nvml.nvmlDeviceGetComputeRunningProcesses_v2
+            return self._processes(handle)
+        except self._nvml.NVMLError as error:
+            self.process_warning = f"NVML gives no per-process memory here ({error}); per-GPU figures only"
+            return []
 
     def describe(self) -> dict[str, Any]:
         nvml = self._nvml
@@ -103,7 +132,7 @@ class MemoryTracker:
     def __init__(self) -> None:
         self.baseline: Sample | None = None
         self.peak_device: dict[str, float] = {}
-        self.peak_process: dict[tuple[int, str], float] = {}
+        self.peak_process: dict[tuple[int, str], float | None] = {}
         self.samples = 0
 
     def add(self, sample: Sample) -> None:
@@ -113,8 +142,9 @@ class MemoryTracker:
         self.samples += 1
         for key, mib in sample.per_device.items():
             self.peak_device[key] = max(mib, self.peak_device.get(key, 0.0))
-        for key, mib in sample.per_process.items():
-            self.peak_process[key] = max(mib, self.peak_process.get(key, 0.0))
+        for key, value in sample.per_process.items():
+            known = self.peak_process.get(key)
+            self.peak_process[key] = value if known is None else known if value is None else max(value, known)
 
 
 class MemorySampler:
@@ -138,6 +168,9 @@ class MemorySampler:
         self._thread.join()
         self._read()
         self.source.close()
+        process_warning = getattr(self.source, "process_warning", None)
+        if process_warning and self.warning is None:
+            self.warning = process_warning
         return self.tracker
 
     def findings(self) -> SamplerFindings:
@@ -193,7 +226,7 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
             continue
         role = "rank" if rank is not None else ("launcher" if pid == launcher_pid else "other")
         per_process.append({"pid": pid, "rank": None if rank is None else rank.rank, "device": device,
-                            "peak_mib": round(peak, 1), "role": role,
+                            "peak_mib": None if peak is None else round(peak, 1), "role": role,
                             "host": rank.host if rank is not None else ""})
     if source == "psutil":
         per_device = _devices_from_processes(per_process, baseline, rank_of_pid, devices)
@@ -215,12 +248,12 @@ def _devices_from_processes(per_process: list[dict[str, Any]], baseline: Sample,
     return rows
 
 
-def open_source(accelerator: str, physical_ids: Sequence[int], launcher_pid: int,
-                nvml_factory: Callable[[Sequence[int]], MemorySource] = NvmlSource) -> tuple[MemorySource | None, str | None]:
+def open_source(accelerator: str, physical_ids: Sequence[int], launcher_pid: int, tokens: Sequence[str] = (),
+                nvml_factory: Callable[..., MemorySource] = NvmlSource) -> tuple[MemorySource | None, str | None]:
     """The best source for the accelerator, or (None, warning) when NVML cannot be had."""
     if accelerator != "cuda":
         return PsutilSource(launcher_pid), None
     try:
-        return nvml_factory(physical_ids), None
+        return nvml_factory(physical_ids, tokens=tokens), None
     except Exception as error:  # missing package, no driver, permissions
         return None, f"NVML unavailable ({error}); GPU memory falls back to torch's allocator peaks"

@@ -37,13 +37,28 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
-    """Never over another run's results: a folder holds one run."""
+    """Never over another run's results: a folder holds one run (its own provisional record aside)."""
     path = run_dir / RESULTS_NAME
-    if path.exists():
+    if path.exists() and not _is_provisional(path):
         raise FileExistsError(f"{path} already holds a run's results; refusing to overwrite it")
-    assert results["status"] in STATUSES, results["status"]
+    if results["status"] not in STATUSES:
+        raise ValueError(f"status {results['status']!r} is not one of {', '.join(STATUSES)}")
     write_json_atomic(path, results)
     return path
+
+
+def write_provisional(run_dir: Path, results: dict[str, Any], reason: str) -> Path:
+    """A `failed` record written before the run starts, replaced when it ends: if the writer is killed
+    without a chance to write (NCCL's watchdog aborting rank 0 after a peer died, the OOM killer), the
+    run is still on record, failed, with the likely reasons."""
+    return write_results(run_dir, {**results, "status": "failed", "error": reason, "provisional": True})
+
+
+def _is_provisional(path: Path) -> bool:
+    try:
+        return bool(load_results(path).get("provisional"))
+    except (OSError, ValueError):
+        return False
 
 
 def load_results(path: Path) -> dict[str, Any]:

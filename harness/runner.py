@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,13 +18,13 @@ import psutil
 from hydra.utils import get_class
 
 from harness import imbalance
-from harness.config import PrecisionSpec, RunConfig, resolve_precision
+from harness.config import Incompatible, PrecisionSpec, RunConfig, resolve_precision
 from harness.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
 from harness.launcher import WorkerFailure, launch_workers
 from harness.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.results import SCHEMA, environment, write_results
 from harness.timing import Window, merge_ranks, steady_throughput
-from harness.worker import Interrupted, last_line, run_rank
+from harness.worker import Interrupted, caused_by, last_line, run_rank
 from precision import precision_unavailable_reason
 
 
@@ -35,17 +36,34 @@ def command_start_time() -> float:
     return psutil.Process().create_time()
 
 
-def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False,
-         torchrun: TorchrunWorld | None = None) -> tuple[type, Placement, PrecisionSpec]:
-    """Everything decided before a worker starts; raises ConfigError on bad input.
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided before a worker starts."""
 
-    One-process strategies run inside this process, except in sweeps: there each run gets a fresh
-    process, so no run inherits the memory, threads or CUDA context of the one before."""
+    strategy_cls: type
+    placement: Placement
+    precision: PrecisionSpec
+    launched: bool  # ranks run in child processes (False: inside this process)
+
+
+def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: TorchrunWorld | None = None) -> Plan:
+    """Place the run and resolve its precision; raises ConfigError on bad input and Incompatible for a
+    combination that cannot run correctly.
+
+    One-process strategies run inside this process for a single run. In sweeps, and for every repeat,
+    each run gets a fresh process, so no run inherits the memory, threads or CUDA context (cached
+    blocks included) of the one before."""
     strategy_cls = get_class(cfg.strategy["_target_"])
-    isolated = strategy_cls.one_process_per_device or in_sweep
+    launched = strategy_cls.one_process_per_device or in_sweep or cfg.repeat > 1
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
-                      strategy_cls.needs_cuda, isolated=isolated, torchrun=torchrun)
-    return strategy_cls, placement, resolve_precision(cfg.amp, placement.accelerator)
+                      strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
+    precision = resolve_precision(cfg.amp, placement.accelerator)
+    strategy_cls.check_compatible(placement, precision)
+    if placement.accelerator == "cuda" and launched and torchrun is None \
+            and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
+        raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
+                           "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
+    return Plan(strategy_cls, placement, precision, launched or torchrun is not None)
 
 
 def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: list[str] | None = None,
@@ -58,7 +76,8 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     started = time.time()
     cfg = RunConfig.from_dict(cfg_dict)
     hw = hw or probe_hardware()
-    strategy_cls, placement, precision = plan(cfg, hw, in_sweep)
+    decided = plan(cfg, hw, in_sweep)
+    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.precision
     base = base_results(cfg, cfg_dict, placement, precision, overrides)
 
     reason = strategy_cls.skip_reason(placement, precision)
@@ -76,11 +95,11 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     for note in placement.notes:
         print(f"note: {note}", flush=True)
     record_dir = run_dir / "ranks"
-    launched = placement.one_process_per_device or in_sweep
+    launched = decided.launched
     spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
             "record_dir": str(record_dir), "launched": launched, "run_started": started}
     launcher_pid = os.getpid()
-    source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid) \
+    source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)
     if warning:
         print(f"warning: {warning}", flush=True)
@@ -94,7 +113,12 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
                 failures = launch_workers(run_rank, spec, placement, cfg.dist.start_timeout_s,
                                           str(run_dir / "logs"), cfg.launcher.name, cfg.launcher.start_method)
             else:
-                run_rank(spec)
+                try:
+                    run_rank(spec)
+                except Exception as error:  # the rank's own failure: its record names it, else this line
+                    if caused_by(error, (KeyboardInterrupt, Interrupted)):
+                        raise
+                    failures = [WorkerFailure(rank=0, pid=os.getpid(), exitcode=1, message=last_line(error))]
     except (KeyboardInterrupt, Interrupted) as error:
         interrupted = str(error) or "interrupted (SIGINT)"
     except Exception as error:
@@ -131,6 +155,9 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
     """The sampler's view joined with the ranks' records; the allocator's peaks where no sampler ran."""
     if sampler is None:
         return _allocator_memory(records, warning)
+    if sampler.tracker.samples == 0:  # NVML opened but every query failed: no figure is better than 0 MiB
+        return _allocator_memory(records, f"{sampler.warning or 'the memory sampler took no sample'}; "
+                                          "figures are torch's allocator peaks")
     ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"]) for r in records]
     memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
     if sampler.warning:
@@ -239,8 +266,8 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "startup_seconds": (max(firsts) - started) if firsts else None,
         "command_startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
         "precision": precision,
-        "ranks": [{k: r[k] for k in ("rank", "local_rank", "pid", "host", "device", "status", "error", "allocator")}
-                  for r in records],
+        "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",
+                                         "allocator")} for r in records],
     }
 
 

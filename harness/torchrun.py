@@ -22,9 +22,13 @@ from omegaconf import OmegaConf
 from harness.config import CONF_DIR, ConfigError, RunConfig
 from harness.devices import TorchrunWorld, probe_hardware
 from harness.memory import MemorySampler, Sample, SamplerFindings, open_source
-from harness.results import environment
+from harness.results import environment, write_provisional
 from harness.runner import base_results, measurements, memory_section, plan, publish, read_records, run_status
 from harness.worker import rank_identity, run_rank
+
+PROVISIONAL_REASON = ("global rank 0 ended without recording the run: killed before it could write (NCCL's "
+                      "watchdog aborting it after a peer died, the kernel's OOM killer, SIGKILL); torchrun's "
+                      "output names the first rank that failed")
 
 
 def started_by_torchrun() -> bool:
@@ -81,7 +85,8 @@ def run_worker(overrides: list[str]) -> int:
     cfg_dict = compose_config(overrides)
     cfg = RunConfig.from_dict(cfg_dict)
     world = TorchrunWorld.from_env(os.environ)
-    strategy_cls, placement, precision = plan(cfg, probe_hardware(), torchrun=world)
+    decided = plan(cfg, probe_hardware(), torchrun=world)
+    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.precision
     if not strategy_cls.one_process_per_device:
         raise ConfigError("strategy", cfg.strategy_name, "one process per device under torchrun (ddp, apex_ddp, "
                           "allreduce); run other strategies as plain `python run.py`")
@@ -89,10 +94,14 @@ def run_worker(overrides: list[str]) -> int:
     if reason:
         raise ConfigError("strategy", cfg.strategy_name, reason)
 
+    out_dir = out_dir or run_dir_for(cfg, dt.datetime.now())
+    if rank == 0:
+        write_provisional(out_dir, {**base_results(cfg, cfg_dict, placement, precision, overrides),
+                                    "env": environment({"launcher": "torchrun"})}, PROVISIONAL_REASON)
     sampler = None
     launcher_pid = os.getppid()  # the torchrun agent of this node
     if local_rank == 0 and cfg.memory.enabled:
-        source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid)
+        source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens)
         if warning:
             print(f"warning: {warning}", flush=True)
         sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
@@ -128,7 +137,7 @@ def run_worker(overrides: list[str]) -> int:
 
 def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, precision: Any,
                   gathered: list[dict[str, Any]], started: float, overrides: list[str],
-                  out_dir: Path | None = None) -> None:
+                  out_dir: Path) -> None:
     records = sorted((g["record"] for g in gathered), key=lambda r: r["rank"])
     nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
     devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
@@ -148,4 +157,4 @@ def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, prec
                "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
                           "per_process": per_process},
                "env": environment({"launcher": "torchrun"}), "finished_at": time.time()}
-    publish(out_dir or run_dir_for(cfg, dt.datetime.now()), results)
+    publish(out_dir, results)

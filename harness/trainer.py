@@ -29,7 +29,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precisi
             loss = F.cross_entropy(model(images), labels)
         precision.backward(loss)
         precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        precision.zero_grad(optimizer)
         if it % log_every == 0:
             on_window(clock.edge(it, loss.item))
     return clock.windows

@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 
 from harness.config import FaultConfig, PrecisionSpec, RunConfig
@@ -57,7 +58,10 @@ def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[
             sys.stderr.flush()
             os._exit(13)
         if fault.kind == "oom":
-            raise torch.OutOfMemoryError(message) if accelerator == "cuda" else MemoryError(message)
+            if accelerator == "cuda":  # a real one: ask the caching allocator for more than the GPU has free
+                free, _ = torch.cuda.mem_get_info()
+                torch.empty(free + 2**30, dtype=torch.uint8, device="cuda")
+            raise MemoryError(message)  # CPU: the kernel would kill the process long before Python saw it
         raise RuntimeError(message)
 
     return fire
@@ -88,13 +92,14 @@ def run_rank(spec: dict[str, Any],
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
-                              "precision_state": {}, "first_iter_time": None}
+                              "precision_state": {}, "first_iter_time": None, "backend": None}
     clock: WindowClock | None = None
     strategy = None
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
         strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
+        record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         model = strategy.convert_module(model).to(strategy.device)
@@ -117,7 +122,7 @@ def run_rank(spec: dict[str, Any],
         record["status"] = "ok"
         return record
     except BaseException as error:
-        signal_error = _caused_by(error, (Interrupted, KeyboardInterrupt))  # also when wrapped (instantiate)
+        signal_error = caused_by(error, (Interrupted, KeyboardInterrupt))  # also when wrapped (instantiate)
         if signal_error is not None:
             record.update(status="interrupted", error=last_line(signal_error))
             raise
@@ -150,7 +155,7 @@ def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.devi
     return synthetic_batch(size, cfg.data.image_size, cfg.data.num_classes, device, cfg.seed + rank)
 
 
-def _caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, kinds):

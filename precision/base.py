@@ -41,6 +41,10 @@ class Precision:
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients dropped (not zeroed in place): no memset per step, as `torch.optim` defaults to."""
+        optimizer.zero_grad(set_to_none=True)
+
     def state(self) -> dict[str, Any]:
         """Loss-scale bookkeeping for the results; read once after the timed loop (it may sync)."""
         return {"final_loss_scale": 1.0, "skipped_steps": 0}

@@ -33,13 +33,26 @@ class CastingModule(nn.Module):
         return self.module(x).float()
 
 
+class HalfGradScaler(torch.amp.GradScaler):
+    """GradScaler for an optimizer that steps float16 parameters itself (O3, or O2 without master weights,
+    with dynamic scaling, as apex allows). torch's scaler refuses to unscale float16 gradients
+    (torch/amp/grad_scaler.py: `raise ValueError("Attempting to unscale FP16 gradients.")`) because
+    unscaled small gradients may underflow in float16: that loss of precision is what these levels are."""
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+
 class NativePrecision(Precision):
     def __init__(self, spec: PrecisionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         self.half = getattr(torch, spec.dtype)
         self.scaler: torch.amp.GradScaler | None = None
         if spec.loss_scale == "dynamic":  # GradScaler's rules: 2^16, halve on overflow, double after 2000 good
-            self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16)
+            half_steps = spec.cast_model and not spec.master_weights and spec.dtype == "float16"
+            scaler_cls = HalfGradScaler if half_steps else torch.amp.GradScaler
+            self.scaler = scaler_cls(device.type, init_scale=2.0**16)
         self.static_scale = 1.0 if spec.loss_scale == "dynamic" else float(spec.loss_scale)
         self._model_params: list[nn.Parameter] = []
         self._master_params: list[nn.Parameter] = []

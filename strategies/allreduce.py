@@ -1,8 +1,8 @@
 """Data-parallel SGD by hand: what DistributedDataParallel does, minus buckets-in-flight and overlap.
 
 One process per device, no wrapper. `wrap` broadcasts rank 0's weights and buffers, then hooks every
-parameter; when a backward pass has accumulated the gradients, each gradient is all-reduced (SUM) and
-divided by the world size, before the trainer calls `optimizer.step()`. The trainer never knows:
+parameter; when a backward pass has accumulated the gradients, each gradient is divided by the world
+size and all-reduced (SUM), before the trainer calls `optimizer.step()`. The trainer never knows:
 the hook runs inside `loss.backward()`.
 
 `bucket=false` is the textbook version, one all-reduce per parameter tensor; `bucket=true` flattens
@@ -76,12 +76,16 @@ def broadcast_from_rank0(tensors: Iterable[torch.Tensor]) -> None:
             dist.broadcast(tensor, src=0)
 
 
+# Both divide by the world size BEFORE summing, as torch's own DDP hook does "to avoid overflow, especially
+# for FP16" (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py): loss-scaled float16 gradients
+# summed over 8 ranks first can overflow where DDP's would not, and the comparison would be unfair.
+
 def all_reduce_mean(grads: Iterable[torch.Tensor]) -> None:
-    """The textbook loop: one all-reduce per tensor, then divide by the world size."""
+    """The textbook loop: one all-reduce per tensor."""
     world = dist.get_world_size()
     for grad in grads:
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad.div_(world)
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
 
 
 def all_reduce_mean_bucketed(grads: list[torch.Tensor]) -> None:
@@ -89,8 +93,8 @@ def all_reduce_mean_bucketed(grads: list[torch.Tensor]) -> None:
     world = dist.get_world_size()
     for group in _same_kind(grads):
         flat = _flatten_dense_tensors(group)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(world)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         for grad, synced in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
             grad.copy_(synced)
 

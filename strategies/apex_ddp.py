@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from harness.config import Incompatible, PrecisionSpec
+from harness.devices import Placement
 from precision.apex_amp import apex_missing
 from strategies.base import ProcessGroupStrategy
 
@@ -15,6 +17,16 @@ class ApexDDP(ProcessGroupStrategy):
                  convert_syncbn: bool = False) -> None:
         super().__init__(name)
         self.delay_allreduce, self.message_size, self.convert_syncbn = delay_allreduce, message_size, convert_syncbn
+
+    @classmethod
+    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
+        # apex DDP buckets gradients by type and knows only "torch.cuda.HalfTensor", "FloatTensor" and
+        # "DoubleTensor" (apex/parallel/distributed.py, 25.05): bfloat16 weights give a KeyError at the
+        # first backward, or with delay_allreduce gradients that are silently never reduced.
+        if precision.cast_model and precision.dtype == "bfloat16":
+            raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {precision.level} "
+                               "(apex DDP reduces only half, float and double gradients; bfloat16 weights would "
+                               "fail or go unreduced)")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -41,6 +41,10 @@ class Strategy:
         return None
 
     @classmethod
+    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
+        """Raise Incompatible for a precision this strategy would run wrongly (checked before launch)."""
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         """A missing optional package: an error for a single run, a `skipped` row in a sweep."""
         return None

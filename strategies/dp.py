@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.config import PrecisionSpec
+from harness.config import Incompatible, PrecisionSpec
 from harness.devices import Placement
 from strategies.base import Strategy
 
@@ -21,6 +21,17 @@ class DataParallelStrategy(Strategy):
         if len(placement.gpus) < 2 and not placement.explicit_gpus:
             return "DataParallel needs two or more GPUs; only one is visible (gpus=[N] runs it as a baseline)"
         return None
+
+    @classmethod
+    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
+        # apex O0/O2/O3 replace model.forward by a closure over the original module
+        # (apex/amp/_initialize.py, 25.05: `model.forward = patch_forward(model.forward)`); DataParallel's
+        # replicate copies __dict__, closure included, so every replica would run GPU 0's weights
+        # (apex issues #227, #503, #659, #826). O1 patches torch functions instead and is fine.
+        if precision.impl == "apex" and precision.level != "O1":
+            raise Incompatible("amp.impl", "apex", f"native with strategy=dp at {precision.level} (apex's patched "
+                               "forward would make every DataParallel replica run GPU 0's weights; apex works "
+                               "with dp at O1 only)")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         assert self.ops is not None

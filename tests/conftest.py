@@ -78,7 +78,9 @@ def sgd(lr: float = 0.1) -> Callable[[Any], torch.optim.Optimizer]:
     return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
-STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP"}
+STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP",
+                    "dp": "strategies.dp.DataParallelStrategy", "apex_ddp": "strategies.apex_ddp.ApexDDP",
+                    "allreduce": "strategies.allreduce.ManualAllReduce"}
 
 
 def run_config(strategy: str = "single", **values: Any) -> RunConfig:

@@ -138,3 +138,31 @@ def test_sweep_report_has_ddp_and_allreduce(tmp_path):
     assert {r["strategy"]: r["status"] for r in runs} == {"ddp": "ok", "allreduce": "ok"}, runs
     allreduce = next(r for r in runs if r["strategy"] == "allreduce")
     assert allreduce["config"]["strategy"]["bucket"] is False and allreduce["world_size"] == 2
+
+
+class EightIdenticalRanks:
+    """Stands in for torch.distributed in this process: a world of 8 ranks that all hold this rank's
+    values, so all_reduce(SUM) multiplies by 8 in place, in the tensor's own dtype (as NCCL sums float16)."""
+
+    ReduceOp = dist.ReduceOp
+    WORLD = 8
+
+    def get_world_size(self) -> int:
+        return self.WORLD
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = None) -> None:
+        assert op == dist.ReduceOp.SUM
+        tensor.mul_(self.WORLD)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_float16_loss_scaled_gradients_are_divided_before_the_sum(monkeypatch, bucketed):
+    """A float16 gradient of 2^13 (loss-scaled) on 8 ranks: summing first gives 2^16 = inf in float16; the
+    mean, what DDP computes, is 2^13. Dividing first, as torch's DDP hook does, keeps it finite."""
+    import strategies.allreduce as module
+
+    monkeypatch.setattr(module, "dist", EightIdenticalRanks())
+    grads = [torch.full((3,), 8192.0, dtype=torch.float16), torch.full((2,), 0.5, dtype=torch.float32)]
+    (module.all_reduce_mean_bucketed if bucketed else module.all_reduce_mean)(grads)
+    assert torch.equal(grads[0], torch.full((3,), 8192.0, dtype=torch.float16))
+    assert torch.equal(grads[1], torch.full((2,), 0.5))

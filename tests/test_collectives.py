@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO, describe
@@ -237,6 +238,27 @@ def test_benchmark_runs_with_two_workers(tmp_path):
     assert (out / "collectives.csv").read_text().startswith("op,size,")
     assert (out / "bandwidth.png").read_bytes()[:4] == b"\x89PNG"
     assert not (out / "results.json").exists()  # the strategy report must not mistake it for a run
+
+
+@pytest.mark.slow
+def test_one_rank_out_of_memory_stops_that_op_on_every_rank_without_a_hang(tmp_path):
+    """Rank 1 alone runs out of memory at 64 KiB. Before: rank 1 went on to the next op while rank 0 ran
+    the 64 KiB all_reduce, and both waited in different collectives until the timeout (120 s)."""
+    out = tmp_path / "coll"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness.collectives", "nprocs=2", "gpus=[]",
+                           "collectives.sizes=[4KiB,64KiB,256KiB]", "collectives.ops=[all_reduce,broadcast]",
+                           "collectives.warmup=1", "collectives.repeats=2", "collectives.fault.rank=1",
+                           "collectives.fault.size=64KiB", "dist.timeout_s=120", f"hydra.run.dir={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, describe(proc)
+    assert took < 100, f"took {took:.0f} s: the ranks waited for each other until the collective timeout"
+    results = json.loads((out / "collectives.json").read_text())
+    for op in ("all_reduce", "broadcast"):
+        assert [r["size_bytes"] for r in results["rows"] if r["op"] == op] == [4096]
+        reason = results["unsupported"][op]
+        assert reason.startswith("at 64 KiB: rank 1: OutOfMemoryError: injected fault"), reason
 
 
 @pytest.mark.slow

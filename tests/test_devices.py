@@ -16,7 +16,7 @@ from harness.devices import (
     place,
     probe_hardware,
     usable_cores,
-    visible_physical_ids,
+    visible_gpus,
 )
 
 FOUR_GPUS = Hardware(visible_gpus=(0, 1, 2, 3), cores=16)
@@ -52,7 +52,8 @@ def test_gpus_013_one_process_per_device():
 
 def test_gpus_among_already_narrowed_visible_devices():
     """The user ran with CUDA_VISIBLE_DEVICES=2,3,5: torch sees 0,1,2, the ids stay physical."""
-    hw = Hardware(visible_gpus=visible_physical_ids("2,3,5", 3), cores=8)
+    ids, tokens = visible_gpus("2,3,5", 3)
+    hw = Hardware(visible_gpus=ids, cores=8, tokens=tokens)
     p = place_as(run_config("ddp", gpus=[3, 5], batch_size=8), hw, "per_device")
     assert p.worker_env["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert p.devices == ("cuda:3", "cuda:5")
@@ -154,10 +155,37 @@ def test_placement_survives_the_json_trip_to_the_workers():
     (None, 3, (0, 1, 2)),
     (None, 0, ()),
     ("", 4, ()),
-    ("GPU-6d3f0f1c-aaaa,GPU-77aa", 2, (0, 1)),  # UUIDs: fall back to torch's numbering
 ])
-def test_visible_physical_ids(env, count, expected):
-    assert visible_physical_ids(env, count) == expected
+def test_visible_gpus_numeric(env, count, expected):
+    ids, tokens = visible_gpus(env, count)
+    assert ids == expected and tokens == tuple(str(i) for i in expected)
+
+
+UUIDS = "GPU-6d3f0f1c-aaaa,GPU-77aa-bbbb"
+PHYSICAL = {"GPU-6d3f0f1c-aaaa": 5, "GPU-77aa-bbbb": 2}  # what nvmlDeviceGetIndex(ByUUID) would say
+
+
+def test_uuids_resolve_to_physical_ids_and_keep_their_tokens():
+    ids, tokens = visible_gpus(UUIDS, 2, physical_index=PHYSICAL.get)
+    assert ids == (5, 2) and tokens == ("GPU-6d3f0f1c-aaaa", "GPU-77aa-bbbb")
+
+
+def test_unresolvable_names_are_positions_and_keep_their_tokens():
+    """MIG instances have no nvidia-smi index: positions in CUDA_VISIBLE_DEVICES, tokens kept."""
+    ids, tokens = visible_gpus("MIG-11111111-aaaa,MIG-22222222-bbbb", 2, physical_index=lambda t: None)
+    assert ids == (0, 1) and tokens == ("MIG-11111111-aaaa", "MIG-22222222-bbbb")
+
+
+@pytest.mark.parametrize("resolver", [PHYSICAL.get, lambda t: None], ids=["uuid-resolved", "unresolved"])
+def test_workers_get_the_gpus_chosen_by_uuid_not_indices(resolver):
+    """Before: CUDA_VISIBLE_DEVICES=GPU-a,GPU-b became the workers' `0,1`: the machine's first two GPUs."""
+    ids, tokens = visible_gpus(UUIDS, 2, physical_index=resolver)
+    hw = Hardware(visible_gpus=ids, cores=8, tokens=tokens)
+    p = place_as(run_config("ddp", batch_size=8), hw, "per_device")
+    assert p.worker_env["CUDA_VISIBLE_DEVICES"] == UUIDS.replace(" ", "")
+    assert p.gpu_tokens == ("GPU-6d3f0f1c-aaaa", "GPU-77aa-bbbb")
+    one = place_as(run_config("ddp", gpus=[ids[1]], batch_size=8), hw, "per_device")
+    assert one.worker_env["CUDA_VISIBLE_DEVICES"] == "GPU-77aa-bbbb" and one.devices == (f"cuda:{ids[1]}",)
 
 
 def test_probe_hardware_on_this_machine():
@@ -176,3 +204,30 @@ def test_cpu_device_ops():
     assert ops.allocator_peaks() == []
     assert DeviceOps.is_out_of_memory(MemoryError()) and DeviceOps.is_out_of_memory(torch.OutOfMemoryError())
     assert not DeviceOps.is_out_of_memory(RuntimeError("CUDA error: an illegal memory access"))
+
+
+@pytest.mark.parametrize("message", [
+    # NCCL inside a collective (torch.distributed.DistBackendError's text)
+    "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+    "NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+    "Cuda failure 'out of memory'",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call",
+])
+def test_out_of_memory_inside_a_library_is_recognised(message):
+    """Before: only torch.OutOfMemoryError/MemoryError counted; these were recorded `failed`."""
+    assert DeviceOps.is_out_of_memory(RuntimeError(message))
+    try:
+        try:
+            raise RuntimeError(message)
+        except RuntimeError as inner:
+            raise ValueError("instantiate failed") from inner
+    except ValueError as wrapped:
+        assert DeviceOps.is_out_of_memory(wrapped)
+
+
+def test_other_cuda_errors_are_not_out_of_memory():
+    for message in ("CUDA error: an illegal memory access was encountered", "CUBLAS_STATUS_EXECUTION_FAILED",
+                    "NCCL error: remote process exited or there was a network error"):
+        assert not DeviceOps.is_out_of_memory(RuntimeError(message))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
-from conftest import DDP_RUN, SINGLE_RUN, TINY, describe
+from conftest import DDP_RUN, SINGLE_RUN, TINY, describe, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +86,38 @@ def test_ddp_amp_levels_train(cli_run, level):
     check_amp_run(proc, r, "ddp", level)
     assert sorted(p["rank"] for p in r["memory"]["per_process"]) == [0, 1]
     assert sorted(r["per_rank_windows"]) == ["0", "1"]
+
+
+@pytest.mark.parametrize("amp", [("amp=O3", "amp.loss_scale=dynamic"), ("amp=O2", "amp.master_weights=false")],
+                         ids=["O3-dynamic", "O2-no-masters"])
+def test_float16_weights_with_dynamic_scaling_train(cli_run, amp):
+    """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype).
+    Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step."""
+    proc, r = cli_run("strategy=single", *amp, "amp.dtype=float16", *TINY, "iterations=40", "log_every=20")
+    assert proc.returncode == 0, describe(proc)
+    assert r["status"] == "ok", r["error"]
+    precision = r["precision"]
+    assert (precision["dtype"], precision["loss_scale"], precision["master_weights"]) == ("float16", "dynamic", False)
+    assert precision["final_loss_scale"] == 2.0**16 and precision["skipped_steps"] == 0
+    assert all(math.isfinite(w["loss"]) for w in r["windows"])
+
+
+def test_an_inline_run_names_its_rank_and_pid_when_it_fails(tmp_path):
+    """Before: "rank -1 (pid None): launcher: ..." for a failure inside the one-process run."""
+    proc, r = run_cli("strategy=single", *TINY, "iterations=40", "fault.kind=raise", "fault.at_iter=25",
+                      tmp_path=tmp_path)
+    assert proc.returncode == 1, describe(proc)
+    assert r["status"] == "failed"
+    assert r["error"] == f"rank 0 (pid {r['launcher_pid']}): RuntimeError: injected fault (fault.kind=raise) " \
+                         "at iteration 25 on rank 0"
+    assert [w["end_iter"] for w in r["windows"]] == [20]
+
+
+def test_every_repeat_runs_in_a_fresh_process(tmp_path):
+    """A repeat inside the launcher would inherit the previous one's allocator and CUDA context."""
+    proc, _ = run_cli("strategy=single", *TINY, "iterations=40", "repeat=2", tmp_path=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    runs = [json.loads((tmp_path / "run" / f"repeat-{i}" / "results.json").read_text()) for i in range(2)]
+    pids = [r["ranks"][0]["pid"] for r in runs]
+    assert all(r["status"] == "ok" for r in runs) and len(set(pids)) == 2
+    assert runs[0]["launcher_pid"] not in pids

@@ -80,3 +80,26 @@ def test_nothing_listens_outside_loopback_during_a_ddp_run(tmp_path):
     assert run.proc.pid in owners, seen  # the rendezvous/bootstrap store: the check did see listeners
     assert owners & {w.pid for w in workers}, seen  # gloo's listeners in the workers
     check_stopped_by_signal(run, code, sent, signal.SIGTERM, run_dir)
+
+
+@pytest.mark.parametrize("method", ["elastic", "spawn"])
+def test_workers_bootstrap_gloo_and_nccl_over_loopback(monkeypatch, method):
+    """Workers inherit the environment the launcher sets around their start: NCCL, like gloo, on `lo`
+    (NCCL would not pick the loopback interface while another exists)."""
+    import os
+
+    import harness.launcher as launcher
+    from harness.devices import Placement
+
+    seen: dict[str, str] = {}
+    monkeypatch.setattr(launcher, f"_{method}", lambda *args: seen.update(os.environ) or [])
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    placement = Placement(accelerator="cuda", gpus=(0, 1), torch_indices=(0, 1), nprocs=2,
+                          one_process_per_device=True, devices=("cuda:0", "cuda:1"), threads_per_process=1,
+                          global_batch=2, worker_env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert launcher.launch_workers(print, {}, placement, 5, "/nonexistent", method) == []
+    loopback = launcher.loopback_interface()
+    assert any(a.address.startswith("127.") for a in psutil.net_if_addrs()[loopback])
+    assert seen["NCCL_SOCKET_IFNAME"] == seen["GLOO_SOCKET_IFNAME"] == loopback
+    assert seen["MASTER_ADDR"] == "127.0.0.1" and seen["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "NCCL_SOCKET_IFNAME" not in os.environ  # set for the launch only

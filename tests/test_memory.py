@@ -34,16 +34,37 @@ class FakeMemoryInfo:
     used: int
 
 
+class NVMLError(Exception):
+    """pynvml.NVMLError: `str()` is NVML's message, e.g. "Insufficient Permissions"."""
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml 13 raises this (a plain Exception, not an NVMLError) from the unversioned
+    nvmlDeviceGetComputeRunningProcesses when the driver lacks `_v3` (its `throwOnVersionMismatch`)."""
+
+
 class FakeNvml:
     """Stands in for the pynvml module: physical index -> used bytes and running processes.
 
     Tests change `used` and `procs` between reads, as the GPUs would change under a real run.
+    `uuids` maps UUID/MIG names to indices (nvmlDeviceGetHandleByUUID); `old_driver` makes the
+    unversioned process query fail as pynvml 13 does on a driver without `_v3`; `deny` names the calls
+    that raise NVMLError("Insufficient Permissions"), as MIG without privileges does.
     """
 
-    def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]]) -> None:
+    NVMLError = NVMLError
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
+
+    def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]],
+                 uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = ()) -> None:
         self.used, self.procs = used, procs
+        self.uuids, self.old_driver, self.deny = uuids or {}, old_driver, deny
         self.initialised = self.shut_down = 0
-        self.handles_asked: list[int] = []
+        self.handles_asked: list[int | str] = []
+
+    def _check(self, call: str) -> None:
+        if call in self.deny:
+            raise NVMLError("Insufficient Permissions")
 
     def nvmlInit(self) -> None:  # noqa: N802
         self.initialised += 1
@@ -55,10 +76,22 @@ class FakeNvml:
         self.handles_asked.append(index)
         return ("handle", index)
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple[str, int]:  # noqa: N802
+        self.handles_asked.append(uuid)
+        return ("handle", self.uuids[uuid])
+
     def nvmlDeviceGetMemoryInfo(self, handle: tuple[str, int]) -> FakeMemoryInfo:  # noqa: N802
+        self._check("memory")
         return FakeMemoryInfo(self.used[handle[1]])
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: tuple[str, int]) -> list[FakeProcess]:  # noqa: N802
+        if self.old_driver:
+            raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match "
+                                           "the NVML lib version.")
+        return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: tuple[str, int]) -> list[FakeProcess]:  # noqa: N802
+        self._check("processes")
         return [FakeProcess(pid, used) for pid, used in self.procs.get(handle[1], [])]
 
     def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
@@ -101,7 +134,7 @@ def test_nvml_source_reads_physical_ids_in_mib():
     assert fake.initialised == 1 and fake.handles_asked == [0, 3]
     sample = source.read()
     assert sample.per_device == {"cuda:0": 10.0, "cuda:3": 2048.0}
-    assert sample.per_process == {(42, "cuda:3"): 512.0, (43, "cuda:3"): 0.0}  # None: hidden by the driver
+    assert sample.per_process == {(42, "cuda:3"): 512.0, (43, "cuda:3"): None}  # hidden by the driver: unknown
     assert source.describe() == {"driver": "550.54.15", "gpu_names": ["NVIDIA H100", "NVIDIA A100"]}
     source.close()
     assert fake.shut_down == 1
@@ -115,7 +148,7 @@ def test_tracker_first_read_is_the_baseline_and_peaks_are_maxima():
     assert tracker.peak_device == {"cuda:0": 1300.0, "cuda:3": 1500.0}
     assert tracker.peak_process == {
         (OTHER_USER, "cuda:0"): 250.0, (LAUNCHER, "cuda:0"): 120.0, (RANK0, "cuda:0"): 900.0,
-        (RANK1, "cuda:3"): 1400.0, (STRANGER, "cuda:3"): 0.0,
+        (RANK1, "cuda:3"): 1400.0, (STRANGER, "cuda:3"): None,
     }
 
 
@@ -144,7 +177,7 @@ def test_summarize_nvml_drops_other_users_and_labels_ranks_and_launcher():
     assert (by_pid[RANK1]["rank"], by_pid[RANK1]["device"], by_pid[RANK1]["peak_mib"]) == (1, "cuda:3", 1400.0)
     assert by_pid[LAUNCHER]["role"] == "launcher" and by_pid[LAUNCHER]["rank"] is None
     assert by_pid[LAUNCHER]["peak_mib"] == 120.0  # kept although it was there at baseline
-    assert by_pid[STRANGER]["role"] == "other" and by_pid[STRANGER]["peak_mib"] == 0.0
+    assert by_pid[STRANGER]["role"] == "other" and by_pid[STRANGER]["peak_mib"] is None  # unknown, not 0
 
 
 def test_summarize_nvml_one_process_strategy_launcher_is_the_rank():
@@ -217,7 +250,7 @@ def test_open_source_picks_psutil_on_cpu_and_reports_missing_nvml():
     source, warning = open_source("cpu", (), os.getpid())
     assert isinstance(source, PsutilSource) and warning is None
 
-    def broken(ids):
+    def broken(ids, tokens=()):
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     source, warning = open_source("cuda", (0,), os.getpid(), nvml_factory=broken)
@@ -293,3 +326,37 @@ def test_psutil_summary_one_process_strategy_counts_the_launcher():
     (device,) = memory["per_device"]
     assert device["device"] == "cpu" and device["peak_mib"] > 0
     assert device["baseline_mib"] == round(tracker.baseline.per_process[(launcher, "cpu")], 1)
+
+
+# --- NVML as real drivers misbehave (GPU-truth fixes: UUID tokens, old drivers, MIG permissions) ----------
+
+def test_gpus_named_by_uuid_are_opened_by_uuid():
+    """Before: CUDA_VISIBLE_DEVICES=GPU-...,MIG-... fell back to indices 0,1 and read the wrong GPUs."""
+    fake = FakeNvml(used={5: mib(100), 2: mib(200)}, procs={}, uuids={"GPU-aaaa": 5, "MIG-bbbb": 2})
+    source = NvmlSource([5, 2], nvml=fake, tokens=["GPU-aaaa", "MIG-bbbb"])
+    assert fake.handles_asked == ["GPU-aaaa", "MIG-bbbb"]
+    assert source.read().per_device == {"cuda:5": 100.0, "cuda:2": 200.0}
+
+
+def test_old_driver_falls_back_to_the_v2_process_query():
+    fake = FakeNvml(used={0: mib(100)}, procs={0: [(42, mib(64))]}, old_driver=True)
+    source = NvmlSource([0], nvml=fake)
+    assert source.read().per_process == {(42, "cuda:0"): 64.0}
+    assert source.read().per_process == {(42, "cuda:0"): 64.0} and source.process_warning is None
+
+
+def test_denied_process_query_keeps_the_gpu_figures_and_says_why():
+    fake = FakeNvml(used={0: mib(100)}, procs={0: [(42, mib(64))]}, deny=("processes",))
+    source = NvmlSource([0], nvml=fake)
+    sampler = MemorySampler(source, interval_s=3600).start()
+    fake.used = {0: mib(900)}
+    sampler.stop()
+    assert sampler.tracker.peak_device == {"cuda:0": 900.0} and sampler.tracker.peak_process == {}
+    assert sampler.warning and "per-process" in sampler.warning and "Insufficient Permissions" in sampler.warning
+
+
+def test_sampler_whose_every_read_fails_takes_no_sample():
+    fake = FakeNvml(used={0: mib(100)}, procs={}, deny=("memory",))
+    sampler = MemorySampler(NvmlSource([0], nvml=fake), interval_s=3600).start()
+    sampler.stop()
+    assert sampler.tracker.samples == 0 and "Insufficient Permissions" in sampler.warning

@@ -77,6 +77,10 @@ BAD_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "nprocs-far-beyond-cores": ((f"nprocs={NPROCS_LIMIT + 1}",),
                                 (f"nprocs={NPROCS_LIMIT + 1}", f"1 to {NPROCS_LIMIT} on this machine")),
     "memory-interval-zero": (("memory.interval_ms=0",), ("memory.interval_ms=0", "> 0")),
+    # combinations that would run wrongly (GPU truth): refused the same way
+    "dp-with-apex-patched-forward": (("strategy=dp", "amp=O2", "amp.impl=apex"), ("amp.impl=apex", "replica")),
+    "apex_ddp-with-bfloat16-weights": (("strategy=apex_ddp", "amp=O3", "amp.dtype=bfloat16"),
+                                       ("amp.dtype=bfloat16", "apex DDP reduces only half")),
 }
 
 
@@ -167,6 +171,18 @@ def test_sweep_records_bad_input_as_failed_and_missing_apex_as_skipped(tmp_path)
     report = (sweep / "report.md").read_text()
     assert "| failed: batch_size=0 is not allowed" in report_row(report, "single O1", "batch=0")
     assert re.search(r"\| skipped: .*apex", report_row(report, "single O1", "batch=8"))
+
+
+@pytest.mark.slow
+def test_sweep_records_an_incompatible_combination_as_skipped_with_its_reason(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_sweep("strategy=dp,single", "amp=O2", "amp.impl=apex", "model=tiny_cnn", "data.image_size=8",
+                     "batch_size=8", "iterations=20", "log_every=20", sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    rows = {r["strategy"]: r for r in map(json.loads, (p.read_text() for p in sweep.glob("*/results.json")))}
+    assert rows["dp"]["status"] == "skipped" and rows["dp"]["error"].startswith("amp.impl=apex is not allowed")
+    assert "replica" in rows["dp"]["error"]
+    assert rows["single"]["status"] == "skipped" and "apex" in rows["single"]["error"]  # not installed here
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -284,7 +300,8 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
                 "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
                 "data": {"name": "synthetic", "image_size": 8, "num_classes": 10}, "gpus": [], "nprocs": 1,
                 "batch_size": 4, "iterations": 40, "log_every": 20, "warmup_windows": 1, "seed": 0}
-    _, placement, precision = plan(RunConfig.from_dict(cfg_dict), probe_hardware())
+    decided = plan(RunConfig.from_dict(cfg_dict), probe_hardware())
+    placement, precision = decided.placement, decided.precision
     record_dir = tmp_path / "ranks"
     spec = {"config": cfg_dict, "placement": {**placement.as_dict(), "threads_per_process": 1},
             "precision": precision.as_dict(),

@@ -118,7 +118,7 @@ def test_write_results_refuses_to_overwrite(tmp_path):
 
 
 def test_write_results_rejects_an_unknown_status(tmp_path):
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="great"):
         write_results(tmp_path, minimal(status="great"))
     assert not (tmp_path / "results.json").exists()
 

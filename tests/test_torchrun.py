@@ -139,6 +139,31 @@ def test_torchrun_on_one_node_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_rank_0_killed_without_a_chance_to_write_still_leaves_a_failed_record(tmp_path):
+    """What NCCL's watchdog does to rank 0 after a peer died (abort, no Python `finally`), imitated by
+    `fault.kind=exit` on rank 0 (os._exit). Before: no results.json at all."""
+    run_dir = tmp_path / "run"
+    cmd = torchrun_cmd("--standalone", "--nnodes=1", "--nproc-per-node=2",
+                       overrides=(*RUN, "fault.kind=exit", "fault.rank=0", "fault.at_iter=3"), run_dir=run_dir)
+    code, log = Agent(cmd, tmp_path / "agent.log", scratch(tmp_path)).finish(AGENT_TIMEOUT_S)
+    assert code != 0, log[-4000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "failed" and results["provisional"] is True
+    assert "rank 0 ended without recording" in results["error"]
+    assert results["strategy"] == "ddp" and results["world_size"] == 2 and results["env"]["launcher"] == "torchrun"
+
+
+def test_a_provisional_record_is_replaced_by_the_real_one_and_nothing_else_is(tmp_path):
+    from harness.results import write_provisional, write_results
+
+    write_provisional(tmp_path, {"schema": 1, "status": None}, "killed before writing")
+    write_results(tmp_path, {"schema": 1, "status": "ok"})
+    assert json.loads((tmp_path / "results.json").read_text()) == {"schema": 1, "status": "ok"}
+    with pytest.raises(FileExistsError):
+        write_results(tmp_path, {"schema": 1, "status": "ok"})
+
+
+@pytest.mark.slow
 def test_a_node_that_never_joins_ends_in_a_rendezvous_timeout(tmp_path):
     """The second agent is never started: the first gives up after join_timeout, no results, no hang."""
     port, run_dir = free_port(), tmp_path / "run"
