@@ -68,7 +68,7 @@ def synthetic_results(index: int, strategy: str, ndev: int, amp: str, model: str
         "command_startup_seconds": 8.0, "ranks": ranks,
         "memory": {"source": "nvml", "samples": 120, "per_device": per_device, "per_process": per_process},
         "launcher_pid": 9_999, "overrides": [f"strategy={strategy}", f"amp={amp}"], "config": cfg,
-        "env": {"torch": "2.x", "cuda": "12.x", "python": "3.11", "hostname": "node", "platform": "Linux",
+        "env": {"torch": "2.x", "torch_built_for_cuda": "12.x", "python": "3.11", "hostname": "node", "platform": "Linux",
                 "command": "python run.py -m", "driver": "550", "gpu_names": ["NVIDIA A100"] * ndev},
         "started_at": 1.7e9 + index, "finished_at": 1.7e9 + index + cumulative,
     }

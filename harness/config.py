@@ -163,6 +163,15 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class TimingConfig:
+    """`iterations=auto`: time windows until the steady-state median is known to `precision_pct` (the 95 %
+    confidence interval's half-width, relative to the median), or until `max_seconds` in the loop."""
+
+    precision_pct: float = 2.0
+    max_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
 class LauncherConfig:
     """How worker processes are started (both give the same workers the same trainer)."""
 
@@ -188,7 +197,7 @@ class RunConfig:
     gpus: tuple[int, ...] | None
     nprocs: int
     batch_size: int
-    iterations: int
+    iterations: int | None  # None: iterations=auto (see TimingConfig)
     log_every: int
     warmup_windows: int
     seed: int
@@ -198,6 +207,7 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
 
     @property
     def strategy_name(self) -> str:
@@ -237,15 +247,24 @@ class RunConfig:
                 raise ConfigError("gpus", list(gpus), "each GPU id at most once")
             gpus = tuple(gpus)
 
-        for key in ("nprocs", "batch_size", "iterations", "log_every"):
+        for key in ("nprocs", "batch_size", "log_every"):
             _positive_int(key, cfg[key])
         _positive_int("repeat", cfg.get("repeat", 1))
-        if not isinstance(cfg["warmup_windows"], int) or cfg["warmup_windows"] < 0:
+        if isinstance(cfg["warmup_windows"], bool) or not isinstance(cfg["warmup_windows"], int) \
+                or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
-        if cfg["iterations"] < cfg["log_every"]:
-            raise ConfigError("iterations", cfg["iterations"], f"at least log_every ({cfg['log_every']})")
-        if cfg["iterations"] % cfg["log_every"]:
-            raise ConfigError("iterations", cfg["iterations"], f"a multiple of log_every ({cfg['log_every']})")
+        iterations = None if cfg["iterations"] == "auto" else cfg["iterations"]
+        if iterations is not None:
+            every, least = cfg["log_every"], (cfg["warmup_windows"] + 1) * cfg["log_every"]
+            if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < least \
+                    or iterations % every:
+                raise ConfigError("iterations", iterations, f"auto, or a multiple of log_every ({every}) of at least "
+                                  f"{least}: (warmup_windows + 1) x log_every, so that one window is steady")
+        timing = TimingConfig(**_pick(cfg.get("timing") or {}, TimingConfig, "timing"))
+        for key in ("precision_pct", "max_seconds"):
+            value = getattr(timing, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ConfigError(f"timing.{key}", value, "a number > 0")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if cfg["nprocs"] > OVERSUBSCRIBE_FACTOR * cores:
             raise ConfigError("nprocs", cfg["nprocs"], f"1 to {OVERSUBSCRIBE_FACTOR * cores} on this machine "
@@ -271,16 +290,17 @@ class RunConfig:
             _one_of("fault.kind", fault.kind, FAULT_KINDS)
             if not isinstance(fault.rank, int) or fault.rank < 0:
                 raise ConfigError("fault.rank", fault.rank, "a rank >= 0")
-            if not isinstance(fault.at_iter, int) or not 1 <= fault.at_iter <= cfg["iterations"]:
+            if isinstance(fault.at_iter, bool) or not isinstance(fault.at_iter, int) or fault.at_iter < 1 \
+                    or (iterations is not None and fault.at_iter > iterations):
                 raise ConfigError("fault.at_iter", fault.at_iter, f"1 to iterations ({cfg['iterations']})")
 
         return cls(
             strategy=dict(cfg["strategy"]), amp=amp, model=dict(cfg["model"]), data=data, gpus=gpus,
-            nprocs=cfg["nprocs"], batch_size=cfg["batch_size"], iterations=cfg["iterations"],
+            nprocs=cfg["nprocs"], batch_size=cfg["batch_size"], iterations=iterations,
             log_every=cfg["log_every"], warmup_windows=cfg["warmup_windows"], seed=seed,
             repeat=cfg.get("repeat", 1),
             optim=OptimConfig(**_pick(cfg.get("optim", {}), OptimConfig, "optim")), memory=memory, dist=dist,
-            fault=fault, launcher=launcher,
+            fault=fault, launcher=launcher, timing=timing,
         )
 
 

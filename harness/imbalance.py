@@ -61,7 +61,8 @@ def _pid_layout(results: dict[str, Any], processes: list[dict[str, Any]]) -> tup
     for p in processes:
         own = rank_device.get(p.get("rank"))
         if p.get("role") == "rank" and own is not None and p["device"] != own and results.get("world_size", 1) > 1:
-            flags.append(f"PID {p['pid']} (rank {p['rank']}) holds {_mib(p['peak_mib'])} on {p['device']}, "
+            held = "an unknown amount" if p.get("peak_mib") is None else _mib(p["peak_mib"])
+            flags.append(f"PID {p['pid']} (rank {p['rank']}) holds {held} on {p['device']}, "
                          f"not its own {own}: a stray CUDA context; call torch.cuda.set_device(local_rank) "
                          "before creating anything on the GPU")
         elif p.get("role") == "other":
@@ -81,6 +82,8 @@ def _pid_layout(results: dict[str, Any], processes: list[dict[str, Any]]) -> tup
 
 
 def _verdict(results: dict[str, Any], report: Imbalance) -> str:
+    if (results.get("memory") or {}).get("source") == "psutil":
+        return _cpu_verdict(report)
     pct = report.base_excess_pct
     if pct is None or report.base_excess_mib is None:
         return "the other devices show no memory in use: cannot compare"
@@ -92,6 +95,17 @@ def _verdict(results: dict[str, Any], report: Imbalance) -> str:
         "look for work done on rank 0 only (logging, evaluation, a stray context)"
     return (f"base {report.base_device} uses {_mib(report.base_excess_mib)} ({pct:.0f}%) more than the "
             f"others; {advice}")
+
+
+def _cpu_verdict(report: Imbalance) -> str:
+    """On CPU a "device" is a worker process and its figure is resident memory grown during the run (model,
+    activations, gradients, the collectives' buffers), not an accelerator's memory: there is no base GPU."""
+    used = [d["used_mib"] for d in report.devices]
+    spread = f"{_mib(min(used))}–{_mib(max(used))}"
+    if report.base_excess_pct is not None and abs(report.base_excess_pct) >= IMBALANCE_THRESHOLD_PCT:
+        return (f"CPU worker processes grew by {spread} of resident memory during the run; the first grew "
+                f"{report.base_excess_pct:+.0f}% against the others' mean (process memory, not a GPU's)")
+    return f"CPU worker processes grew by {spread} of resident memory during the run: balanced"
 
 
 def to_markdown(results: dict[str, Any], report: Imbalance) -> str:

@@ -203,6 +203,7 @@ class RankProcess:
     pid: int
     device: str  # the device label the rank drives
     host: str = ""
+    rss_at_start_mib: float | None = None  # the rank's resident memory before it built anything (CPU baseline)
 
 
 def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks: Iterable[RankProcess],
@@ -238,14 +239,23 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
 
 def _devices_from_processes(per_process: list[dict[str, Any]], baseline: Sample,
                             rank_of_pid: Mapping[int, RankProcess], devices: Sequence[str]) -> list[dict[str, Any]]:
-    """On CPU a worker process is the "device": its RSS peak, its RSS before the run as baseline."""
+    """On CPU a worker process is the "device": its RSS peak, and as baseline its RSS when the rank started
+    (interpreter and libraries loaded, nothing built), whether it runs inside the launcher or in a process
+    of its own; the sampler's pre-run reading where the rank did not say."""
     rows = []
     for device in devices:
         procs = [p for p in per_process if p["device"] == device]
-        base = sum(baseline.per_process.get((p["pid"], "cpu"), 0.0) for p in procs)
+        base = sum(_process_baseline(p["pid"], rank_of_pid, baseline) for p in procs)
         rows.append({"device": device, "peak_mib": round(sum(p["peak_mib"] for p in procs), 1),
                      "baseline_mib": round(base, 1)})
     return rows
+
+
+def _process_baseline(pid: int, rank_of_pid: Mapping[int, RankProcess], baseline: Sample) -> float:
+    rank = rank_of_pid.get(pid)
+    if rank is not None and rank.rss_at_start_mib is not None:
+        return rank.rss_at_start_mib
+    return baseline.per_process.get((pid, "cpu")) or 0.0
 
 
 def open_source(accelerator: str, physical_ids: Sequence[int], launcher_pid: int, tokens: Sequence[str] = (),

@@ -35,7 +35,7 @@ class Row:
     amp: str
     model: str
     devices: list[str]
-    processes: int | None
+    processes: int | None  # distinct rank PIDs of one run (median over repeats)
     global_batch: int | None
     status: str
     reason: str | None
@@ -44,16 +44,21 @@ class Row:
     s_per_20: float | None = None  # median over steady windows (all repeats pooled)
     s_per_20_p10: float | None = None
     s_per_20_p90: float | None = None
+    steady_windows: int = 0
     cumulative: list[tuple[int, float]] = field(default_factory=list)  # (iteration, median seconds)
     throughput: float | None = None  # median over repeats
     throughput_lo: float | None = None  # spread: min-max over repeats, else p10-p90 of windows
     throughput_hi: float | None = None
+    spread_known: bool = False  # >= 2 repeats or >= 3 steady windows: a spread a win can be judged by
     speedup: float | None = None
-    efficiency: float | None = None
-    mem_max_mib: float | None = None
+    efficiency: float | None = None  # multi-device rows: speedup over the one-device row at this amp / devices
+    mem_max_mib: float | None = None  # median over repeats of the run's largest per-device use
+    mem_max_lo: float | None = None  # min-max over repeats (None with one repeat: spread unknown)
+    mem_max_hi: float | None = None
     mem_min_mib: float | None = None
     mem_imbalance_pct: float | None = None
-    memory_per_device: list[dict[str, Any]] = field(default_factory=list)  # device, used_mib, pids
+    memory_per_device: list[dict[str, Any]] = field(default_factory=list)  # device, used_mib (median), pids
+    memory_source: str | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
     final_loss: float | None = None
     startup_s: float | None = None
@@ -94,7 +99,8 @@ def _key(results: dict[str, Any]) -> tuple[Any, ...]:
     precision = results.get("precision") or {}
     return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
             results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
-            results.get("image_size"), results.get("iterations"), results.get("launcher"))
+            results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
+            results.get("launcher"))
 
 
 def _label(group: Sequence[dict[str, Any]], varying: set[int]) -> str:
@@ -126,15 +132,15 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     statuses = sorted({r.get("status", "?") for r in group})
     status = statuses[0] if len(statuses) == 1 else "/".join(f"{s} {sum(r['status'] == s for r in group)}" for s in statuses)
     reasons = [r.get("error") for r in group if r.get("error")]
-    pids = {(p.get("node"), p["pid"]) for r in group[:1] for p in (r.get("memory") or {}).get("per_process", []) if p.get("role") == "rank"}
     row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
               model=first.get("model", "?"), devices=list(first.get("devices") or []),
-              processes=len(pids) or None, global_batch=first.get("global_batch"), status=status,
-              reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok))
+              processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.get("global_batch"),
+              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok))
     if not ok:
         return row
 
     steady = [w["seconds"] * PER / r["log_every"] for r in ok for w in r["windows"] if not w["warmup"]]
+    row.steady_windows = len(steady)
     if steady:
         row.s_per_20 = statistics.median(steady)
         row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 10), percentile(steady, 90)
@@ -150,6 +156,7 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     row.final_loss = row.losses[-1][1] if row.losses else None
 
     rates = [r["throughput_img_s"] for r in ok if r.get("throughput_img_s")]
+    row.spread_known = len(rates) >= 2 or len(steady) >= 3
     if rates:
         row.throughput = statistics.median(rates)
         if len(rates) > 1:
@@ -162,15 +169,44 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
                 row.throughput_hi = max(percentile(per_window, 90), row.throughput)
     startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
     row.startup_s = statistics.median(startups) if startups else None
-
-    balance = imbalance.analyze(ok[0])
-    row.memory_per_device = balance.devices
-    row.sources = sorted({(r.get("memory") or {}).get("source") or "none" for r in ok})
-    used = [d["used_mib"] for d in balance.devices]
-    if used:
-        row.mem_max_mib, row.mem_min_mib = max(used), min(used)
-    row.mem_imbalance_pct = balance.base_excess_pct
+    _pool_memory(row, ok)
     return row
+
+
+def _rank_pids(results: dict[str, Any]) -> int:
+    per_process = (results.get("memory") or {}).get("per_process", [])
+    return len({(p.get("node"), p["pid"]) for p in per_process if p.get("role") == "rank"})
+
+
+def _median_int(values: Sequence[int]) -> int | None:
+    values = [v for v in values if v]
+    return int(statistics.median_low(values)) if values else None
+
+
+def _pool_memory(row: Row, ok: Sequence[dict[str, Any]]) -> None:
+    """Memory of every repeat: per device the median of the repeats' use, the row's figures the median of
+    the repeats' largest (and smallest) device, with min-max over repeats as the spread."""
+    balances = [imbalance.analyze(r) for r in ok]
+    runs = [b for b in balances if b.devices]
+    row.sources = sorted({(r.get("memory") or {}).get("source") or "none" for r in ok})
+    row.memory_source = row.sources[0] if len(row.sources) == 1 else "+".join(row.sources)
+    if not runs:
+        return
+    per_device: dict[str, list[float]] = {}
+    pids: dict[str, set[int]] = {}
+    for balance in runs:
+        for d in balance.devices:
+            per_device.setdefault(d["device"], []).append(d["used_mib"])
+            pids.setdefault(d["device"], set()).update(d["pids"])
+    row.memory_per_device = [{"device": device, "used_mib": statistics.median(used), "pids": sorted(pids[device])}
+                             for device, used in per_device.items()]
+    maxima = [max(d["used_mib"] for d in b.devices) for b in runs]
+    row.mem_max_mib = statistics.median(maxima)
+    row.mem_min_mib = statistics.median(min(d["used_mib"] for d in b.devices) for b in runs)
+    if len(maxima) >= 2:
+        row.mem_max_lo, row.mem_max_hi = min(maxima), max(maxima)
+    excess = [b.base_excess_pct for b in runs if b.base_excess_pct is not None]
+    row.mem_imbalance_pct = statistics.median(excess) if excess else None
 
 
 def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | None = None) -> tuple[list[Row], str | None]:
@@ -178,14 +214,30 @@ def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | Non
     for _, results in found:
         groups.setdefault(_key(results), []).append(results)
     varying = _varying(list(groups))
-    rows = [_row(groups[k], _label(groups[k], varying[k])) for k in groups]
+    keys = list(groups)
+    rows = [_row(groups[k], _label(groups[k], varying[k])) for k in keys]
     base = _pick_baseline(rows, baseline)
     if base is not None and base.throughput:
         for row in rows:
             if row.throughput:
                 row.speedup = row.throughput / base.throughput
-                row.efficiency = row.speedup / row.n_devices
+    for key, row in zip(keys, rows, strict=True):
+        reference = _one_device_reference(key, row, keys, rows)
+        if row.throughput and reference is not None and reference.throughput:
+            row.efficiency = row.throughput / (reference.throughput * row.n_devices)
     return rows, base.label if base else None
+
+
+def _one_device_reference(key: tuple[Any, ...], row: Row, keys: Sequence[tuple[Any, ...]],
+                          rows: Sequence[Row]) -> Row | None:
+    """What a multi-device row's efficiency is measured against: the one-device run of the same model, batch,
+    image size and amp level (`single` first). One-device rows have no efficiency: there is nothing to scale."""
+    if row.n_devices < 2:
+        return None
+    same = [r for k, r in zip(keys, rows, strict=True)
+            if r.n_devices == 1 and r.throughput and k[1:5] == key[1:5] and k[6:8] == key[6:8]]
+    same.sort(key=lambda r: r.strategy != "single")
+    return same[0] if same else None
 
 
 def _pick_baseline(rows: Sequence[Row], wanted: str | None) -> Row | None:
@@ -203,21 +255,40 @@ def _pick_baseline(rows: Sequence[Row], wanted: str | None) -> Row | None:
 # ---- which figure wins: only differences larger than the run-to-run spread ----
 
 def winners(rows: Sequence[Row]) -> dict[str, str]:
-    """Column -> label of the row that is best by more than the spread (no entry where it is a tie)."""
+    """Column -> label of the row that is best by more than the run-to-run spread (no entry where it is a
+    tie, or where the spread of the best two is unknown: one run with fewer than 3 steady windows; for
+    memory, fewer than 2 repeats)."""
     result = {}
     ok = [r for r in rows if r.throughput]
-    if len(ok) >= 2:
-        by_rate = sorted(ok, key=lambda r: r.throughput or 0, reverse=True)
+    by_rate = sorted(ok, key=lambda r: r.throughput or 0, reverse=True)
+    if len(by_rate) >= 2 and all(r.spread_known for r in by_rate[:2]):
         best, second = by_rate[0], by_rate[1]
         if (best.throughput_lo or best.throughput) > (second.throughput_hi or second.throughput):
             result["throughput"] = best.label
-        timed = sorted((r for r in ok if r.s_per_20), key=lambda r: r.s_per_20 or 0)
-        if len(timed) >= 2 and (timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0):
-            result["s_per_20"] = timed[0].label
-        mem = sorted((r for r in ok if r.mem_max_mib), key=lambda r: r.mem_max_mib or 0)
-        if len(mem) >= 2 and (mem[0].mem_max_mib or 0) < 0.98 * (mem[1].mem_max_mib or 0):
-            result["mem_max_mib"] = mem[0].label
+    timed = sorted((r for r in ok if r.s_per_20), key=lambda r: r.s_per_20 or 0)
+    if len(timed) >= 2 and all(r.spread_known for r in timed[:2]) and \
+            (timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0):
+        result["s_per_20"] = timed[0].label
+    mem = sorted((r for r in ok if r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
+    if len(mem) >= 2 and mem[0].mem_max_hi is not None and mem[1].mem_max_lo is not None and \
+            mem[0].mem_max_hi < mem[1].mem_max_lo:
+        result["mem_max_mib"] = mem[0].label
     return result
+
+
+def reproducibility(rows: Sequence[Row]) -> str:
+    """One sentence on how far the figures can be trusted: the spread of the steady windows, and which rows'
+    spread is unknown."""
+    known = [r for r in rows if r.throughput and r.spread_known and r.s_per_20]
+    unknown = [r.label for r in rows if r.throughput and not r.spread_known]
+    parts = []
+    if known:
+        widths = sorted(100 * ((r.s_per_20_p90 or 0) - (r.s_per_20_p10 or 0)) / (r.s_per_20 or 1) for r in known)
+        parts.append(f"steady windows vary by {statistics.median(widths):.0f} % (median p10–p90 width over "
+                     f"{len(known)} rows; widest {widths[-1]:.0f} %): differences smaller than that are noise")
+    if unknown:
+        parts.append("spread unknown (one run, fewer than 3 steady windows; no ★ possible) for " + ", ".join(unknown))
+    return "; ".join(parts) or "no row measured"
 
 
 # ---- writers ----
@@ -227,6 +298,7 @@ def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
 
 
 def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """The pretty table (report.md, index.html): formatted cells, units in the cells."""
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
               "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "imbalance", "final loss", "startup s",
@@ -234,14 +306,51 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
-        spread = f" ({_fmt(r.s_per_20_p10, 3)}–{_fmt(r.s_per_20_p90, 3)})" if r.s_per_20 else ""
+        if r.s_per_20 is None:
+            spread = ""
+        elif r.spread_known:
+            spread = f" ({_fmt(r.s_per_20_p10, 3)}–{_fmt(r.s_per_20_p90, 3)})"
+        else:
+            spread = " (spread unknown)"
+        mem_spread = f" ({_fmt(r.mem_max_lo, 0)}–{_fmt(r.mem_max_hi, 0)})" if r.mem_max_lo is not None else ""
         status = r.status if not r.reason else f"{r.status}: {r.reason}"
         body.append([r.label, ",".join(r.devices) or "—", str(r.processes or "—"), str(r.global_batch or "—"),
                      _fmt(r.s_per_20, 3) + spread, *[_fmt(cumulative.get(it), 1) for it in edges],
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
-                     _fmt(r.mem_max_mib, 0), _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
+                     _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
                      _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), status])
     return header, body
+
+
+# report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
+CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason")
+CSV_NUMBERS = (
+    ("n_devices", lambda r: r.n_devices), ("processes", lambda r: r.processes),
+    ("global_batch", lambda r: r.global_batch), ("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
+    ("steady_windows", lambda r: r.steady_windows), ("spread_known", lambda r: int(r.spread_known)),
+    ("s_per_20_median", lambda r: r.s_per_20), ("s_per_20_p10", lambda r: r.s_per_20_p10),
+    ("s_per_20_p90", lambda r: r.s_per_20_p90), ("img_s", lambda r: r.throughput),
+    ("img_s_lo", lambda r: r.throughput_lo), ("img_s_hi", lambda r: r.throughput_hi),
+    ("speedup", lambda r: r.speedup), ("efficiency", lambda r: r.efficiency),
+    ("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
+    ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
+    ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
+    ("startup_s", lambda r: r.startup_s),
+)
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> None:
+    edges = sorted({it for r in rows for it, _ in r.cumulative})
+    header = [*CSV_TEXT, *(name for name, _ in CSV_NUMBERS), *(f"cumulative_s_at_{it}" for it in edges)]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for r in rows:
+            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or ""]
+            cumulative = dict(r.cumulative)
+            numbers = [get(r) for _, get in CSV_NUMBERS] + [cumulative.get(it) for it in edges]
+            writer.writerow(text + ["nan" if v is None else repr(float(v)) if isinstance(v, float) else v
+                                    for v in numbers])
 
 
 def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str]) -> str:
@@ -249,23 +358,18 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
     lines = ["# Strategies side by side", "",
              f"Baseline for speedup: {baseline or 'none (no ok run)'}. Times are medians over steady-state windows "
              f"(warm-up excluded), normalised to {PER} iterations; the cumulative columns are the time at each "
-             "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline.", "",
+             "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
+             "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
+             "the one-device row at the same amp level, divided by its devices.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
     won = winners(rows)
     lines += ["", "Clear wins (larger than the run-to-run spread): " +
-              (", ".join(f"{k}: {v}" for k, v in won.items()) or "none")]
+              (", ".join(f"{k}: {v}" for k, v in won.items()) or "none"),
+              "", f"How reproducible: {reproducibility(rows)}."]
     if skipped:
         lines += ["", "Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
     return "\n".join(lines) + "\n"
-
-
-def write_csv(rows: Sequence[Row], path: Path) -> None:
-    header, body = table_rows(rows)
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(body)
 
 
 def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Path]:
@@ -388,14 +492,19 @@ def print_table(rows: Sequence[Row], baseline: str | None, console: Any = None) 
         if row.reason:
             notes.append(f"[{len(notes) + 1}] {row.label}: {row.reason}")
             status += f" [{len(notes)}]"
+        unknown = "?" if row.s_per_20 is not None and not row.spread_known else ""
         table.add_row(escape(row.label), str(len(row.devices)), str(row.processes or "—"),
-                      star["s_per_20"] + _fmt(row.s_per_20, 3), star["throughput"] + _fmt(row.throughput, 1),
+                      star["s_per_20"] + _fmt(row.s_per_20, 3) + unknown,
+                      star["throughput"] + _fmt(row.throughput, 1) + unknown,
                       _fmt(row.speedup, 2, "×"), _fmt(row.efficiency and 100 * row.efficiency, 0, "%"),
                       star["mem_max_mib"] + _fmt(row.mem_max_mib, 0), _fmt(row.mem_imbalance_pct, 0, "%"),
                       _fmt(row.final_loss, 4), escape(status))
     console.print(table)
     for note in notes:
         console.print(escape(note), highlight=False)
+    console.print(escape(f"How reproducible: {reproducibility(rows)}" +
+                         ("; ? = spread unknown" if any(r.throughput and not r.spread_known for r in rows) else "")),
+                  highlight=False)
 
 
 def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None,

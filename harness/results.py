@@ -74,7 +74,8 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
     env = {
         "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch_built_for_cuda": torch.version.cuda,  # the wheel's CUDA version, GPU or not
+        "cuda_available": torch.cuda.is_available(),
         "python": platform.python_version(),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

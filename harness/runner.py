@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,7 +98,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     record_dir = run_dir / "ranks"
     launched = decided.launched
     spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
-            "record_dir": str(record_dir), "launched": launched, "run_started": started}
+            "record_dir": str(record_dir), "run_started": started}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)
@@ -158,7 +159,7 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
     if sampler.tracker.samples == 0:  # NVML opened but every query failed: no figure is better than 0 MiB
         return _allocator_memory(records, f"{sampler.warning or 'the memory sampler took no sample'}; "
                                           "figures are torch's allocator peaks")
-    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"]) for r in records]
+    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"], r.get("rss_at_start_mib")) for r in records]
     memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
     if sampler.warning:
         memory["warning"] = sampler.warning
@@ -203,7 +204,8 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "launcher": f"{cfg.launcher.name}/{cfg.launcher.start_method}",
         "devices": list(placement.devices), "accelerator": placement.accelerator,
         "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
-        "local_batch": placement.local_batch, "image_size": cfg.data.image_size, "iterations": cfg.iterations,
+        "local_batch": placement.local_batch, "image_size": cfg.data.image_size,
+        "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
         "precision": {**_precision_record(precision), "final_loss_scale": None, "skipped_steps": None},
@@ -221,12 +223,15 @@ def _precision_record(precision: PrecisionSpec) -> dict[str, Any]:
 
 
 def read_records(record_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's record. Records are written atomically (a rank killed mid-write leaves only a hidden temp
+    file), so an unreadable one is a real fault: it is named on stderr, not silently dropped."""
     records = []
     for path in sorted(record_dir.glob("rank*.json")):
         try:
             records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a rank killed mid-write leaves only its temp file, never a half record
+        except (OSError, ValueError) as error:
+            print(f"warning: rank record {path} is unreadable ({error}); that rank counts as unrecorded",
+                  file=sys.stderr, flush=True)
     return sorted(records, key=lambda r: r["rank"])
 
 
@@ -259,7 +264,12 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
     state = next((r["precision_state"] for r in records if r["rank"] == 0 and r["precision_state"]), {})
     precision = {**_precision_record(resolve_precision(cfg.amp, placement.accelerator)),
                  "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
+    done: dict[str, Any] = {}
+    if cfg.iterations is None:  # iterations=auto: how many the ranks ran, and why they stopped (together)
+        done = {"iterations": windows[-1].end_iter if windows else None,
+                "stopped_by": next((r.get("stopped_by") for r in records if r.get("stopped_by")), None)}
     return {
+        **done,
         "windows": [w.as_dict() for w in windows],
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
         "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
@@ -286,11 +296,12 @@ def _allocator_memory(records: list[dict[str, Any]], warning: str | None) -> dic
 
 
 def _describe_source(source: Any) -> dict[str, Any]:
+    """The driver version and GPU names for the results' `env` (NVML); why they are missing, if they are."""
     describe = getattr(source, "describe", None)
     try:
         return describe() if describe else {}
-    except Exception:
-        return {}
+    except Exception as error:  # a driver that answers memory queries but not these: say so, go on
+        return {"driver": None, "gpu_names": [], "describe_error": f"{type(error).__name__}: {error}"}
 
 
 def _print_summary(results: dict[str, Any], run_dir: Path) -> None:

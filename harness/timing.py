@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -22,28 +23,87 @@ class Window:
 
 
 class WindowClock:
-    """Marks window edges. `sync` waits for the devices; `clock` is injectable for tests."""
+    """Marks window edges. `sync` waits for the devices; `clock` is injectable for tests.
+
+    `decide(window) -> bool`, given to `edge`, runs after the window is closed and before the next one
+    opens (iterations=auto asks the ranks whether to stop there): its time is excluded from the windows
+    and from the cumulative time alike, so that the windows always add up to the cumulative time."""
 
     def __init__(self, sync: Callable[[], None], warmup_windows: int,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._sync, self._clock, self._warmup_windows = sync, clock, warmup_windows
         self._start = self._last = 0.0
+        self._excluded = 0.0
         self.windows: list[Window] = []
+        self.stop = False  # a `decide` said so
 
     def start(self) -> None:
         self._sync()
         self._start = self._last = self._clock()
 
-    def edge(self, end_iter: int, loss: Callable[[], float] | None = None) -> Window:
+    def edge(self, end_iter: int, loss: Callable[[], float] | None = None,
+             decide: Callable[[Window], bool] | None = None) -> Window:
         """Close the window ending at `end_iter`; `loss` is read only after the sync."""
         self._sync()
         now = self._clock()
-        window = Window(end_iter=end_iter, seconds=now - self._last, cumulative_seconds=now - self._start,
+        window = Window(end_iter=end_iter, seconds=now - self._last,
+                        cumulative_seconds=now - self._start - self._excluded,
                         warmup=len(self.windows) < self._warmup_windows,
                         loss=None if loss is None else float(loss()))
-        self._last = now
         self.windows.append(window)
+        self._last = now
+        if decide is not None:
+            self.stop = decide(window)
+            self._last = self._clock()
+            self._excluded += self._last - now
         return window
+
+
+class AutoStop:
+    """iterations=auto: stop at the first window edge where the median of the steady windows is known to
+    within `precision_pct` (half-width of its 95 % confidence interval, distribution-free, from order
+    statistics), or once `max_seconds` have passed in the loop; `reason` says which.
+
+    Every rank must stop at the same edge (or the others wait forever in a collective), so the decision is
+    made on the run's clock, the slowest rank's: `slowest(cumulative)` returns the maximum over ranks (an
+    all-reduce); every rank then computes the same decision from the same numbers."""
+
+    MIN_WINDOWS = 6  # fewer steady windows have no 95 % interval for their median
+
+    def __init__(self, precision_pct: float, max_seconds: float, slowest: Callable[[float], float]) -> None:
+        self.precision_pct, self.max_seconds, self._slowest = precision_pct, max_seconds, slowest
+        self._previous = 0.0
+        self.steady: list[float] = []
+        self.reason: str | None = None
+
+    def __call__(self, window: Window) -> bool:
+        cumulative = self._slowest(window.cumulative_seconds)
+        seconds, self._previous = cumulative - self._previous, cumulative
+        if not window.warmup:
+            self.steady.append(seconds)
+        if len(self.steady) >= self.MIN_WINDOWS and relative_half_width(self.steady) * 100 <= self.precision_pct:
+            self.reason = "precision"
+        elif cumulative >= self.max_seconds:
+            self.reason = "max_seconds"
+        return self.reason is not None
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics x(k) and x(n-k+1), with k the
+    largest rank such that P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2."""
+    ordered, n = sorted(values), len(values)
+    tail, k, cumulative = (1 - confidence) / 2, 0, 0.0
+    while k < n and cumulative + math.comb(n, k) / 2**n <= tail:
+        cumulative += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return ordered[0], ordered[-1]  # too few values for the confidence asked: the whole range
+    return ordered[k - 1], ordered[n - k]
+
+
+def relative_half_width(values: Sequence[float]) -> float:
+    low, high = median_interval(values)
+    return (high - low) / 2 / statistics.median(values)
 
 
 def merge_ranks(per_rank: Sequence[Sequence[Window]], warmup_windows: int) -> list[Window]:

@@ -108,7 +108,7 @@ def run_worker(overrides: list[str]) -> int:
 
     record_dir = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-"))
     spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
-            "record_dir": str(record_dir), "launched": True}
+            "record_dir": str(record_dir)}
 
     def gather(record: dict[str, Any]) -> None:
         if sampler is not None:

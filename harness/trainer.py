@@ -6,6 +6,7 @@ synchronized and the loss is read only at window edges, by the WindowClock.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -17,13 +18,15 @@ from precision import Precision
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-          batch: tuple[torch.Tensor, torch.Tensor], clock: WindowClock, iterations: int, log_every: int,
+          batch: tuple[torch.Tensor, torch.Tensor], clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
-          on_window: Callable[[Window], None] = lambda w: None) -> list[Window]:
+          on_window: Callable[[Window], None] = lambda w: None,
+          decide: Callable[[Window], bool] | None = None) -> list[Window]:
+    """`iterations` iterations, or (None) until `decide` stops the run at a window edge."""
     images, labels = batch
     model.train()
     clock.start()
-    for it in range(1, iterations + 1):
+    for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
         with precision.forward_context():
             loss = F.cross_entropy(model(images), labels)
@@ -31,5 +34,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precisi
         precision.step(optimizer)
         precision.zero_grad(optimizer)
         if it % log_every == 0:
-            on_window(clock.edge(it, loss.item))
+            on_window(clock.edge(it, loss.item, decide))
+            if clock.stop:
+                break
     return clock.windows

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
@@ -24,7 +25,7 @@ from hydra.utils import instantiate
 from harness.config import FaultConfig, PrecisionSpec, RunConfig
 from harness.devices import DeviceOps, Placement
 from harness.results import write_json_atomic
-from harness.timing import Window, WindowClock
+from harness.timing import AutoStop, Window, WindowClock
 from harness.trainer import train
 from precision import build_precision
 from strategies.base import RankEnv
@@ -34,8 +35,34 @@ class Interrupted(Exception):
     """SIGTERM/SIGINT reached this process: stop, and record what was measured."""
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+class StopRequest:
+    """SIGTERM/SIGINT are noted by the handler, never raised from it: the rank stops at its next iteration
+    (or before training starts). A signal can then never land inside the record's write, whatever the
+    timing, so what a rank measured survives the launcher stopping it."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopRequest:
+        try:
+            self._previous = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
+        except ValueError:  # not the main thread: whoever runs us handles signals
+            self._previous = {}
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise Interrupted(f"stopped by {self.signal}")
 
 
 def rank_identity() -> tuple[int, int, int]:
@@ -67,11 +94,11 @@ def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[
     return fire
 
 
-def progress_printer(label: str, global_batch: int, log_every: int, iterations: int) -> Callable[[Window], None]:
+def progress_printer(label: str, global_batch: int, log_every: int, iterations: int | None) -> Callable[[Window], None]:
     def show(w: Window) -> None:
         rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
         tag = "  (warm-up)" if w.warmup else ""
-        print(f"[{label}] iter {w.end_iter:>5}/{iterations}  window {w.seconds:8.3f} s  "
+        print(f"[{label}] iter {w.end_iter:>5}/{iterations or 'auto'}  window {w.seconds:8.3f} s  "
               f"total {w.cumulative_seconds:8.3f} s  {rate:9.1f} img/s  loss {w.loss:.4f}{tag}", flush=True)
 
     return show
@@ -87,9 +114,9 @@ def run_rank(spec: dict[str, Any],
     placement = Placement.from_dict(spec["placement"])
     precision_spec = PrecisionSpec(**spec["precision"])
     rank, local_rank, world_size = rank_identity()
-    if spec.get("launched", False):
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+    stop = StopRequest().install()
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
+                              "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
                               "precision_state": {}, "first_iter_time": None, "backend": None}
@@ -111,12 +138,21 @@ def run_rank(spec: dict[str, Any],
         strategy.ops.reset_peaks()
         clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
         strategy.barrier()
+        stop.check()
         record["first_iter_time"] = time.time()
         label = f"{cfg.strategy_name} {cfg.amp.level}"
-        train(model, optimizer, precision, batch, clock, cfg.iterations, cfg.log_every,
-              before_step=fault_injector(cfg.fault, rank, placement.accelerator),
+        inject = fault_injector(cfg.fault, rank, placement.accelerator)
+
+        def before_step(it: int) -> None:  # a few attribute reads: nothing waits for the device
+            stop.check()
+            inject(it)
+
+        auto = None if cfg.iterations is not None else \
+            AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
+        train(model, optimizer, precision, batch, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_printer(label, cfg.batch_size, cfg.log_every, cfg.iterations)
-              if rank == 0 else lambda w: None)
+              if rank == 0 else lambda w: None, decide=auto)
+        record["stopped_by"] = auto.reason if auto else None
         record["precision_state"] = precision.state()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
@@ -131,9 +167,6 @@ def run_rank(spec: dict[str, Any],
             record["allocator"] = strategy.ops.allocator_peaks()
         raise
     finally:
-        if spec.get("launched", False):  # the launcher's SIGTERM to the survivors must not cut this write
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
@@ -144,6 +177,7 @@ def run_rank(spec: dict[str, Any],
         finally:
             if strategy is not None:
                 strategy.teardown()
+            stop.restore()
 
 
 def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.device,

@@ -77,6 +77,10 @@ class Strategy:
     def barrier(self) -> None:
         """Line ranks up before the clock starts."""
 
+    def max_over_ranks(self, value: float) -> float:
+        """The largest `value` any rank holds (iterations=auto decides on the slowest rank's clock)."""
+        return value
+
     def teardown(self) -> None:
         pass
 
@@ -99,6 +103,11 @@ class ProcessGroupStrategy(Strategy):
             dist.barrier(device_ids=[self.ops.device.index])
         else:
             dist.barrier()
+
+    def max_over_ranks(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
 
     def teardown(self) -> None:
         if dist.is_initialized():

@@ -77,6 +77,9 @@ class IgniteStrategy(Strategy):
     def barrier(self) -> None:
         _idist().barrier()
 
+    def max_over_ranks(self, value: float) -> float:
+        return float(_idist().all_reduce(value, op="MAX"))
+
     def teardown(self) -> None:
         if self._device is not None:
             _idist().finalize()

@@ -231,3 +231,39 @@ def test_other_cuda_errors_are_not_out_of_memory():
     for message in ("CUDA error: an illegal memory access was encountered", "CUBLAS_STATUS_EXECUTION_FAILED",
                     "NCCL error: remote process exited or there was a network error"):
         assert not DeviceOps.is_out_of_memory(RuntimeError(message))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda without a GPU: which device was set, which were synchronized, in order."""
+    calls: dict[str, list[int]] = {"set_device": [], "synchronize": []}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls["set_device"].append(i))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: calls["synchronize"].append(i))
+    return calls
+
+
+def test_dataparallel_waits_for_every_gpu_it_drives(fake_cuda):
+    """A window edge of DataParallel over GPUs 0,1,3 waits for all three (torch indices 0,1,2 inside)."""
+    from strategies.base import RankEnv
+    from strategies.dp import DataParallelStrategy
+
+    p = place_as(run_config("single", gpus=[0, 1, 3]), FOUR_GPUS, "all")
+    strategy = DataParallelStrategy("dp")
+    strategy.setup(RankEnv(0, 0, 1, p, timeout_s=10))
+    strategy.synchronize()
+    assert fake_cuda == {"set_device": [0], "synchronize": [0, 1, 2]}
+
+
+def test_a_ddp_rank_waits_for_its_own_gpu_only(fake_cuda, monkeypatch):
+    import torch.distributed as dist
+
+    from strategies.base import RankEnv
+    from strategies.ddp import TorchDDP
+
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
+    p = place_as(run_config("ddp", gpus=[0, 1, 3]), FOUR_GPUS, "per_device")
+    strategy = TorchDDP("ddp")
+    strategy.setup(RankEnv(2, 2, 3, p, timeout_s=10))
+    strategy.synchronize()
+    assert fake_cuda == {"set_device": [2], "synchronize": [2]}
+    assert strategy.ops.labels == ["cuda:3"]

@@ -121,3 +121,16 @@ def test_every_repeat_runs_in_a_fresh_process(tmp_path):
     pids = [r["ranks"][0]["pid"] for r in runs]
     assert all(r["status"] == "ok" for r in runs) and len(set(pids)) == 2
     assert runs[0]["launcher_pid"] not in pids
+
+
+def test_auto_iterations_stop_every_rank_at_the_same_edge(cli_run):
+    """iterations=auto on 2 gloo ranks: they stop together (else one would wait forever in a collective)."""
+    proc, r = cli_run("strategy=ddp", "nprocs=2", *TINY, "iterations=auto", "log_every=5",
+                      "timing.precision_pct=50", "timing.max_seconds=60")
+    assert proc.returncode == 0, describe(proc)
+    assert r["status"] == "ok" and r["iterations_requested"] == "auto"
+    assert r["stopped_by"] == "precision"
+    ends = [w["end_iter"] for w in r["windows"]]
+    assert len(ends) >= 7 and r["iterations"] == ends[-1]  # 1 warm-up + at least 6 steady windows
+    assert [[w["end_iter"] for w in ws] for ws in r["per_rank_windows"].values()] == [ends, ends]
+    assert "/auto" in proc.stdout

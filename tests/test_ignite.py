@@ -30,7 +30,7 @@ def ignite_hidden(monkeypatch):
 def ignite_config(**overrides: str) -> dict:
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["strategy=ignite", "nprocs=2", *TINY, "iterations=20", "log_every=20",
+        cfg = compose("config", overrides=["strategy=ignite", "nprocs=2", *TINY, "iterations=40", "log_every=20",
                                            *[f"{k}={v}" for k, v in overrides.items()]])
     return OmegaConf.to_container(cfg, resolve=True)
 

@@ -103,3 +103,39 @@ def test_workers_bootstrap_gloo_and_nccl_over_loopback(monkeypatch, method):
     assert seen["NCCL_SOCKET_IFNAME"] == seen["GLOO_SOCKET_IFNAME"] == loopback
     assert seen["MASTER_ADDR"] == "127.0.0.1" and seen["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "NCCL_SOCKET_IFNAME" not in os.environ  # set for the launch only
+
+
+def _fail_on_rank_1(spec: dict) -> None:
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 gives up")
+
+
+def test_spawn_launcher_reports_a_failing_worker(monkeypatch):
+    """launcher=spawn: a worker that raises is a failure with its rank and message (fork keeps it quick)."""
+    import harness.launcher as launcher
+
+    failures = launcher._spawn(_fail_on_rank_1, {}, 2, port=1, start_method="fork")
+    assert [(f.rank, f.exitcode) for f in failures] == [(1, 1)]
+    assert failures[0].message == "RuntimeError: rank 1 gives up" and failures[0].pid > 0
+
+
+@pytest.mark.parametrize(("view", "expected"), [
+    ({"eth0": ["10.0.0.5"], "lo": ["127.0.0.1"]}, "lo"),  # a host whose name resolves to 10.0.0.5
+    ({"en0": ["192.168.1.7"], "lo0": ["127.0.0.1"]}, "lo0"),
+    ({"eth0": ["10.0.0.5"], "docker0": ["172.17.0.1"], "loop": ["127.0.0.1"]}, "loop"),
+])
+def test_the_loopback_interface_is_the_one_holding_127_0_0_1(monkeypatch, view, expected):
+    """gloo and NCCL are pinned to the interface that holds 127.0.0.1, whatever the hostname resolves to."""
+    from types import SimpleNamespace
+
+    import harness.launcher as launcher
+
+    fake = {name: [SimpleNamespace(family=socket.AF_PACKET, address="02:42:ac:11:00:02"),
+                   *(SimpleNamespace(family=socket.AF_INET, address=a) for a in addresses)]
+            for name, addresses in view.items()}
+    monkeypatch.setattr(launcher.psutil, "net_if_addrs", lambda: fake)
+    monkeypatch.setattr(launcher.socket, "gethostname", lambda: "node-resolving-to-10.0.0.5")
+    assert launcher.loopback_interface() == expected
+    assert launcher.loopback_env()["GLOO_SOCKET_IFNAME"] == expected == launcher.loopback_env()["NCCL_SOCKET_IFNAME"]

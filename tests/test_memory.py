@@ -360,3 +360,22 @@ def test_sampler_whose_every_read_fails_takes_no_sample():
     sampler = MemorySampler(NvmlSource([0], nvml=fake), interval_s=3600).start()
     sampler.stop()
     assert sampler.tracker.samples == 0 and "Insufficient Permissions" in sampler.warning
+
+
+def test_psutil_source_lists_new_workers_once_a_second():
+    """Workers start after the sampler: a read within a second of the last listing reads the known processes
+    only; the next listing finds the new ones (a sampler that never re-lists would miss every worker)."""
+    now = [100.0]
+    source = PsutilSource(os.getpid(), clock=lambda: now[0])
+    assert {pid for pid, _ in source.read().per_process} == {os.getpid()}
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        now[0] += 0.5
+        assert child.pid not in {pid for pid, _ in source.read().per_process}
+        now[0] += 0.5
+        assert child.pid in {pid for pid, _ in source.read().per_process}
+    finally:
+        child.kill()
+        child.wait()
+    now[0] += 1.0
+    assert child.pid not in {pid for pid, _ in source.read().per_process}  # ended: no longer read

@@ -12,17 +12,17 @@ from harness import report
 
 
 def results(strategy, amp, devices, window_seconds, *, batch=32, status="ok", error=None, rate=None,
-            peaks=None, pids=None, loss=2.0):
+            peaks=None, pids=None, loss=2.0, every=20):
     cumulative, windows = 0.0, []
     for i, seconds in enumerate(window_seconds):
         cumulative += seconds
-        windows.append({"end_iter": 20 * (i + 1), "seconds": seconds, "cumulative_seconds": cumulative,
+        windows.append({"end_iter": every * (i + 1), "seconds": seconds, "cumulative_seconds": cumulative,
                         "warmup": i == 0, "loss": loss - 0.1 * i})
     peaks = peaks or [1000.0] * len(devices)
     pids = pids or [100 + i for i in range(len(devices))]
     return {"schema": 1, "status": status, "error": error, "strategy": strategy, "amp": amp, "model": "resnet18",
             "devices": devices, "world_size": len(set(pids)), "global_batch": batch, "image_size": 32,
-            "iterations": 20 * len(window_seconds), "log_every": 20, "launcher": "elastic/spawn",
+            "iterations": every * len(window_seconds), "log_every": every, "launcher": "elastic/spawn",
             "precision": {"impl": "native", "dtype": "float32"}, "windows": windows if status == "ok" else [],
             "throughput_img_s": rate, "startup_seconds": 2.0,
             "ranks": [{"rank": i, "device": d} for i, d in enumerate(devices)],
@@ -61,7 +61,7 @@ def test_figures_worked_by_hand(sweep):
     assert single.s_per_20_p10 == pytest.approx(0.86) and single.s_per_20_p90 == pytest.approx(1.14)
     assert single.cumulative == [(20, 2.0), (40, 3.0), (60, 4.2), (80, 5.0), (100, 6.0)]
     assert ddp.speedup == pytest.approx(2.0) and ddp.efficiency == pytest.approx(1.0)
-    assert single.speedup == pytest.approx(1.0) and single.efficiency == pytest.approx(1.0)
+    assert single.speedup == pytest.approx(1.0) and single.efficiency is None  # one device: nothing scaled
     assert (ddp.mem_max_mib, ddp.mem_min_mib) == (1000.0, 800.0)
     assert ddp.mem_imbalance_pct == pytest.approx(25.0)  # (1000 - 800) / 800
     assert ddp.processes == 2 and single.processes == 1
@@ -125,3 +125,110 @@ def test_cli_merges_folders_and_skips_a_corrupt_file(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert "| single O0 |" in md and "| ddp O0 |" in md and str(b / "1" / "results.json") in md
     assert report.main([str(tmp_path / "nope")]) == 2
+
+
+# ---- figures whose wrong-but-plausible versions must not pass (mean for median, unscaled, swapped) ----
+
+def rows_of(folder):
+    rows, _ = report.build_rows(report.find_results([folder])[0])
+    return {r.label: r for r in rows}
+
+
+def test_s_per_20_is_the_median_of_steady_windows_scaled_by_log_every(tmp_path):
+    """log_every=10, steady windows 0.5, 0.5, 2.0 s: per 20 iterations 1.0, 1.0, 4.0 -> median 1.0
+    (the mean would be 2.0; forgetting the scaling to 20 iterations, 0.5)."""
+    write(tmp_path, "a", results("single", "O0", ["cpu"], [9.0, 0.5, 0.5, 2.0], rate=100.0, every=10))
+    row = rows_of(tmp_path)["single O0"]
+    assert row.s_per_20 == pytest.approx(1.0)
+    assert row.s_per_20_p10 == pytest.approx(1.0) and row.s_per_20_p90 == pytest.approx(3.4)
+    assert row.steady_windows == 3 and row.spread_known
+
+
+def test_throughput_over_repeats_is_the_median(tmp_path):
+    for i, rate in enumerate([100.0, 110.0, 400.0]):  # mean 203.3
+        write(tmp_path, f"r{i}", results("single", "O0", ["cpu"], [1.0, 0.5], rate=rate))
+    row = rows_of(tmp_path)["single O0"]
+    assert (row.throughput, row.throughput_lo, row.throughput_hi) == (110.0, 100.0, 400.0)
+
+
+def test_table_cells_sit_under_their_own_headers(sweep):
+    rows, _ = report.build_rows(report.find_results([sweep])[0])
+    header, body = report.table_rows(rows)
+    ddp = dict(zip(header, body[[r.label for r in rows].index("ddp O0")], strict=True))
+    assert ddp["img/s"] == "1280.0" and ddp["speedup"] == "2.00×" and ddp["efficiency"] == "100%"
+    assert ddp["mem max MiB"] == "1000" and ddp["mem min MiB"] == "800" and ddp["procs"] == "2"
+    assert ddp["s/20 it (p10–p90)"] == "0.500 (0.500–0.500)"
+
+
+def test_a_time_win_needs_disjoint_spreads(tmp_path):
+    # a: steady 0.8, 1.0, 1.5 (median 1.0, p10-p90 0.84-1.40); b: 1.0, 1.1, 1.2 (median 1.1): overlap
+    write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 0.8, 1.0, 1.5], rate=100.0))
+    write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 1.0, 1.1, 1.2], rate=100.0))
+    rows = list(rows_of(tmp_path).values())
+    assert "s_per_20" not in report.winners(rows)
+    write(tmp_path, "c", results("single", "O2", ["cpu"], [5.0, 0.5, 0.55, 0.6], rate=100.0))  # clear of both
+    assert report.winners(list(rows_of(tmp_path).values()))["s_per_20"] == "single O2"
+
+
+def test_no_win_where_the_spread_is_unknown(tmp_path):
+    """One run with one steady window each: 2x apart, but nothing says how far identical runs scatter."""
+    write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 2.0], rate=320.0))
+    write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 1.0], rate=640.0))
+    rows = list(rows_of(tmp_path).values())
+    assert not any(r.spread_known for r in rows) and report.winners(rows) == {}
+    assert "spread unknown" in report.reproducibility(rows)
+    assert "1.000 (spread unknown)" in report.to_markdown(rows, None, [])
+
+
+def memory_results(amp, maxima, pids=(100, 101)):
+    return [results("ddp", amp, ["cpu:0", "cpu:1"], [1.0, 0.5, 0.5, 0.5], rate=100.0, peaks=[m + 100.0, 500.0],
+                    pids=list(pids)) for m in maxima]
+
+
+def test_memory_is_pooled_over_repeats_and_wins_only_beyond_their_spread(tmp_path):
+    for i, r in enumerate(memory_results("O0", [900.0, 950.0, 5000.0])):  # median of the maxima: 950
+        write(tmp_path, f"a{i}", r)
+    for i, r in enumerate(memory_results("O1", [1000.0, 1100.0], pids=(200, 201))):
+        write(tmp_path, f"b{i}", r)
+    rows = rows_of(tmp_path)
+    a = rows["ddp O0"]
+    assert (a.mem_max_mib, a.mem_max_lo, a.mem_max_hi) == (950.0, 900.0, 5000.0)
+    assert a.memory_per_device == [{"device": "cpu:0", "used_mib": 950.0, "pids": [100]},
+                                   {"device": "cpu:1", "used_mib": 400.0, "pids": [101]}]
+    assert a.processes == 2
+    assert "mem_max_mib" not in report.winners(list(rows.values()))  # 900-5000 overlaps 1000-1100
+    write(tmp_path, "c0", memory_results("O2", [300.0])[0])
+    write(tmp_path, "c1", memory_results("O2", [320.0])[0])
+    assert report.winners(list(rows_of(tmp_path).values()))["mem_max_mib"] == "ddp O2"
+
+
+def test_memory_win_needs_repeats(tmp_path):
+    write(tmp_path, "a", memory_results("O0", [300.0])[0])
+    write(tmp_path, "b", memory_results("O1", [3000.0])[0])
+    assert "mem_max_mib" not in report.winners(list(rows_of(tmp_path).values()))
+
+
+def test_efficiency_is_against_the_one_device_row_at_the_same_amp_level(tmp_path):
+    write(tmp_path, "s0", results("single", "O0", ["cpu"], [1.0, 1.0], rate=100.0))
+    write(tmp_path, "s1", results("single", "O1", ["cpu"], [1.0, 1.0], rate=200.0))
+    write(tmp_path, "d1", results("ddp", "O1", ["cpu:0", "cpu:1"], [1.0, 1.0], rate=300.0))
+    rows = rows_of(tmp_path)
+    assert rows["ddp O1"].speedup == pytest.approx(3.0)  # against the baseline, single O0
+    assert rows["ddp O1"].efficiency == pytest.approx(0.75)  # 300 / (2 x 200), not 300 / (2 x 100)
+    assert rows["single O1"].efficiency is None and rows["single O0"].efficiency is None
+
+
+def test_report_csv_holds_plain_numbers(sweep):
+    import csv
+
+    report.build_report([sweep], sweep, quiet=True)
+    with open(sweep / "report.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    text = {"combination", "strategy", "amp", "model", "devices", "status", "reason"}
+    numbers = [{k: float(v) for k, v in row.items() if k not in text} for row in table]
+    ddp = numbers[[row["combination"] for row in table].index("ddp O0")]
+    assert ddp["img_s"] == 1280.0 and ddp["speedup"] == 2.0 and ddp["efficiency"] == 1.0
+    assert ddp["s_per_20_median"] == 0.5 and ddp["mem_max_mib"] == 1000.0 and ddp["n_devices"] == 2.0
+    assert ddp["cumulative_s_at_100"] == 3.0
+    skipped = numbers[[row["combination"] for row in table].index("dp O0")]
+    assert skipped["img_s"] != skipped["img_s"]  # nan: no figure

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import DDP_RUN, SINGLE_RUN
@@ -48,10 +50,13 @@ def check_contract(r: dict) -> None:
     for p in memory["per_process"]:
         assert set(p) >= {"pid", "rank", "device", "peak_mib"}
         assert isinstance(p["pid"], int) and (p["rank"] is None or isinstance(p["rank"], int))
-        assert isinstance(p["device"], str) and isinstance(p["peak_mib"], NUMBER)
+        assert isinstance(p["device"], str)
+        assert p["peak_mib"] is None or isinstance(p["peak_mib"], NUMBER)  # None: the driver hides it
 
     env = r["env"]
-    assert set(env) >= {"torch", "cuda", "driver", "gpu_names", "hostname", "python", "command"}
+    assert set(env) >= {"torch", "torch_built_for_cuda", "cuda_available", "driver", "gpu_names", "hostname",
+                        "python", "command"}
+    assert isinstance(env["cuda_available"], bool)
     assert isinstance(env["torch"], str) and isinstance(env["python"], str) and isinstance(env["hostname"], str)
     assert isinstance(env["gpu_names"], list)
     assert "run.py" in env["command"]
@@ -78,6 +83,20 @@ def test_real_results_file_matches_the_contract(cli_run, run):
     assert (config["batch_size"], config["iterations"], config["log_every"]) == \
         (results["global_batch"], results["iterations"], results["log_every"])
     assert json.dumps(results)  # round-trips
+    undocumented = set(results) - documented_fields()
+    assert not undocumented, f"results.json fields missing from the README's table: {sorted(undocumented)}"
+
+
+def documented_fields() -> set[str]:
+    """The field names in the first column of the README's results.json table."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### `results.json`"):]
+    section = section[:section.index("\n### ", 5)]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`([a-z_]+)`", line.split(" | ")[0]))
+    return names
 
 
 def minimal(status: str = "ok") -> dict:

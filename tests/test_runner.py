@@ -73,3 +73,49 @@ def test_memory_falls_back_to_the_allocator_when_nvml_took_no_sample():
     assert memory["source"] == "torch-allocator"
     assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 812.5, "baseline_mib": 0.0}]
     assert "Insufficient Permissions" in memory["warning"]
+
+
+def window_dicts(seconds: list[float], every: int = 20) -> list[dict]:
+    out, cumulative = [], 0.0
+    for i, s in enumerate(seconds):
+        cumulative += s
+        out.append({"end_iter": every * (i + 1), "seconds": s, "cumulative_seconds": cumulative,
+                    "warmup": i == 0, "loss": 1.0})
+    return out
+
+
+def test_throughput_counts_the_global_batch_over_the_slowest_rank():
+    """2 ranks of 4 images (global batch 8), windows of 20 iterations; the run's clock is the slower rank:
+    cumulative 2, 3, 4 s -> steady 2 windows in 2 s -> 8 x 20 x 2 / 2 = 160 img/s (per-rank batch: 80)."""
+    from harness.runner import measurements
+
+    cfg = run_config("ddp", batch_size=8, iterations=60)
+    decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
+    records = [{"rank": 0, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": None, "precision_state": {}},
+               {"rank": 1, "windows": window_dicts([2.0, 1.0, 1.0]), "first_iter_time": None, "precision_state": {}}]
+    m = measurements(cfg, decided.placement, records, started=0.0)
+    assert decided.placement.local_batch == 4
+    assert [w["cumulative_seconds"] for w in m["windows"]] == [2.0, 3.0, 4.0]
+    assert m["throughput_img_s"] == pytest.approx(160.0)
+
+
+def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, capsys):
+    from harness.runner import read_records
+
+    (tmp_path / "rank0.json").write_text('{"rank": 0, "status": "ok"}')
+    (tmp_path / "rank1.json").write_text('{"rank": 1, "sta')
+    (tmp_path / ".rank2.json.abc.tmp").write_text('{"ra')  # a write cut short: never read
+    assert read_records(tmp_path) == [{"rank": 0, "status": "ok"}]
+    err = capsys.readouterr().err
+    assert str(tmp_path / "rank1.json") in err and "unreadable" in err and "rank2" not in err
+
+
+def test_a_driver_that_will_not_describe_itself_is_said_so():
+    from harness.runner import _describe_source
+
+    class Source:
+        def describe(self):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    described = _describe_source(Source())
+    assert described["driver"] is None and "NVML_ERROR_NOT_SUPPORTED" in described["describe_error"]

@@ -8,7 +8,16 @@ from conftest import tiny_batch
 
 from harness.config import AmpConfig, resolve_precision
 from harness.models import TinyCNN
-from harness.timing import Window, WindowClock, merge_ranks, steady_throughput, steady_windows
+from harness.timing import (
+    AutoStop,
+    Window,
+    WindowClock,
+    median_interval,
+    merge_ranks,
+    relative_half_width,
+    steady_throughput,
+    steady_windows,
+)
 from harness.trainer import train
 from precision import build_precision
 
@@ -159,3 +168,59 @@ def test_trainer_syncs_only_at_window_edges(level):
     assert [w.warmup for w in result] == [True, False, False, False]
     assert all(w.loss is not None and w.loss == w.loss for w in result)  # finite, read at the edge
     assert result[-1].loss < result[0].loss
+
+
+# ---- iterations=auto ------------------------------------------------------------------------------------
+
+def test_median_interval_from_order_statistics():
+    """n=6: P(Bin(6, 1/2) = 0) = 1/64 <= 2.5 %, P(<= 1) = 7/64 > 2.5 %: the interval is [x(1), x(6)].
+    n=10: P(<= 1) = 11/1024 <= 2.5 %, P(<= 2) = 56/1024 > 2.5 %: [x(2), x(9)]."""
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 6.0, 4.0]) == (1.0, 6.0)
+    assert median_interval([float(v) for v in range(1, 11)]) == (2.0, 9.0)
+    assert median_interval([7.0, 9.0]) == (7.0, 9.0)  # too few for 95 %: the whole range
+    # half-width relative to the median: (9 - 2) / 2 / 5.5
+    assert relative_half_width([float(v) for v in range(1, 11)]) == pytest.approx(3.5 / 5.5)
+
+
+def test_auto_stop_waits_for_six_steady_windows_within_the_precision():
+    stop = AutoStop(precision_pct=2.0, max_seconds=1e9, slowest=lambda x: x)
+    cumulative = 0.0
+    decisions = []
+    for i, seconds in enumerate([3.0, 1.0, 1.02, 0.98, 1.01, 0.99, 1.0]):  # 1 warm-up, then 6 steady
+        cumulative += seconds
+        decisions.append(stop(Window(end_iter=20 * (i + 1), seconds=seconds, cumulative_seconds=cumulative,
+                                     warmup=i == 0)))
+    # six steady windows: interval [0.98, 1.02] -> half-width 0.02 / median 1.0 = 2 %
+    assert decisions == [False] * 6 + [True] and stop.reason == "precision"
+
+
+def test_auto_stop_judges_the_slowest_rank_and_stops_at_max_seconds():
+    """This rank saw 1 s windows; the slowest rank's clock (the all-reduced maximum) says 10 s each."""
+    stop = AutoStop(precision_pct=0.01, max_seconds=25.0, slowest=lambda x: 10 * x)
+    decisions = [stop(Window(end_iter=20 * i, seconds=1.0, cumulative_seconds=float(i), warmup=i == 1))
+                 for i in range(1, 4)]
+    assert decisions == [False, False, True] and stop.reason == "max_seconds"
+    assert stop.steady == [10.0, 10.0]
+
+
+def test_time_spent_deciding_is_in_no_window():
+    """Edges at 1, 2 s; each decision takes 0.5 s (clock reads 1.5, 2.5): windows 1 + 1, cumulative 2."""
+    fake = FakeClock([0.0, 1.0, 1.5, 2.5, 3.0])
+    wc = WindowClock(fake.sync, warmup_windows=0, clock=fake.clock)
+    wc.start()
+    first = wc.edge(10, decide=lambda w: False)
+    second = wc.edge(20, decide=lambda w: True)
+    assert (first.seconds, second.seconds) == (1.0, 1.0)
+    assert (first.cumulative_seconds, second.cumulative_seconds) == (1.0, 2.0)
+    assert wc.stop is True
+
+
+def test_trainer_with_auto_iterations_stops_where_decide_says():
+    spec = resolve_precision(AmpConfig(level="O0"), "cpu")
+    precision = build_precision(spec, torch.device("cpu"))
+    torch.manual_seed(0)
+    model, optimizer = precision.prepare(TinyCNN(num_classes=10), lambda p: torch.optim.SGD(p, lr=0.1))
+    clock = WindowClock(lambda: None, warmup_windows=0)
+    windows = train(model, optimizer, precision, tiny_batch(), clock, None, 5,
+                    decide=lambda w: w.end_iter == 15)
+    assert [w.end_iter for w in windows] == [5, 10, 15]

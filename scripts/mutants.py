@@ -1,0 +1,160 @@
+"""Mutation check of the figures the harness reports: apply each wrong-but-plausible change to a copy of the
+repository, run the fast suite, and say whether a test caught it ("killed") or not ("survived").
+
+    python scripts/mutants.py [--only NAME ...] [--jobs 1]
+
+Each mutant is one textual replacement that must match exactly once; a mutant whose text is no longer in
+the code is reported as "stale" (update the list with the code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+MUTANTS: list[tuple[str, str, str, str]] = [
+    # (name, file, original text, mutated text) -- the first ten from issue 13, then our own
+    ("s/20 mean, not median", "harness/report.py",
+     "row.s_per_20 = statistics.median(steady)", "row.s_per_20 = statistics.fmean(steady)"),
+    ("throughput over repeats: mean", "harness/report.py",
+     "row.throughput = statistics.median(rates)", "row.throughput = statistics.fmean(rates)"),
+    ("s/20 not scaled by log_every", "harness/report.py",
+     'steady = [w["seconds"] * PER / r["log_every"]', 'steady = [w["seconds"]'),
+    ("img/s and speedup columns swapped", "harness/report.py",
+     '_fmt(r.throughput, 1), _fmt(r.speedup, 2, "×")', '_fmt(r.speedup, 2, "×"), _fmt(r.throughput, 1)'),
+    ("s/20 win ignores the spread", "harness/report.py",
+     "(timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0)", "True"),
+    ("throughput from the per-rank batch", "harness/runner.py",
+     "steady_throughput(windows, cfg.batch_size,", "steady_throughput(windows, placement.local_batch,"),
+    ("spawn launcher drops a raised failure", "harness/launcher.py",
+     "return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=1, message=lines[-1] if lines else \"\")]",
+     "return []"),
+    ("gloo not pinned to loopback", "harness/launcher.py",
+     '"GLOO_SOCKET_IFNAME": interface, ', ""),
+    ("DataParallel syncs only its first GPU", "harness/devices.py",
+     "for index in self.indices:\n                torch.cuda.synchronize(index)",
+     "for index in self.indices[:1]:\n                torch.cuda.synchronize(index)"),
+    ("CPU sampler never re-lists the workers", "harness/memory.py",
+     "if self._clock() - self._listed_at >= self.RELIST_S:", "if self._listed_at == float(\"-inf\"):"),
+    # timing
+    ("run clock = fastest rank", "harness/timing.py",
+     "cumulative = max(w[i].cumulative_seconds for w in ranks)", "cumulative = min(w[i].cumulative_seconds for w in ranks)"),
+    ("throughput includes warm-up", "harness/timing.py",
+     "    steady = steady_windows(windows)\n    seconds", "    steady = list(windows)\n    seconds"),
+    ("one warm-up window too many", "harness/timing.py",
+     "warmup=len(self.windows) < self._warmup_windows", "warmup=len(self.windows) <= self._warmup_windows"),
+    ("window loss = mean over ranks dropped (rank 0's)", "harness/timing.py",
+     "loss=statistics.fmean(losses) if losses else None", "loss=losses[0] if losses else None"),
+    # report
+    ("p10 and p90 swapped", "harness/report.py",
+     "row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 10), percentile(steady, 90)",
+     "row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 90), percentile(steady, 10)"),
+    ("speedup inverted", "harness/report.py",
+     "row.speedup = row.throughput / base.throughput", "row.speedup = base.throughput / row.throughput"),
+    ("efficiency not per device", "harness/report.py",
+     "row.efficiency = row.throughput / (reference.throughput * row.n_devices)",
+     "row.efficiency = row.throughput / reference.throughput"),
+    ("efficiency against any amp level", "harness/report.py",
+     "k[1:5] == key[1:5] and k[6:8] == key[6:8]", "k[4:5] == key[4:5] and k[6:8] == key[6:8]"),
+    ("memory: first repeat, not the median", "harness/report.py",
+     "row.mem_max_mib = statistics.median(maxima)", "row.mem_max_mib = maxima[0]"),
+    ("a win with unknown spread", "harness/report.py",
+     "row.spread_known = len(rates) >= 2 or len(steady) >= 3", "row.spread_known = True"),
+    ("memory win ignores the spread", "harness/report.py",
+     "mem[0].mem_max_hi < mem[1].mem_max_lo", "mem[0].mem_max_mib < mem[1].mem_max_mib"),
+    # imbalance
+    ("base excess against the largest other", "harness/imbalance.py",
+     "others_mean = statistics.fmean(r[\"used_mib\"] for r in others)", "others_mean = max(r[\"used_mib\"] for r in others)"),
+    ("used memory = peak, baseline ignored", "harness/imbalance.py",
+     'max(0.0, d["peak_mib"] - d.get("baseline_mib", 0.0))', 'd["peak_mib"]'),
+    ("CPU verdict as if GPUs", "harness/imbalance.py",
+     'if (results.get("memory") or {}).get("source") == "psutil":', "if False:"),
+    # memory
+    ("baseline counted as a peak", "harness/memory.py",
+     "            self.baseline = sample\n            return\n", "            self.baseline = sample\n"),
+    ("other users' processes kept", "harness/memory.py",
+     "elif rank is None and pid in before and pid != launcher_pid:", "elif False:"),
+    ("hidden per-process memory = 0", "harness/memory.py",
+     "None if used is None else used / MIB", "(used or 0) / MIB"),
+    ("CPU baseline from the sampler, not the rank's start", "harness/memory.py",
+     "if rank is not None and rank.rss_at_start_mib is not None:", "if False:"),
+    # precision
+    ("static loss scale not divided out", "precision/native.py",
+     "torch._foreach_div_(grads, self.static_scale)", "pass"),
+    ("skipped steps not counted", "precision/native.py",
+     "self._skipped += flag.to(self._skipped.device, torch.int64)", "pass"),
+    ("O2 masters not copied back", "precision/native.py",
+     "torch._foreach_copy_(self._model_params, self._master_params)", "pass"),
+    # allreduce
+    ("allreduce sums, never averages", "strategies/allreduce.py",
+     "        grad.div_(world)\n", ""),
+    ("allreduce divides after the sum", "strategies/allreduce.py",
+     "        grad.div_(world)\n        dist.all_reduce(grad, op=dist.ReduceOp.SUM)",
+     "        dist.all_reduce(grad, op=dist.ReduceOp.SUM)\n        grad.div_(world)"),
+    ("bucketed allreduce not copied back", "strategies/allreduce.py", "grad.copy_(synced)", "pass"),
+    # runner, results, devices, collectives
+    ("root cause = the last rank to fail", "harness/runner.py",
+     'key=lambda r: r.get("ended_at") or 0)', 'key=lambda r: -(r.get("ended_at") or 0))'),
+    ("results overwrite another run", "harness/results.py",
+     "if path.exists() and not _is_provisional(path):", "if False:"),
+    ("batch not checked against the workers", "harness/devices.py", "if cfg.batch_size % world:", "if False:"),
+    ("all_reduce bus factor (n-1)/n", "harness/collectives.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
+    ("collective time: mean", "harness/collectives.py",
+     'seconds = statistics.median(m["seconds"])', 'seconds = statistics.fmean(m["seconds"])'),
+]
+
+
+def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) -> tuple[str, float]:
+    target = root / path
+    original = target.read_text()
+    if original.count(old) != 1:
+        return "stale", 0.0
+    target.write_text(original.replace(old, new))
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+                               "-o", "addopts="], cwd=root, capture_output=True, text=True, timeout=timeout)
+        verdict = "survived" if proc.returncode == 0 else "killed"
+        if verdict == "killed":
+            failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+            verdict += f" by {failed[0].split()[1].split('[')[0] if failed else '(collection)'}"
+    except subprocess.TimeoutExpired:
+        verdict = "killed (timeout)"
+    finally:
+        target.write_text(original)
+    return verdict, time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", help="names (substrings) of the mutants to run")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        root = Path(tmp) / "repo"
+        files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.split()
+        for name in files:
+            if (REPO / name).is_file():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, root / name)
+        print("| mutant | where | verdict | s |\n|---|---|---|---:|", flush=True)
+        survived = 0
+        for name, path, old, new in MUTANTS:
+            if args.only and not any(o in name for o in args.only):
+                continue
+            verdict, seconds = run(name, path, old, new, root, args.timeout)
+            survived += verdict in ("survived", "stale")
+            print(f"| {name} | {path} | {verdict} | {seconds:.0f} |", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""harness.worker: a rank stops on SIGTERM/SIGINT at its next iteration, and a signal never cuts short
+the write of what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from harness.config import RunConfig
+from harness.devices import probe_hardware
+from harness.runner import plan
+from harness.worker import Interrupted, StopRequest, run_rank
+
+
+def test_the_handler_notes_and_never_raises():
+    stop = StopRequest().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, between two bytecodes: nothing raised
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signal == "SIGTERM"  # the first one is kept
+        with pytest.raises(Interrupted, match="stopped by SIGTERM"):
+            stop.check()
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def single_spec(tmp_path, iterations: int = 200) -> dict:
+    cfg_dict = {"strategy": {"_target_": "strategies.single.SingleDevice", "name": "single"}, "amp": {"level": "O0"},
+                "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
+                "data": {"name": "synthetic", "image_size": 8, "num_classes": 10}, "gpus": [], "nprocs": 1,
+                "batch_size": 4, "iterations": iterations, "log_every": 20, "warmup_windows": 1, "seed": 0}
+    decided = plan(RunConfig.from_dict(cfg_dict), probe_hardware())
+    return {"config": cfg_dict, "placement": {**decided.placement.as_dict(), "threads_per_process": 1},
+            "precision": decided.precision.as_dict(), "record_dir": str(tmp_path / "ranks"),
+            "run_started": time.time()}
+
+
+def test_sigterm_mid_training_ends_at_the_next_iteration_with_its_windows_recorded(tmp_path, monkeypatch):
+    import harness.worker as worker
+
+    real = worker.fault_injector
+
+    def sigterm_at_50(fault, rank, accelerator):  # the launcher stopping this rank during iteration 50
+        return lambda it: os.kill(os.getpid(), signal.SIGTERM) if it == 50 else real(fault, rank, accelerator)(it)
+
+    monkeypatch.setattr(worker, "fault_injector", sigterm_at_50)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Interrupted):
+            run_rank(single_spec(tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads((tmp_path / "ranks" / "rank0.json").read_text())
+    assert record["status"] == "interrupted" and record["error"] == "Interrupted: stopped by SIGTERM"
+    assert [w["end_iter"] for w in record["windows"]] == [20, 40]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
