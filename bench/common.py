@@ -36,7 +36,8 @@ README = REPO / "README.md"
 PERF_START, PERF_END = "<!-- perf:start -->", "<!-- perf:end -->"
 PLACEHOLDER = "(figures from `bench/` land here)"
 # The README order of the sub-blocks, whichever script writes first.
-BLOCK_ORDER = ("index", "overhead", "sampler", "ddp", "fidelity", "report", "scaling")
+BLOCK_ORDER = ("index", "overhead", "sampler", "ddp", "fidelity", "report", "scaling", "detection", "hooks",
+               "main_job")
 INDEX = """\
 Benchmarks of the harness itself (`bench/`), each one command, each runnable on a CPU-only machine in a few
 minutes; add `--write-readme` to replace its block below with the figures of that run, `--quick` for a
@@ -47,9 +48,12 @@ seconds-long check (what `tests/test_bench.py` runs).
 | 1 | harness overhead: `run.py strategy=single` vs a bare PyTorch loop | `python bench/overhead.py` | ≥ 0.99 |
 | 2 | memory sampler overhead: off vs 10/100/1000 ms | `python bench/sampler.py` | default < 0.5 % |
 | 3 | DDP through the harness vs plain `torchrun` | `python bench/ddp_vs_torchrun.py` | ≥ 0.98 |
-| 4 | timing fidelity vs outside clocks; run-to-run spread | `python bench/timing_fidelity.py` | within 2 % |
+| 4 | timing fidelity: the harness's clock vs whole-process wall time (N vs 2N iterations) | `python bench/timing_fidelity.py` | within 2 % |
 | 5 | report over 1,000 results files | `python bench/report_speed.py` | < 5 s |
 | 6 | DDP with 1, 2, 4 workers on 2 cores (oversubscription) | `python bench/scaling.py` | reported |
+| 7 | a worker's death to the survivors' SIGTERM, per launcher | `python bench/failure_detection.py` | reported |
+| 8 | per-iteration cost of the trainer's own calls | `python bench/hook_cost.py` | reported |
+| 9 | the README's main job from a fresh clone | `python bench/main_job.py` | reported |
 
 How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or
 `harness.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to

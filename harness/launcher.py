@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
@@ -159,21 +160,37 @@ def _spawned_rank(local_rank: int, entry: Callable[[dict[str, Any]], Any], spec:
 
 def _spawn(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs: int, port: int,
            start_method: str) -> list[WorkerFailure]:
+    """The first worker to fail ends the run: the others get SIGTERM at once (then SIGKILL after the grace
+    period). torch's own ProcessContext.join(grace_period=g) would first wait g for them to exit by
+    themselves, so the survivors of a failure went on training for g seconds."""
+    import multiprocessing.connection
+    import pickle
+
     import torch.multiprocessing as mp
 
     context = mp.start_processes(_spawned_rank, args=(entry, spec, nprocs, port), nprocs=nprocs, join=False,
                                  start_method=start_method)
+    processes = context.processes
+    waiting = {process.sentinel: rank for rank, process in enumerate(processes)}
     try:
-        while not context.join(grace_period=SHUTDOWN_GRACE_S):
-            pass
-    except mp.ProcessExitedException as error:
-        message = f"killed by {error.signal_name}" if error.signal_name else f"exited with code {error.exit_code}"
-        return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=error.exit_code, message=message)]
-    except mp.ProcessRaisedException as error:
-        lines = [line for line in str(error).strip().splitlines() if line.strip()]
-        return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=1, message=lines[-1] if lines else "")]
+        while waiting:
+            for sentinel in multiprocessing.connection.wait(list(waiting)):
+                rank = waiting.pop(sentinel)
+                process = processes[rank]
+                process.join()
+                if process.exitcode == 0:
+                    continue
+                _stop(processes)
+                message = f"exited with code {process.exitcode}"
+                if process.exitcode < 0:
+                    message = f"killed by {signal.Signals(-process.exitcode).name}"
+                elif os.access(context.error_files[rank], os.R_OK):  # torch's wrapper pickled the traceback
+                    with open(context.error_files[rank], "rb") as handle:
+                        lines = [line for line in pickle.load(handle).strip().splitlines() if line.strip()]
+                    message = lines[-1] if lines else message
+                return [WorkerFailure(rank=rank, pid=process.pid, exitcode=process.exitcode, message=message)]
     except BaseException:
-        _stop(context.processes)
+        _stop(processes)
         raise
     return []
 

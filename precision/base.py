@@ -12,6 +12,7 @@ from torch import nn
 from harness.config import PrecisionSpec
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entered every iteration, so made once
 
 
 class Precision:
@@ -33,7 +34,7 @@ class Precision:
         return model
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+        return NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

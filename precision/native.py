@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from harness.config import PrecisionSpec
-from precision.base import OptimizerFactory, Precision
+from precision.base import NO_CONTEXT, OptimizerFactory, Precision
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
@@ -80,7 +80,7 @@ class NativePrecision(Precision):
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         if self.spec.autocast:  # the loss, outside the wrapped module, as apex O1 patched it too
             return torch.autocast(self.device.type, dtype=self.half)
-        return contextlib.nullcontext()
+        return NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:

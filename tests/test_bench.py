@@ -19,9 +19,12 @@ SCRIPTS = {
     "overhead.py": ["== harness overhead"],
     "sampler.py": ["== the sampler's own work", "== throughput with the sampler on / off"],
     "ddp_vs_torchrun.py": ["== DDP 2 workers: harness vs torchrun"],
-    "timing_fidelity.py": ["== the harness's steady-state time vs this script's clock", "== summary =="],
+    "timing_fidelity.py": ["== extra N iterations: the harness's own clock vs this script's", "== summary =="],
     "report_speed.py": ["== report over 20 synthetic results.json files =="],
     "scaling.py": ["== tiny_cnn, global batch 8"],
+    "failure_detection.py": ["== a worker's death to the other worker's SIGTERM"],
+    "hook_cost.py": ["== the trainer's calls, per call"],
+    "main_job.py": ["== the main job from a fresh clone"],
 }
 
 

@@ -139,3 +139,25 @@ def test_the_loopback_interface_is_the_one_holding_127_0_0_1(monkeypatch, view, 
     monkeypatch.setattr(launcher.socket, "gethostname", lambda: "node-resolving-to-10.0.0.5")
     assert launcher.loopback_interface() == expected
     assert launcher.loopback_env()["GLOO_SOCKET_IFNAME"] == expected == launcher.loopback_env()["NCCL_SOCKET_IFNAME"]
+
+
+def _rank_1_fails_rank_0_waits(spec: dict) -> None:
+    import os
+    import time
+
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 gives up")
+    time.sleep(600)
+
+
+def test_spawn_launcher_stops_the_survivors_at_once_not_after_the_grace_period():
+    """torch's ProcessContext.join(grace_period=10) waited 10 s before even sending SIGTERM to the others."""
+    import time
+
+    import harness.launcher as launcher
+
+    started = time.monotonic()
+    failures = launcher._spawn(_rank_1_fails_rank_0_waits, {}, 2, port=1, start_method="fork")
+    took = time.monotonic() - started
+    assert [f.rank for f in failures] == [1]
+    assert took < launcher.SHUTDOWN_GRACE_S / 2, f"{took:.1f} s: the survivor was not stopped at once"

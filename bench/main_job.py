@@ -1,0 +1,80 @@
+"""The README's main job as a new user meets it: a fresh clone, the README's first command, timed.
+
+    python bench/main_job.py [--write-readme]
+
+Clones this repository's HEAD into a temporary folder, reads the main-job command from the README (the
+indented line after "Run the main job"), and runs its `&&`-separated parts one after another in the clone
+with bash, timing each from outside: making the venv, installing (torch from this machine's disk, the rest
+from the package index), and the sweep itself. The sweep's report is checked to exist and its rows counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+
+def main_job_command(readme: str) -> str:
+    after = readme[readme.index("**Run the main job**"):]
+    return next(line.strip() for line in after.splitlines()[1:] if line.startswith("    "))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_args(parser)
+    args = parser.parse_args(argv)
+    command = main_job_command(common.README.read_text())
+    parts = [p.strip() for p in command.split("&&")]
+    if args.quick:  # the same steps on the tiniest sweep, reusing this venv instead of installing
+        parts = [f"{sys.executable} run.py -m strategy=single amp=O0 model=tiny_cnn data.image_size=8 batch_size=8 "
+                 "iterations=40"]
+    settings = {"command": command, "clone of": common.harness_commit(), "cores": common.cores(),
+                "OMP_NUM_THREADS": "not set (the command as a user types it)"}
+    common.print_settings("The README's main job from a fresh clone", settings)
+    table = common.Table("the main job from a fresh clone (wall seconds, timed from outside)", ["step", "seconds"])
+    with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "--quiet", str(common.REPO), str(clone)], check=True)
+        total = 0.0
+        with common.measure_load() as load:
+            for part in parts:
+                started = time.perf_counter()
+                proc = subprocess.run(["bash", "-c", part], cwd=clone, capture_output=True, text=True)
+                took = time.perf_counter() - started
+                if proc.returncode != 0:
+                    raise common.BenchError(f"{part} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+                total += took
+                table.add(re.sub(r"\s+", " ", part)[:90], f"{took:.0f}")
+                print(f"  {took:7.1f} s  {part}", flush=True)
+        reports = list((clone / "runs" / "multirun").glob("*/report.json"))
+        if len(reports) != 1:
+            raise common.BenchError(f"expected one sweep report, found {reports}")
+        rows = json.loads(reports[0].read_text())["rows"]
+        statuses = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
+    table.add("total", f"{total:.0f}")
+    table.print()
+    sweep = took
+    print(f"main job: {total:.0f} s in all, the sweep {sweep:.0f} s; rows {statuses}; background load "
+          f"{load.background:.2f} cores", flush=True)
+    if args.write_readme:
+        minutes = f"{int(total // 60)} min {int(total % 60)} s"
+        lines = [f"- From a fresh clone, the README's main-job command took {minutes} in all, of which the sweep "
+                 f"(`run.py -m`) took {int(sweep // 60)} min {int(sweep % 60)} s; its report has "
+                 + ", ".join(f"{n} {s}" for s, n in statuses.items()) + " rows.",
+                 f"- Background load (other processes) during the run: {load.background:.2f} cores."]
+        body = common.readme_block("9. The main job from a fresh clone", "python bench/main_job.py --write-readme",
+                                   settings, [table], lines)
+        common.write_readme_block("main_job", body, args.readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
