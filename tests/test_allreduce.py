@@ -166,3 +166,27 @@ def test_float16_loss_scaled_gradients_are_divided_before_the_sum(monkeypatch, b
     (module.all_reduce_mean_bucketed if bucketed else module.all_reduce_mean)(grads)
     assert torch.equal(grads[0], torch.full((3,), 8192.0, dtype=torch.float16))
     assert torch.equal(grads[1], torch.full((2,), 0.5))
+
+
+class TwoRanksOtherHoldsZeros:
+    """torch.distributed for a world of 2 whose other rank's gradients are all zero: SUM adds nothing, so
+    the mean is this rank's gradient divided by 2, in whatever buffer the all-reduce was given."""
+
+    ReduceOp = dist.ReduceOp
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = None) -> None:
+        assert op == dist.ReduceOp.SUM
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_every_gradient_ends_up_the_mean(monkeypatch, bucketed):
+    import strategies.allreduce as module
+
+    monkeypatch.setattr(module, "dist", TwoRanksOtherHoldsZeros())
+    grads = [torch.tensor([4.0, 6.0]), torch.tensor([2.0], dtype=torch.bfloat16), torch.tensor([[8.0]])]
+    (module.all_reduce_mean_bucketed if bucketed else module.all_reduce_mean)(grads)
+    assert [g.tolist() for g in grads] == [[2.0, 3.0], [1.0], [[4.0]]]
+    assert grads[1].dtype == torch.bfloat16

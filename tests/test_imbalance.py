@@ -76,3 +76,16 @@ def test_pid_of_another_process_is_flagged():
              {"pid": 99, "rank": None, "device": "cuda:1", "peak_mib": 50.0, "role": "other"}]
     report = imbalance.analyze(results(2, devices, [1000.0, 1050.0], [0.0, 0.0], procs, []))
     assert any("PID 99" in f and "not part of this run" in f for f in report.flags)
+
+
+def test_cpu_processes_get_a_process_verdict_never_a_gpu_one():
+    """On CPU each "device" is a worker process's resident memory: no base GPU, no stray context."""
+    devices = ["cpu:0", "cpu:1"]
+    procs = [{"pid": 10 + i, "rank": i, "device": d, "peak_mib": 900.0, "role": "rank"} for i, d in enumerate(devices)]
+    r = results(2, devices, [900.0, 600.0], [300.0, 300.0], procs, [{"rank": i, "device": d} for i, d in enumerate(devices)])
+    r["memory"]["source"] = "psutil"
+    report = imbalance.analyze(r)
+    assert report.base_excess_pct == pytest.approx(100.0)  # grew 600 vs 300 MiB
+    assert report.verdict.startswith("CPU worker processes grew by 300 MiB–600 MiB")
+    assert "GPU" not in report.verdict.replace("not a GPU's", "") and "stray" not in report.verdict
+    assert "DataParallel" not in report.verdict

@@ -379,3 +379,15 @@ def test_psutil_source_lists_new_workers_once_a_second():
         child.wait()
     now[0] += 1.0
     assert child.pid not in {pid for pid, _ in source.read().per_process}  # ended: no longer read
+
+
+def test_cpu_baseline_is_the_ranks_own_start_whether_inline_or_launched():
+    """An inline rank (the launcher, 700 MiB at the sampler's first read) and a launched one (not yet born at
+    that read) both count from their own resident memory when the rank started."""
+    tracker = MemoryTracker()
+    tracker.add(Sample(per_process={(1, "cpu"): 700.0}))  # baseline: only the launcher exists
+    tracker.add(Sample(per_process={(1, "cpu"): 950.0, (2, "cpu"): 800.0}))
+    ranks = [RankProcess(0, 1, "cpu:0", rss_at_start_mib=720.0), RankProcess(1, 2, "cpu:1", rss_at_start_mib=500.0)]
+    memory = summarize(tracker, "psutil", ["cpu:0", "cpu:1"], ranks, launcher_pid=1)
+    assert memory["per_device"] == [{"device": "cpu:0", "peak_mib": 950.0, "baseline_mib": 720.0},
+                                    {"device": "cpu:1", "peak_mib": 800.0, "baseline_mib": 500.0}]

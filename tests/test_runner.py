@@ -119,3 +119,15 @@ def test_a_driver_that_will_not_describe_itself_is_said_so():
 
     described = _describe_source(Source())
     assert described["driver"] is None and "NVML_ERROR_NOT_SUPPORTED" in described["describe_error"]
+
+
+def test_the_root_cause_is_the_first_rank_to_fail_not_its_neighbours():
+    """Rank 1 raised at t=10; rank 0's collective broke at t=12 because of it; rank 2 ended fine."""
+    from harness.runner import run_status
+
+    records = [{"rank": 0, "pid": 10, "status": "failed", "error": "RuntimeError: Connection closed by peer",
+                "ended_at": 12.0},
+               {"rank": 1, "pid": 11, "status": "oom", "error": "OutOfMemoryError: CUDA out of memory",
+                "ended_at": 10.0},
+               {"rank": 2, "pid": 12, "status": "ok", "error": None, "ended_at": 13.0}]
+    assert run_status(records, [], None) == ("oom", "rank 1 (pid 11): OutOfMemoryError: CUDA out of memory")
