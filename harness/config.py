@@ -89,6 +89,7 @@ class AmpConfig:
     loss_scale: str | float = "auto"
     keep_batchnorm_fp32: bool | str = "auto"
     master_weights: bool | str = "auto"
+    allow_emulated: bool = False  # time half precision on a CPU without native kernels for it anyway
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class PrecisionSpec:
     keep_batchnorm_fp32: bool
     master_weights: bool
     loss_scale: str | float  # "dynamic" or a static number; 1.0 means no scaling
+    allow_emulated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -133,7 +135,7 @@ def resolve_precision(amp: AmpConfig, accelerator: str) -> PrecisionSpec:
         row["loss_scale"] = 1.0  # bfloat16 has fp32's range: nothing to scale
     if amp.level == "O0":
         dtype, row["loss_scale"] = "float32", 1.0
-    return PrecisionSpec(level=amp.level, impl=amp.impl, dtype=dtype, **row)
+    return PrecisionSpec(level=amp.level, impl=amp.impl, dtype=dtype, allow_emulated=amp.allow_emulated, **row)
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ class RunConfig:
         for key in ("keep_batchnorm_fp32", "master_weights"):
             if getattr(amp, key) not in (True, False, "auto"):
                 raise ConfigError(f"amp.{key}", getattr(amp, key), "true, false or auto")
+        if not isinstance(amp.allow_emulated, bool):
+            raise ConfigError("amp.allow_emulated", amp.allow_emulated, "true or false")
 
         data = DataConfig(**_pick(cfg["data"], DataConfig, "data"))
         _positive_int("data.image_size", data.image_size)

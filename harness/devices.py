@@ -3,6 +3,7 @@ how to wait for them, and what their allocators saw. Everything else asks throug
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,25 @@ class Hardware:
 
     def token(self, gpu: int) -> str:
         return self.tokens[self.visible_gpus.index(gpu)] if self.tokens else str(gpu)
+
+
+@functools.cache
+def cpu_half_reason(dtype: str) -> str | None:
+    """Why `dtype` on this CPU would time emulated kernels (None where oneDNN has native ones: AVX-512 for
+    bfloat16, AVX-512-FP16 or AMX for float16). Emulated half convolutions run tens of times slower than
+    fp32 (30x for resnet18 on an AVX2-only host, README), so O1-O3 would measure the emulation."""
+    check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
+    if check is None:
+        return None
+    try:
+        native = bool(getattr(torch.ops.mkldnn, check)())
+    except (AttributeError, RuntimeError):  # a torch without the check: cannot tell, do not refuse
+        return None
+    if native:
+        return None
+    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native {dtype} kernels, so O1-O3 would "
+            "time emulated convolutions (tens of times slower than fp32), not mixed precision; "
+            "amp.allow_emulated=true runs it anyway")
 
 
 def usable_cores() -> int:

@@ -69,13 +69,28 @@ def load_results(path: Path) -> dict[str, Any]:
     return data
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
+
+    from harness.devices import cpu_half_reason
 
     env = {
         "torch": torch.__version__,
         "torch_built_for_cuda": torch.version.cuda,  # the wheel's CUDA version, GPU or not
         "cuda_available": torch.cuda.is_available(),
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2, AVX512...: which kernels torch runs
+        "cpu_native_half": [d for d in ("bfloat16", "float16") if cpu_half_reason(d) is None],
         "python": platform.python_version(),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

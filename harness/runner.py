@@ -26,7 +26,7 @@ from harness.memory import MemorySampler, RankProcess, SamplerFindings, open_sou
 from harness.results import SCHEMA, environment, write_results
 from harness.timing import Window, merge_ranks, steady_throughput
 from harness.worker import Interrupted, caused_by, last_line, run_rank
-from precision import precision_unavailable_reason
+from precision import precision_skip_reason, precision_unavailable_reason
 
 
 class Unavailable(RuntimeError):
@@ -81,7 +81,7 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.precision
     base = base_results(cfg, cfg_dict, placement, precision, overrides)
 
-    reason = strategy_cls.skip_reason(placement, precision)
+    reason = strategy_cls.skip_reason(placement, precision) or precision_skip_reason(precision, placement.accelerator)
     missing = strategy_cls.unavailable_reason() or precision_unavailable_reason(precision, placement.accelerator)
     if reason is None and missing is not None:
         if not in_sweep:

@@ -25,6 +25,11 @@ class Precision:
     def unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
         return None
 
+    @staticmethod
+    def skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+        """Why this level has nothing meaningful to measure on this machine (recorded as `skipped`)."""
+        return None
+
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Cast the model and build its optimizer; runs before the strategy wraps the model."""
         return model, make_optimizer(model.parameters())
@@ -67,3 +72,7 @@ def build_precision(spec: PrecisionSpec, device: torch.device) -> Precision:
 
 def precision_unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
     return _implementation(spec).unavailable_reason(spec, accelerator)
+
+
+def precision_skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+    return _implementation(spec).skip_reason(spec, accelerator)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from harness.config import PrecisionSpec
+from harness.devices import cpu_half_reason
 from precision.base import NO_CONTEXT, OptimizerFactory, Precision
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
@@ -45,6 +46,12 @@ class HalfGradScaler(torch.amp.GradScaler):
 
 
 class NativePrecision(Precision):
+    @staticmethod
+    def skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+        if accelerator != "cpu" or spec.allow_emulated:
+            return None
+        return cpu_half_reason(spec.dtype)
+
     def __init__(self, spec: PrecisionSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         self.half = getattr(torch, spec.dtype)

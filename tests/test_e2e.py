@@ -9,6 +9,9 @@ import pytest
 from conftest import DDP_RUN, SINGLE_RUN, TINY, describe, run_cli
 
 pytestmark = pytest.mark.slow
+# The tiny model trains in seconds even where this CPU only emulates half precision (else: skipped, see
+# tests/test_precision.py)
+EMULATED_OK = "amp.allow_emulated=true"
 
 
 def test_ddp_two_gloo_workers(cli_run):
@@ -75,14 +78,14 @@ def check_amp_run(proc, r, strategy: str, level: str) -> None:
 @pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
 def test_single_amp_levels_train(cli_run, level):
     run = SINGLE_RUN if level == "O0" else ("strategy=single", f"amp={level}", *TINY, "iterations=60",
-                                             "log_every=20")
+                                             "log_every=20", EMULATED_OK)
     proc, r = cli_run(*run)
     check_amp_run(proc, r, "single", level)
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_ddp_amp_levels_train(cli_run, level):
-    proc, r = cli_run("strategy=ddp", "nprocs=2", f"amp={level}", *TINY, "iterations=60", "log_every=20")
+    proc, r = cli_run("strategy=ddp", "nprocs=2", f"amp={level}", *TINY, "iterations=60", "log_every=20", EMULATED_OK)
     check_amp_run(proc, r, "ddp", level)
     assert sorted(p["rank"] for p in r["memory"]["per_process"]) == [0, 1]
     assert sorted(r["per_rank_windows"]) == ["0", "1"]
@@ -93,7 +96,8 @@ def test_ddp_amp_levels_train(cli_run, level):
 def test_float16_weights_with_dynamic_scaling_train(cli_run, amp):
     """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype).
     Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step."""
-    proc, r = cli_run("strategy=single", *amp, "amp.dtype=float16", *TINY, "iterations=40", "log_every=20")
+    proc, r = cli_run("strategy=single", *amp, "amp.dtype=float16", *TINY, "iterations=40", "log_every=20",
+                      EMULATED_OK)
     assert proc.returncode == 0, describe(proc)
     assert r["status"] == "ok", r["error"]
     precision = r["precision"]

@@ -382,3 +382,26 @@ def test_ddp_o2_keeps_replicas_identical(tmp_path):
         assert report["max_master_diff"] == 0.0, report  # ...and the same fp32 masters
         assert all(math.isfinite(loss) for loss in report["losses"])
     assert reports[0]["losses"] != reports[1]["losses"]  # each rank trained on data of its own
+
+
+# --- half precision on a CPU without native kernels for it ---------------------------------------------------
+
+@pytest.mark.parametrize("native", [True, False])
+def test_half_levels_are_skipped_where_the_cpu_only_emulates_them(monkeypatch, native):
+    """An AVX2-only CPU has no oneDNN bfloat16 kernels: O1-O3 would time emulation (30x slower than fp32 for
+    resnet18 on such a host). Skipped with the reason, unless asked for; never on CUDA, never at O0."""
+    import precision.native
+    from harness import devices
+    from precision import precision_skip_reason
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    monkeypatch.setattr(precision.native, "cpu_half_reason", devices.cpu_half_reason.__wrapped__)  # uncached
+    o2 = resolve_precision(AmpConfig(level="O2"), "cpu")
+    reason = precision_skip_reason(o2, "cpu")
+    if native:
+        assert reason is None
+    else:
+        assert "no native bfloat16 kernels" in reason and "amp.allow_emulated=true" in reason
+    assert precision_skip_reason(resolve_precision(AmpConfig(level="O2", allow_emulated=True), "cpu"), "cpu") is None
+    assert precision_skip_reason(resolve_precision(AmpConfig(level="O0"), "cpu"), "cpu") is None
+    assert precision_skip_reason(resolve_precision(AmpConfig(level="O2"), "cuda"), "cuda") is None
