@@ -434,7 +434,7 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
     interrupted = results["1_single_O0"]
     assert interrupted["status"] == "interrupted" and interrupted["windows"]
     report = (sweep / "report.md").read_text()
-    assert report_row(report, "single O0", "it=20").endswith("| ok |")
+    assert report_row(report, "single O0", "it=40").endswith("| ok |")
     assert "| interrupted: " in report_row(report, "single O0", "it=100000")
     assert "it=200000" not in report
     assert not [p.pid for p in run.seen.values() if p.pid in run.worker_pids and is_alive(p)]
