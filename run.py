@@ -20,7 +20,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    cli.precheck(sys.argv[1:])
     if cli.started_by_torchrun():  # one worker of a run torchrun launched: launch nothing
         sys.exit(cli.torchrun_worker(sys.argv[1:]))
+    sys.argv[1:] = cli.precheck(sys.argv[1:])  # every run checked; a typed sweep axis sweeps alone
     main()

@@ -56,7 +56,7 @@ seconds-long check (what `tests/test_bench.py` runs).
 | 9 | the README's main job from a fresh clone | `python bench/main_job.py` | reported |
 
 How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or
-`harness.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to
+`harness.launch.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to
 alternate harness and comparator in one process, which removes process-to-process noise), or the script's
 own bare comparator — with `OMP_NUM_THREADS` and `torch.set_num_threads` pinned and printed; ratios compare
 only runs of the same round, taken back to back in alternating order. Around every run the script measures
@@ -117,7 +117,7 @@ def harness_commit() -> str:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "harness", "strategies",
-                                "precision", "conf", "run.py"], capture_output=True, text=True, timeout=10).stdout
+                                "amp", "conf", "run.py"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + (" with local changes" if dirty.strip() else "")
@@ -392,33 +392,24 @@ def run_json(cmd: Sequence[str], out: Path, env: dict[str, str], timeout_s: floa
 
 # ---- the harness inside this process (what `run.py strategy=single` does after Hydra has composed) ----
 
-def compose_config(overrides: Sequence[str]) -> dict[str, Any]:
-    """The resolved config `run.py OVERRIDES` would hand to the runner, composed from the same conf/."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+def compose_config(overrides: Sequence[str]) -> Any:
+    """What `run.py OVERRIDES` hands the runner (harness.compose.Composed: the resolved config and the
+    strategy's name), composed from the same conf/."""
+    from harness.compose import compose_one, hydra_context
 
-    from harness import cli
-
-    cli.register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    resolved.pop("hydra", None)
-    return resolved
+    with hydra_context():
+        return compose_one(list(overrides))
 
 
-def execute_in_process(cfg_dict: dict[str, Any], run_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    """harness.runner.execute, as run.py's task calls it for one run; its console output is swallowed."""
-    import contextlib
-    import io
+def execute_in_process(composed: Any, run_dir: Path) -> dict[str, Any]:
+    """harness.launch.runner.execute, as run.py's task calls it for one run (its log lines go nowhere here)."""
+    from harness.launch.runner import execute
 
-    from harness.runner import execute
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        results = execute(cfg_dict, fresh(run_dir), in_sweep=False, overrides=list(overrides))
+    results = execute(composed.config, composed.strategy_name, fresh(run_dir), in_sweep=False,
+                      overrides=list(composed.overrides))
     if results.get("status") != "ok" or not results.get("throughput_img_s"):
-        raise BenchError(f"harness run {' '.join(overrides)}: status {results.get('status')}: {results.get('error')}")
+        raise BenchError(f"harness run {' '.join(composed.overrides)}: status {results.get('status')}: "
+                         f"{results.get('error')}")
     return results
 
 

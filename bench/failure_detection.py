@@ -3,7 +3,7 @@ exception) to the other worker's SIGTERM.
 
     python bench/failure_detection.py [--trials 10] [--write-readme]
 
-Two workers are started by the harness's own launcher (`harness.launcher.launch_workers`, `elastic` and
+Two workers are started by the harness's own launcher (`harness.launch.launcher.launch_workers`, `elastic` and
 `spawn`), running a small entry of this script instead of the trainer, so nothing but the launcher is
 measured: rank 1 writes its PID and waits; rank 0 waits in a Python loop with a SIGTERM handler that notes
 `time.time()` to a file. This script SIGKILLs rank 1 (or has it raise) and takes the time it did so;
@@ -26,8 +26,8 @@ from typing import Any
 
 import common
 
-from harness.devices import Placement
-from harness.launcher import launch_workers
+from harness.launch.launcher import launch_workers
+from harness.rank.devices import Placement
 
 
 def entry(spec: dict[str, Any]) -> None:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                  "- spawn: the parent waits on the workers' process handles, so it sees a death at once; then it "
                  "stops the others.",
                  "",
-                 "How it is measured: the launcher is the harness's own (`harness.launcher.launch_workers`), the "
+                 "How it is measured: the launcher is the harness's own (`harness.launch.launcher.launch_workers`), the "
                  "workers run a small entry of this script (rank 0 notes when SIGTERM arrives, rank 1 is killed or "
                  "raises), so only the launcher's reaction is timed. Both times are `time.time()` on one machine."]
         body = common.readme_block("7. Failure detection", "python bench/failure_detection.py --write-readme",

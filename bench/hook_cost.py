@@ -2,8 +2,8 @@
 
     python bench/hook_cost.py [--write-readme]
 
-The trainer calls `before_step(it)` (stop request and fault injection), enters `precision.forward_context()`,
-and goes through `precision.backward/step/zero_grad` where a bare loop calls `loss.backward()`,
+The trainer calls `before_step(it)` (stop request and fault injection), enters `amp.forward_context()`,
+and goes through `amp.backward/step/zero_grad` where a bare loop calls `loss.backward()`,
 `optimizer.step()` and `optimizer.zero_grad()` itself. Each is timed here with `timeit` against a no-op
 target (a loss and an optimizer whose methods do nothing), so the figure is the harness's dispatch alone,
 not the work it dispatches; the direct call to the same no-op target is timed beside it.
@@ -21,9 +21,10 @@ from typing import Any
 import common
 import torch
 
-from harness.config import AmpConfig, FaultConfig, resolve_precision
-from harness.worker import StopRequest, fault_injector
-from precision import build_precision
+from amp import build_amp
+from amp.levels import AmpConfig, plugin_path, resolve
+from harness.config import FaultConfig
+from harness.rank.worker import StopRequest, fault_injector
 
 
 class NoOpLoss:
@@ -49,7 +50,7 @@ def bare_iteration_us(number: int, repeats: int) -> float:
     """One training iteration of tiny_cnn (8 px, batch 8) in a bare loop: what the added cost compares with."""
     import torch.nn.functional as F
 
-    from harness.models import TinyCNN
+    from harness.rank.models import TinyCNN
 
     torch.manual_seed(0)
     model = TinyCNN(num_classes=10)
@@ -77,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "not set"),
                 "torch threads": torch.get_num_threads()}
     common.print_settings("Per-iteration cost of the trainer's own calls", settings)
-    precision = build_precision(resolve_precision(AmpConfig(level="O0"), "cpu"), torch.device("cpu"))
+    precision = build_amp(plugin_path("native"), resolve(AmpConfig(level="O0"), "cpu"), torch.device("cpu"))
     stop, inject = StopRequest(), fault_injector(FaultConfig(), rank=0, accelerator="cpu")
 
-    def before_step(it: int) -> None:  # as harness.worker builds it
+    def before_step(it: int) -> None:  # as harness.rank.worker builds it
         stop.check()
         inject(it)
 
@@ -92,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = [
         ("before_step(it): stop request + fault check", lambda: before_step(7), None),
-        ("with precision.forward_context() (O0)", forward_context, None),
-        ("precision.backward(loss) vs loss.backward()", lambda: precision.backward(loss), loss.backward),
-        ("precision.step(opt) vs opt.step()", lambda: precision.step(optimizer), optimizer.step),
-        ("precision.zero_grad(opt) vs opt.zero_grad(set_to_none=True)", lambda: precision.zero_grad(optimizer),
+        ("with amp.forward_context() (O0)", forward_context, None),
+        ("amp.backward(loss) vs loss.backward()", lambda: precision.backward(loss), loss.backward),
+        ("amp.step(opt) vs opt.step()", lambda: precision.step(optimizer), optimizer.step),
+        ("amp.zero_grad(opt) vs opt.zero_grad(set_to_none=True)", lambda: precision.zero_grad(optimizer),
          lambda: optimizer.zero_grad(set_to_none=True)),
     ]
     table = common.Table("the trainer's calls, per call (µs; no-op targets: dispatch only)",

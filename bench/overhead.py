@@ -6,7 +6,7 @@ same work (same model class, seed, batch, SGD settings, threads, iterations, war
 Two comparisons, both alternating A B, B A, ...:
 
 1. In one process (the precise figure). A fresh process composes the config from conf/ exactly as
-   `run.py` would and then alternates `harness.runner.execute` (what `run.py strategy=single` runs after
+   `run.py` would and then alternates `harness.launch.runner.execute` (what `run.py strategy=single` runs after
    Hydra has composed: inline rank, memory sampler on at its default 100 ms, window clock, results file)
    with `bare_loop` below, many short times. Same interpreter state, same thread pool, neighbouring
    seconds: the machine's slow drifts fall on both sides.
@@ -39,7 +39,7 @@ OTHER = {"size": 32, "batch": 32, "inprocess": (60, 10, 12), "subprocess": (120,
 def make_model(name: str, num_classes: int) -> Any:
     """The same model the harness builds for `model=NAME` (conf/model/NAME.yaml)."""
     if name == "tiny_cnn":
-        from harness.models import TinyCNN
+        from harness.rank.models import TinyCNN
 
         return TinyCNN(num_classes, width=8)
     import torchvision
@@ -93,8 +93,8 @@ def inprocess_worker(w: dict[str, Any]) -> dict[str, Any]:
     pairs, records = [], []
     for pair in range(w["pairs"]):
         def harness(pair: int = pair) -> float:
-            return float(common.execute_in_process(cfg, Path(w["work"]) / f"inproc-{w['model']}-{pair}",
-                                                   overrides)["throughput_img_s"])
+            return float(common.execute_in_process(cfg, Path(w["work"]) / f"inproc-{w['model']}-{pair}")
+                         ["throughput_img_s"])
 
         def plain() -> float:
             return common.steady_throughput(bare_loop(bare), images, 1)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_readme:
         lines = [*verdicts, "",
                  "In one process: a fresh process composes the config from `conf/` as `run.py` does, then alternates "
-                 "`harness.runner.execute` (exactly what `run.py strategy=single` runs after composing: inline rank, "
+                 "`harness.launch.runner.execute` (exactly what `run.py strategy=single` runs after composing: inline rank, "
                  "memory sampler on at 100 ms, window clock, results file) with the ~20-line `bare_loop` of "
                  "`bench/overhead.py` (same model class, seed, batch, SGD settings, threads and warm-up exclusion, "
                  "windows timed with `time.perf_counter`). Fresh processes: `run.py` as typed against the bare loop "

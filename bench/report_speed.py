@@ -2,7 +2,7 @@
 
     python bench/report_speed.py [--files 1000] [--repeats 3] [--write-readme]
 
-The files follow the results contract (harness/runner.py `_base_results` + `_measurements`, memory and env
+The files follow the results contract (harness/launch/runner.py `_base_results` + `_measurements`, memory and env
 sections included) with GPU-shaped devices and per-PID memory, so every part of the report has work to do.
 Two layouts: "sweep" (200 combinations x 5 repeats: a large sweep, the common case) and "distinct" (every
 file its own combination: the worst case, one table row and one plot line per file). Reported: wall time of

@@ -3,7 +3,7 @@
     python bench/sampler.py [--models resnet18,tiny_cnn] [--rounds 4] [--write-readme]
 
 All runs of a model happen in one fresh process that composes each configuration from conf/ as `run.py`
-does and calls `harness.runner.execute` (what `run.py strategy=single` runs: the sampler thread lives in the
+does and calls `harness.launch.runner.execute` (what `run.py strategy=single` runs: the sampler thread lives in the
 training process, as it does for a user). Each round runs the four settings back to back in a rotated order
 (round r starts at setting r), so each setting is compared with the `memory.enabled=false` run of its own
 round. Reported: throughput(on) / throughput(off), median and min–max over the rounds. Goal: the default
@@ -53,7 +53,7 @@ def inprocess_worker(w: dict[str, Any]) -> dict[str, Any]:
 
         def task(setting: str, r: int = r) -> dict[str, Any]:
             folder = Path(w["work"]) / f"{w['model']}-r{r}-{setting}"
-            return common.execute_in_process(composed[setting], folder, configs[setting])
+            return common.execute_in_process(composed[setting], folder)
 
         done = guard.round([lambda s=s: task(s) for s in order], label=f"    round {r + 1}")
         runs = dict(zip(order, done.results, strict=True))
@@ -72,7 +72,7 @@ def read_cost(samples: int) -> dict[str, Any]:
     the machine), reading the known processes' memory, and how often the harness's source lists the tree."""
     import psutil
 
-    from harness.memory import PsutilSource
+    from harness.launch.memory import PsutilSource
 
     root = psutil.Process(os.getpid())
     listing, reading = [], []

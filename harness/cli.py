@@ -1,68 +1,149 @@
-"""The Hydra side of `run.py`: the `hw` resolver, the task function, and how errors become exit codes."""
+"""The command line of `run.py`: everything refused before Hydra starts, the Hydra task, and how the
+outcome becomes an exit code."""
 
 from __future__ import annotations
 
-import functools
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import ConfigError, Incompatible, check_group_choices, check_output_dirs
+from harness.compose import (
+    NO_GRID,
+    SWEEP_GROUP,
+    combinations,
+    compose_one,
+    has_gpu,
+    hydra_context,
+    register_resolvers,
+    typed_sweep_axes,
+)
+from harness.config import CONF_DIR
+from harness.errors import ConfigError, Incompatible
+
+log = logging.getLogger(__name__)
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
 AUTO_KEYS = ("model.name", "data.image_size", "batch_size", "iterations")
+RUN_MARKERS = ("results.json", ".hydra", "ranks", "multirun.yaml")  # what a started run or sweep leaves
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "EXIT_RUN_FAILED", "precheck", "register_resolvers", "task"]
 
 
-@functools.cache
-def has_gpu() -> bool:
-    import torch
+# ---- before Hydra: every combination composed and checked, or one line and exit 2 ----
 
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+def precheck(argv: Sequence[str]) -> list[str]:
+    """The command line as Hydra should get it, once every run it describes has been composed and checked
+    (keys, types, ranges, placement on this machine). Otherwise one line, exit 2, nothing written.
 
-
-def register_resolvers() -> None:
-    """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs, a CPU-sized workload otherwise."""
-    if not OmegaConf.has_resolver("hw"):
-        OmegaConf.register_new_resolver("hw", lambda gpu, cpu: gpu if has_gpu() else cpu)
-
-
-def precheck(argv: list[str]) -> None:
-    """Unknown group choices and occupied output folders, refused in one line before Hydra starts."""
+    A sweep that types an axis of its own (`-m launcher=elastic,spawn`) sweeps only what it typed:
+    `sweep=none` is added, so conf/sweep/'s default grid does not multiply it."""
+    flags = [a for a in argv if a.startswith("-")]
+    overrides = [a for a in argv if not a.startswith("-")]
+    multirun = bool({"-m", "--multirun"} & set(flags))
     try:
-        overrides = [a for a in argv if not a.startswith("-")]
-        check_group_choices(overrides)
         check_output_dirs(overrides)
+        check_group_choices(overrides)
+        if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
+            overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
+        check_runs(overrides, multirun)
     except ConfigError as error:
-        _refuse(error)
+        refuse(error)
+    return [*flags, *overrides]
 
 
-def _refuse(error: Exception) -> None:
-    print(f"error: {error}", file=sys.stderr, flush=True)
+def check_runs(overrides: Sequence[str], multirun: bool) -> None:
+    """Compose and check every combination; in a sweep an Incompatible one is left to become a skipped row."""
+    from harness.launch.runner import plan
+    from harness.rank.devices import probe_hardware
+
+    with hydra_context():
+        hw = probe_hardware()
+        for combo in combinations(overrides, multirun):
+            cfg = compose_one(combo).run_config()
+            try:
+                plan(cfg, hw, in_sweep=multirun)
+            except Incompatible:
+                if not multirun:
+                    raise
+
+
+def refuse(error: Exception) -> None:
+    from harness.output.logs import refusals
+
+    refusals().error("%s", error)
     sys.exit(EXIT_BAD_INPUT)
 
 
+def _key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """A group's choices (files starting with `_` are shared parts, not choices)."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """`strategy=nope` refused with the choices there are (Hydra's own error is many lines)."""
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"}
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if not sep or key not in groups:
+            continue
+        options = group_options(key, conf_dir)
+        for choice in _split_sweep(value):
+            if choice not in options and choice != "null":
+                raise ConfigError(key, choice, "one of " + ", ".join(options))
+
+
+def check_output_dirs(overrides: Sequence[str]) -> None:
+    """A run never lands in a folder that already holds one (finished or not)."""
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and Path(value).is_dir():
+            held = next((p for marker in RUN_MARKERS for p in Path(value).rglob(marker)), None)
+            if held is not None:
+                raise ConfigError(key, value, f"a folder that holds no run yet ({held} exists); "
+                                  "every run gets a folder of its own")
+
+
+def _split_sweep(value: str) -> list[str]:
+    """`a,b` in a multirun override means two choices; anything fancier is left to Hydra."""
+    if any(c in value for c in "()[]{}"):
+        return []
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+# ---- under torchrun: this process is one worker ----
+
 def started_by_torchrun() -> bool:
-    from harness.torchrun import started_by_torchrun as check
+    from harness.launch.torchrun import started_by_torchrun as check
 
     return check()
 
 
-def torchrun_worker(argv: list[str]) -> int:
-    from harness.torchrun import run_worker
+def torchrun_worker(argv: Sequence[str]) -> int:
+    from harness.launch.torchrun import run_worker
 
     try:
         return run_worker([a for a in argv if not a.startswith("-")])
     except ConfigError as error:
         if os.environ.get("RANK") == "0":
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            from harness.output.logs import refusals
+
+            refusals().error("%s", error)
         return EXIT_BAD_INPUT
 
+
+# ---- the Hydra task: one job, one run ----
 
 def cpu_defaults_note(cfg: DictConfig) -> str | None:
     if has_gpu():
@@ -85,56 +166,57 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from harness.runner import Unavailable, execute
+    from harness.launch.runner import Unavailable, execute
 
     hydra_cfg = HydraConfig.get()
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
     note = cpu_defaults_note(cfg)
     if note:
-        print(note, flush=True)
+        log.info("%s", note)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    strategy_name = str(hydra_cfg.runtime.choices["strategy"])
     overrides = list(hydra_cfg.overrides.task)
     repeat = int(cfg_dict.get("repeat", 1))
     all_results = []
     try:
         for index in range(repeat):
             folder = run_dir if repeat == 1 else run_dir / f"repeat-{index}"
-            all_results.append(execute(cfg_dict, folder, in_sweep=in_sweep, overrides=overrides))
+            all_results.append(execute(cfg_dict, strategy_name, folder, in_sweep=in_sweep, overrides=overrides))
     except (ConfigError, Unavailable) as error:
         if in_sweep:
-            return _record_refused(cfg_dict, run_dir, overrides, error)
+            return _record_refused(cfg_dict, strategy_name, run_dir, overrides, error)
         _remove_if_empty_run(run_dir)
-        _refuse(error)
+        refuse(error)
     except KeyboardInterrupt:
-        print("interrupted: partial results written with status 'interrupted'", file=sys.stderr, flush=True)
+        log.warning("interrupted: partial results written with status 'interrupted'")
         if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
-            from harness.report import build_report
+            from harness.output.callbacks import report_sweep
 
-            sweep_dir = Path(hydra_cfg.sweep.dir)
-            print(f"writing the report of the finished runs in {sweep_dir}", flush=True)
-            build_report([sweep_dir], sweep_dir, cfg_dict.get("report", {}).get("baseline"))
+            report_sweep(Path(hydra_cfg.sweep.dir), cfg_dict.get("report", {}).get("baseline"))
         sys.exit(EXIT_INTERRUPTED)
     if not in_sweep and any(r["status"] not in ("ok", "skipped") for r in all_results):
         sys.exit(EXIT_RUN_FAILED)
     return all_results[-1]
 
 
-def _record_refused(cfg_dict: dict[str, Any], run_dir: Path, overrides: list[str], error: Exception) -> dict[str, Any]:
+def _record_refused(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
+                    error: Exception) -> dict[str, Any]:
     """In a sweep a combination that cannot run is a row with its reason, not the end of the sweep."""
-    from harness.results import SCHEMA, write_results
-    from harness.runner import Unavailable
+    from harness.launch.runner import Unavailable
+    from harness.output.results import SCHEMA, write_results
 
     status = "skipped" if isinstance(error, Unavailable | Incompatible) else "failed"
+    model = cfg_dict["model"].get("name") or str(cfg_dict["model"].get("_target_", "?")).rpartition(".")[2]
     results = {"schema": SCHEMA, "status": status, "error": str(error),
-               "strategy": cfg_dict["strategy"]["name"], "amp": cfg_dict["amp"]["level"],
-               "model": cfg_dict["model"]["name"], "devices": [], "world_size": None, "nodes": 1,
-               "global_batch": cfg_dict["batch_size"], "iterations": cfg_dict["iterations"],
+               "strategy": strategy_name, "amp": cfg_dict["amp"]["level"], "model": model, "devices": [],
+               "world_size": None, "nodes": 1, "global_batch": cfg_dict["batch_size"],
+               "iterations": cfg_dict["iterations"], "iterations_requested": cfg_dict["iterations"],
                "log_every": cfg_dict["log_every"], "windows": [], "per_rank_windows": {},
                "throughput_img_s": None, "memory": {"source": None, "per_device": [], "per_process": []},
                "overrides": overrides, "config": cfg_dict}
     write_results(run_dir, results)
-    print(f"[{results['strategy']} {results['amp']}] {status}: {error}", flush=True)
+    log.info("[%s %s] %s: %s", strategy_name, results["amp"], status, error)
     return results
 
 

@@ -20,6 +20,7 @@ the repeats is reported (nccl-tests averages back-to-back calls and then average
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import re
 import statistics
@@ -33,15 +34,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.config import CONF_DIR, ConfigError, RunConfig
-from harness.devices import Hardware, Placement, place, probe_hardware
-from harness.results import environment, write_json_atomic
+from harness.config import CONF_DIR, check_dist, check_gpus, check_nprocs
+from harness.errors import ConfigError
+from harness.output.logs import setup_worker
+from harness.output.results import environment, write_json_atomic
+from harness.rank.devices import Hardware, Placement, place, probe_hardware
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "sendrecv")
 CHUNKED = ("all_gather", "reduce_scatter", "gather", "scatter")  # size = the total; each rank holds size/n
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 GB = 1e9
-RESULTS_NAME = "collectives.json"  # not results.json: the strategy report gathers every results.json
+RESULTS_NAME = "collectives.json"
+log = logging.getLogger(__name__)  # not results.json: the strategy report gathers every results.json
 
 
 # ---- nccl-tests arithmetic (pure functions) ----
@@ -171,17 +175,24 @@ def _size(key: str, value: Any) -> int:
         raise ConfigError(key, value, "a size such as 4096, 4KiB, 64MiB or 1GiB") from error
 
 
+@dataclass(frozen=True)
+class Request:
+    """What placing the benchmark needs (harness.rank.devices.PlacementRequest), checked as run.py checks it."""
+
+    strategy_name: str
+    gpus: tuple[int, ...] | None
+    nprocs: int
+    batch_size: int
+
+
 def placement_for(cfg: Mapping[str, Any], hw: Hardware) -> Placement:
     """Placed as a DDP run is: `gpus`/`nprocs`/`dist` get the very checks config.yaml's keys get."""
-    gpus = cfg.get("gpus")
-    count = len(gpus) if isinstance(gpus, list | tuple) else len(hw.visible_gpus) if gpus is None else 0
-    workers = count or cfg.get("nprocs", 2)
-    run_cfg = RunConfig.from_dict({
-        "strategy": {"name": "collectives"}, "amp": {"level": "O0"}, "model": {"name": "none"},
-        "data": {"name": "none", "image_size": 1, "num_classes": 1}, "gpus": gpus, "nprocs": cfg.get("nprocs", 2),
-        "batch_size": workers if isinstance(workers, int) and workers > 0 else 1, "iterations": 1, "log_every": 1,
-        "warmup_windows": 0, "dist": dict(cfg.get("dist") or {}), "memory": {"enabled": False}})
-    return place(run_cfg, hw, one_process_per_device=True, drives_all_devices=False, needs_cuda=False)
+    gpus = check_gpus(cfg.get("gpus"))
+    nprocs = check_nprocs(cfg.get("nprocs", 2))
+    check_dist(cfg.get("dist") or {})
+    workers = (len(gpus) if gpus is not None else len(hw.visible_gpus)) or nprocs
+    return place(Request("collectives", gpus, nprocs, workers), hw, one_process_per_device=True,
+                 drives_all_devices=False, needs_cuda=False)
 
 
 # ---- the worker ----
@@ -223,16 +234,17 @@ def collective_call(op: str, count: int, dtype: torch.dtype, device: torch.devic
 
 
 def collectives_rank(spec: dict[str, Any]) -> None:
-    """Entry point of every benchmark worker (started by harness.launcher, one per device)."""
-    from harness.worker import rank_identity
+    """Entry point of every benchmark worker (started by harness.launch.launcher, one per device)."""
+    from harness.rank.worker import rank_identity
     from strategies.base import ProcessGroupStrategy, RankEnv
 
     cfg = CollectivesConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["collectives"].items()})
     placement = Placement.from_dict(spec["placement"])
     rank, local_rank, world = rank_identity()
+    setup_worker(spec.get("log_file"), rank)
     record_path = Path(spec["record_dir"]) / f"rank{rank}.json"
     torch.set_num_threads(placement.threads_per_process)
-    group = ProcessGroupStrategy("collectives")  # the device and process group exactly as DDP gets them
+    group = ProcessGroupStrategy()  # the device and process group exactly as DDP gets them
     group.setup(RankEnv(rank, local_rank, world, placement, spec["timeout_s"]))
     try:
         measured, unsupported = measure(cfg, group, rank, world)
@@ -303,7 +315,7 @@ def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list
             note = f"{len(done)} sizes, peak busbw {peak:.2f} GB/s"
             if op in unsupported:
                 note += f"; stopped {unsupported[op]}"
-            print(f"[collectives] {op:<14} {note}", flush=True)
+            log.info("[collectives] %-14s %s", op, note)
     return measured, unsupported
 
 
@@ -417,18 +429,17 @@ def run_benchmark(cfg_dict: Mapping[str, Any], out_dir: Path, hw: Hardware | Non
     placement = placement_for(cfg_dict, hw or probe_hardware())
     # The entry by its importable name, also when this file runs as __main__ (python -m harness.collectives).
     from harness.collectives import collectives_rank
-    from harness.launcher import launch_workers
+    from harness.launch.launcher import launch_workers
 
     dist_cfg = {"timeout_s": 60, "start_timeout_s": 120, **(cfg_dict.get("dist") or {})}
     if placement.world_size < 2:
-        print(f"note: one worker ({placement.devices[0]}): nothing crosses a link; use nprocs>=2 or two GPUs",
-              flush=True)
+        log.info("note: one worker (%s): nothing crosses a link; use nprocs>=2 or two GPUs", placement.devices[0])
     record_dir = out_dir / "ranks"
     spec = {"collectives": asdict(cfg), "placement": placement.as_dict(), "record_dir": str(record_dir),
-            "timeout_s": dist_cfg["timeout_s"]}
-    print(f"collectives: {placement.world_size} workers on {', '.join(placement.devices)}, "
-          f"{len(cfg.sizes)} sizes {format_size(cfg.sizes[0])}–{format_size(cfg.sizes[-1])}, "
-          f"{cfg.warmup} warm-up + {cfg.repeats} timed calls each", flush=True)
+            "timeout_s": dist_cfg["timeout_s"], "log_file": str(out_dir / "collectives.log")}
+    log.info("collectives: %d workers on %s, %d sizes %s–%s, %d warm-up + %d timed calls each", placement.world_size,
+             ", ".join(placement.devices), len(cfg.sizes), format_size(cfg.sizes[0]), format_size(cfg.sizes[-1]),
+             cfg.warmup, cfg.repeats)
     launch_error = None
     try:
         failures = launch_workers(collectives_rank, spec, placement, dist_cfg["start_timeout_s"],
@@ -467,10 +478,11 @@ def run_benchmark(cfg_dict: Mapping[str, Any], out_dir: Path, hw: Hardware | Non
                "outputs": [str(p) for p in outputs]}
     write_json_atomic(out_dir / RESULTS_NAME, results)
     outputs.append(out_dir / RESULTS_NAME)
-    print(to_markdown(rows, header, unsupported) if rows else "", flush=True)
+    if rows:
+        log.info("%s", to_markdown(rows, header, unsupported))
     if error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-    print("collectives: " + ", ".join(str(p) for p in outputs), flush=True)
+        log.error("%s", error)
+    log.info("collectives: %s", ", ".join(str(p) for p in outputs))
     return results
 
 
@@ -509,7 +521,7 @@ def main() -> None:
             results = run_benchmark(cfg_dict, Path(HydraConfig.get().runtime.output_dir))
         except ConfigError as error:
             _remove_if_empty_run(Path(HydraConfig.get().runtime.output_dir))
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            log.error("%s", error)
             sys.exit(EXIT_BAD_INPUT)
         if results["status"] != "ok":
             sys.exit(EXIT_RUN_FAILED)

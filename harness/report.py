@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import html
+import logging
 import re
 import statistics
 import sys
@@ -21,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from harness import imbalance
-from harness.results import RESULTS_NAME, load_results, write_json_atomic
+from harness.output import imbalance
+from harness.output.logs import setup_cli
+from harness.output.results import RESULTS_NAME, load_results, write_json_atomic
 
+log = logging.getLogger(__name__)
 PER = 20  # the user's unit: seconds per 20 iterations
 PLOT_ROWS = 20  # combinations drawn per plot
 
@@ -471,13 +474,13 @@ img{{max-width:100%}} figure{{display:inline-block;margin:1em;max-width:46%}}</s
 """
 
 
-def print_table(rows: Sequence[Row], baseline: str | None, console: Any = None) -> None:
-    """The terminal's short form (the full table with cumulative times is in report.md)."""
-    from rich.console import Console
+def terminal_table(rows: Sequence[Row], baseline: str | None) -> str:
+    """The terminal's short form, as text (the full table with cumulative times is in report.md)."""
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    from harness.output.console import render
+
     won = winners(rows)
     table = Table(title=f"Strategies side by side (speedup against {baseline}; ★ = best by more than the spread)",
                   title_justify="left")
@@ -499,19 +502,15 @@ def print_table(rows: Sequence[Row], baseline: str | None, console: Any = None) 
                       _fmt(row.speedup, 2, "×"), _fmt(row.efficiency and 100 * row.efficiency, 0, "%"),
                       star["mem_max_mib"] + _fmt(row.mem_max_mib, 0), _fmt(row.mem_imbalance_pct, 0, "%"),
                       _fmt(row.final_loss, 4), escape(status))
-    console.print(table)
-    for note in notes:
-        console.print(escape(note), highlight=False)
-    console.print(escape(f"How reproducible: {reproducibility(rows)}" +
-                         ("; ? = spread unknown" if any(r.throughput and not r.spread_known for r in rows) else "")),
-                  highlight=False)
+    lines = [render(table), *notes, f"How reproducible: {reproducibility(rows)}" +
+             ("; ? = spread unknown" if any(r.throughput and not r.spread_known for r in rows) else "")]
+    return "\n".join(lines)
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None,
-                 console: Any = None, quiet: bool = False) -> Report:
+def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None, quiet: bool = False) -> Report:
     found, skipped = find_results(paths)
     for entry in skipped:
-        print(f"warning: skipping unreadable results file {entry}", file=sys.stderr, flush=True)
+        log.warning("skipping unreadable results file %s", entry)
     rows, base = build_rows(found, baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(rows=rows, baseline=base, skipped_files=skipped)
@@ -523,8 +522,8 @@ def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = No
     (out_dir / "index.html").write_text(to_html(rows, base, pngs, skipped))
     report.outputs = [out_dir / n for n in ("report.md", "report.csv", "report.json", "index.html")] + pngs
     if not quiet:
-        print_table(rows, base, console)
-        print(f"report: {out_dir / 'index.html'}", flush=True)
+        log.info("%s", terminal_table(rows, base))
+        log.info("report: %s", out_dir / "index.html")
     return report
 
 
@@ -534,15 +533,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write (default: the folder given, or the first)")
     parser.add_argument("--baseline", help="row the speedups are against, as strategy:amp (default single:O0)")
     args = parser.parse_args(argv)
+    setup_cli()
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
-        print(f"error: paths={','.join(missing)} do not exist: give folders holding results.json files",
-              file=sys.stderr)
+        log.error("paths=%s do not exist: give folders holding results.json files", ",".join(missing))
         return 2
     out = args.out or (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
     report = build_report(args.paths, out, args.baseline)
     if not report.rows:
-        print("error: no results.json found under " + ", ".join(map(str, args.paths)), file=sys.stderr)
+        log.error("no results.json found under %s", ", ".join(map(str, args.paths)))
         return 1
     return 0
 

@@ -8,9 +8,9 @@ the hook runs inside `loss.backward()`.
 `bucket=false` is the textbook version, one all-reduce per parameter tensor; `bucket=true` flattens
 every gradient of a dtype into one buffer, all-reduces it once and copies the slices back.
 
-Precision plugins need nothing special: gradients are reduced as backward leaves them (loss-scaled
-under O1/O2, half under O2/O3), before `precision.step` unscales them or copies them to O2's fp32
-master weights. Those masters are made in `precision.prepare`, before any strategy wraps the model,
+Amp plugins need nothing special: gradients are reduced as backward leaves them (loss-scaled
+under O1/O2, half under O2/O3), before `amp.step` unscales them or copies them to O2's fp32
+master weights. Those masters are made in `amp.prepare`, before any strategy wraps the model,
 so the broadcast does not reach them (nor does DDP's): the shared seed keeps them equal, as for DDP.
 """
 
@@ -29,8 +29,8 @@ from strategies.base import ProcessGroupStrategy
 
 
 class ManualAllReduce(ProcessGroupStrategy):
-    def __init__(self, name: str, bucket: bool = False) -> None:
-        super().__init__(name)
+    def __init__(self, bucket: bool = False) -> None:
+        super().__init__()
         self.bucket = bucket
         self._params: list[nn.Parameter] = []
         self._handles: list[RemovableHandle] = []

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.config import Incompatible, PrecisionSpec
-from harness.devices import Placement
-from precision.apex_amp import apex_missing
+from amp import AmpSpec
+from harness.errors import Incompatible
+from harness.optional import apex_missing
+from harness.rank.devices import Placement
 from strategies.base import ProcessGroupStrategy
 
 
 class ApexDDP(ProcessGroupStrategy):
     needs_cuda = True
 
-    def __init__(self, name: str, delay_allreduce: bool = False, message_size: int = 10_000_000,
+    def __init__(self, delay_allreduce: bool = False, message_size: int = 10_000_000,
                  convert_syncbn: bool = False) -> None:
-        super().__init__(name)
+        super().__init__()
         self.delay_allreduce, self.message_size, self.convert_syncbn = delay_allreduce, message_size, convert_syncbn
 
     @classmethod
-    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
         # apex DDP buckets gradients by type and knows only "torch.cuda.HalfTensor", "FloatTensor" and
         # "DoubleTensor" (apex/parallel/distributed.py, 25.05): bfloat16 weights give a KeyError at the
         # first backward, or with delay_allreduce gradients that are silently never reduced.
-        if precision.cast_model and precision.dtype == "bfloat16":
-            raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {precision.level} "
+        if amp.cast_model and amp.dtype == "bfloat16":
+            raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {amp.level} "
                                "(apex DDP reduces only half, float and double gradients; bfloat16 weights would "
                                "fail or go unreduced)")
 

@@ -1,8 +1,10 @@
-"""What the trainer and launcher ask of a strategy. Class attributes say how processes are laid out,
-so the parent can place and validate a run without building anything."""
+"""What the worker and the launcher ask of a strategy. Class attributes say how processes are laid out,
+so the parent can place and validate a run without building anything; `setup_module` owns the order in
+which the model is converted, moved, cast, wrapped and given its optimizer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
@@ -11,8 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.config import PrecisionSpec
-from harness.devices import DeviceOps, Placement
+from amp import Amp, AmpSpec
+from harness.rank.devices import DeviceOps, Placement
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
@@ -29,25 +33,28 @@ class Strategy:
     drives_all_devices: ClassVar[bool] = False  # True: one process uses every chosen GPU
     needs_cuda: ClassVar[bool] = False
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.ops: DeviceOps | None = None
+    def __init__(self) -> None:
+        self._ops: DeviceOps | None = None
+
+    # ---- decided in the parent, before anything starts ----
 
     @classmethod
-    def skip_reason(cls, placement: Placement, precision: PrecisionSpec) -> str | None:
+    def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:
         """Why this strategy has nothing to measure on this placement (recorded as `skipped`)."""
         if cls.needs_cuda and placement.accelerator != "cuda":
             return "needs CUDA GPUs; this machine has none (ran nothing)"
         return None
 
     @classmethod
-    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
-        """Raise Incompatible for a precision this strategy would run wrongly (checked before launch)."""
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
+        """Raise Incompatible for an amp level this strategy would run wrongly."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """A missing optional package: an error for a single run, a `skipped` row in a sweep."""
         return None
+
+    # ---- in every rank ----
 
     def setup(self, env: RankEnv) -> None:
         placement = env.placement
@@ -56,22 +63,40 @@ class Strategy:
             labels: tuple[str, ...] = (placement.rank_device(env.local_rank),)
         else:
             indices, labels = placement.torch_indices, placement.devices
-        self.ops = DeviceOps(placement.accelerator, indices, labels)
+        self._ops = DeviceOps(placement.accelerator, indices, labels)
+
+    @property
+    def ops(self) -> DeviceOps:
+        if self._ops is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run")
+        return self._ops
+
+    @property
+    def is_set_up(self) -> bool:
+        return self._ops is not None
 
     @property
     def device(self) -> torch.device:
-        assert self.ops is not None, "setup() first"
         return self.ops.device
 
+    def setup_module(self, model: nn.Module, amp: Amp,
+                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model as it will train, and its optimizer. The default order: layer swaps, onto the device,
+        cast by the amp plugin (which builds the optimizer over the parameters it steps, e.g. O2's fp32
+        masters), then wrapped. A strategy that must build the optimizer after wrapping (FSDP's parameters
+        become DTensors) overrides this."""
+        model = self.convert_module(model).to(self.device)
+        model, optimizer = amp.prepare(model, make_optimizer)
+        return self.wrap(amp.wrap_module(model)), optimizer
+
     def convert_module(self, model: nn.Module) -> nn.Module:
-        """Layer swaps needed before precision set-up (e.g. synchronized batch-norm)."""
+        """Layer swaps needed before the amp plugin casts the model (e.g. synchronized batch-norm)."""
         return model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
     def synchronize(self) -> None:
-        assert self.ops is not None
         self.ops.synchronize()
 
     def barrier(self) -> None:
@@ -92,13 +117,11 @@ class ProcessGroupStrategy(Strategy):
 
     def setup(self, env: RankEnv) -> None:
         super().setup(env)
-        assert self.ops is not None
         device_id = self.ops.device if self.ops.accelerator == "cuda" else None
         dist.init_process_group(self.ops.dist_backend, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=env.timeout_s), device_id=device_id)
 
     def barrier(self) -> None:
-        assert self.ops is not None
         if self.ops.accelerator == "cuda":
             dist.barrier(device_ids=[self.ops.device.index])
         else:

@@ -9,9 +9,9 @@ from strategies.base import ProcessGroupStrategy
 
 
 class TorchDDP(ProcessGroupStrategy):
-    def __init__(self, name: str, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
+    def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
                  gradient_as_bucket_view: bool = False) -> None:
-        super().__init__(name)
+        super().__init__()
         self.options = dict(find_unused_parameters=find_unused_parameters, bucket_cap_mb=bucket_cap_mb,
                             gradient_as_bucket_view=gradient_as_bucket_view)
 

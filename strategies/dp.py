@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.config import Incompatible, PrecisionSpec
-from harness.devices import Placement
+from amp import AmpSpec
+from harness.errors import Incompatible
+from harness.rank.devices import Placement
 from strategies.base import Strategy
 
 
@@ -15,7 +16,7 @@ class DataParallelStrategy(Strategy):
     needs_cuda = True
 
     @classmethod
-    def skip_reason(cls, placement: Placement, precision: PrecisionSpec) -> str | None:
+    def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:
         if placement.accelerator != "cuda":
             return "DataParallel needs two or more CUDA GPUs and this machine has none: nothing to parallelise"
         if len(placement.gpus) < 2 and not placement.explicit_gpus:
@@ -23,17 +24,16 @@ class DataParallelStrategy(Strategy):
         return None
 
     @classmethod
-    def check_compatible(cls, placement: Placement, precision: PrecisionSpec) -> None:
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
         # apex O0/O2/O3 replace model.forward by a closure over the original module
         # (apex/amp/_initialize.py, 25.05: `model.forward = patch_forward(model.forward)`); DataParallel's
         # replicate copies __dict__, closure included, so every replica would run GPU 0's weights
         # (apex issues #227, #503, #659, #826). O1 patches torch functions instead and is fine.
-        if precision.impl == "apex" and precision.level != "O1":
-            raise Incompatible("amp.impl", "apex", f"native with strategy=dp at {precision.level} (apex's patched "
+        if amp.impl == "apex" and amp.level != "O1":
+            raise Incompatible("amp.impl", "apex", f"native with strategy=dp at {amp.level} (apex's patched "
                                "forward would make every DataParallel replica run GPU 0's weights; apex works "
                                "with dp at O1 only)")
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        assert self.ops is not None
         ids = list(self.ops.indices)
         return nn.DataParallel(model, device_ids=ids, output_device=ids[0])

@@ -12,7 +12,6 @@ more than one process) and the data goes to `idist.device()`.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from datetime import timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.optional import package_missing
 from strategies.base import RankEnv, Strategy
 
 INSTALL_HINT = "strategy=ignite needs pytorch-ignite: pip install -e '.[ignite]'"
@@ -34,19 +34,14 @@ def _idist() -> Any:
 class IgniteStrategy(Strategy):
     one_process_per_device = True
 
-    def __init__(self, name: str, sync_bn: bool = False, find_unused_parameters: bool = False) -> None:
-        super().__init__(name)
+    def __init__(self, sync_bn: bool = False, find_unused_parameters: bool = False) -> None:
+        super().__init__()
         self.sync_bn, self.find_unused_parameters = sync_bn, find_unused_parameters
         self._device: torch.device | None = None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        try:
-            if importlib.util.find_spec("ignite") is None:
-                return INSTALL_HINT
-        except (ImportError, ValueError):
-            return INSTALL_HINT
-        return None
+        return package_missing("ignite", INSTALL_HINT)
 
     def setup(self, env: RankEnv) -> None:
         if env.placement.accelerator == "cpu":
@@ -54,7 +49,6 @@ class IgniteStrategy(Strategy):
             # machine) hides them from this worker before anything initialises CUDA.
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         super().setup(env)  # the device, chosen as for DDP (local rank r drives visible GPU r)
-        assert self.ops is not None
         idist = _idist()
         idist.initialize(self.ops.dist_backend, timeout=timedelta(seconds=env.timeout_s))
         self._device = idist.device()
@@ -65,7 +59,8 @@ class IgniteStrategy(Strategy):
     @property
     def device(self) -> torch.device:
         """Ignite's own idea of this rank's device: the batch and the model go there."""
-        assert self._device is not None, "setup() first"
+        if self._device is None:
+            raise RuntimeError("IgniteStrategy.setup() has not run")
         return self._device
 
     def wrap(self, model: nn.Module) -> nn.Module:

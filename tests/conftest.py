@@ -1,4 +1,4 @@
-"""Shared helpers: the real CLI as a subprocess, cached real runs, tiny models and fake precision set-ups."""
+"""Shared helpers: the real CLI as a subprocess, cached real runs, tiny configs, amp plugins and rank specs."""
 
 from __future__ import annotations
 
@@ -31,13 +31,14 @@ def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S,
             ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root.
 
-    Returns the finished process and the parsed results.json, or None when no results file was written.
+    Returns the finished process and the parsed results.json (plus `_run_dir`, the folder, for the tests),
+    or None when no results file was written.
     """
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "run.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     path = run_dir / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else None
+    results = {**json.loads(path.read_text()), "_run_dir": str(run_dir)} if path.exists() else None
     return proc, results
 
 
@@ -83,18 +84,47 @@ STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategi
                     "allreduce": "strategies.allreduce.ManualAllReduce"}
 
 
-def run_config(strategy: str = "single", **values: Any) -> RunConfig:
-    """A RunConfig from a plain dict (no Hydra): tiny model, 12 images, 40 iterations; `values` override."""
+def config_dict(strategy: str = "single", **values: Any) -> dict[str, Any]:
+    """A composed-looking config (no Hydra): tiny model, 12 images, 40 iterations; `values` override whole
+    sections. An `amp` section without `_target_` gets the plugin its `impl` names."""
+    from amp.levels import plugin_path
+
     cfg: dict[str, Any] = {
-        "strategy": {"_target_": STRATEGY_TARGETS[strategy], "name": strategy},
+        "strategy": {"_target_": STRATEGY_TARGETS[strategy]},
         "amp": {"level": "O0"},
-        "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
+        "model": {"_target_": "harness.rank.models.TinyCNN", "name": "tiny_cnn"},
+        "optim": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01, "momentum": 0.9},
         "data": {"name": "synthetic", "image_size": 8, "num_classes": 10},
         "gpus": None, "nprocs": 2, "batch_size": 12, "iterations": 40, "log_every": 20,
         "warmup_windows": 1, "seed": 0,
     }
     cfg.update(values)
-    return RunConfig.from_dict(cfg)
+    cfg["amp"] = {"_target_": plugin_path(cfg["amp"].get("impl", "native")), **cfg["amp"]}
+    return cfg
+
+
+def run_config(strategy: str = "single", **values: Any) -> RunConfig:
+    return RunConfig.from_dict(config_dict(strategy, **values), strategy)
+
+
+def amp_plugin(spec: Any, device: torch.device | None = None) -> Any:
+    """The amp plugin conf/amp would name for `spec.impl`, built for `device` (CPU by default)."""
+    from amp import build_amp
+    from amp.levels import plugin_path
+
+    return build_amp(plugin_path(spec.impl), spec, device or torch.device("cpu"))
+
+
+def rank_spec(record_dir: Path, strategy: str = "single", **values: Any) -> dict[str, Any]:
+    """What the runner hands run_rank for an inline run of `config_dict(strategy, **values)` on CPU."""
+    from harness.launch.runner import plan
+    from harness.rank.devices import Hardware
+
+    cfg = config_dict(strategy, **values)
+    decided = plan(RunConfig.from_dict(cfg, strategy), Hardware(visible_gpus=(), cores=1))
+    return {"config": cfg, "strategy_name": strategy, "placement": {**decided.placement.as_dict(),
+                                                                    "threads_per_process": 1},
+            "amp": decided.amp.as_dict(), "record_dir": str(record_dir), "run_started": time.time()}
 
 
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----

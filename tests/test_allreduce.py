@@ -14,15 +14,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import REPO, TINY, describe, run_cli
+from conftest import REPO, TINY, amp_plugin, describe, run_cli
 
-from harness.config import AmpConfig, PrecisionSpec, resolve_precision
-from harness.devices import Placement
-from harness.launcher import loopback_interface
-from harness.models import TinyCNN
-from harness.timing import WindowClock
-from harness.trainer import train
-from precision import Precision, build_precision
+from amp import Amp
+from amp.levels import AmpConfig, AmpSpec, resolve
+from harness.launch.launcher import loopback_interface
+from harness.rank.devices import Placement
+from harness.rank.models import TinyCNN
+from harness.rank.timing import WindowClock
+from harness.rank.trainer import train
 from strategies.allreduce import ManualAllReduce
 from strategies.base import RankEnv
 
@@ -50,30 +50,30 @@ def _rank_main(rank: int, port: int) -> None:
     """Every scenario in one process group: one spawn, a few seconds."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=loopback_interface())
     torch.set_num_threads(1)
-    first = ManualAllReduce("allreduce")
+    first = ManualAllReduce()
     first.setup(RankEnv(rank, rank, WORLD, cpu_placement(), timeout_s=30))
     try:
         for bucket in (False, True):
             for level in ("O0", "O2"):  # O2 on CPU: bfloat16 weights and gradients, fp32 master weights
-                strategy = first if (bucket, level) == (False, "O0") else ManualAllReduce("allreduce", bucket)
+                strategy = first if (bucket, level) == (False, "O0") else ManualAllReduce(bucket)
                 strategy.ops = first.ops  # the process group is shared; each scenario hooks its own model
-                _check_scenario(strategy, rank, resolve_precision(AmpConfig(level=level), "cpu"))
+                _check_scenario(strategy, rank, resolve(AmpConfig(level=level), "cpu"))
     finally:
         first.teardown()
 
 
-def _build(spec: PrecisionSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Precision]:
+def _build(spec: AmpSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Amp]:
     torch.manual_seed(seed)
-    precision = build_precision(spec, torch.device("cpu"))
+    precision = amp_plugin(spec)
     model, optimizer = precision.prepare(TinyCNN(num_classes=10),
                                          lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     return precision.wrap_module(model), optimizer, precision
 
 
-def _check_scenario(strategy: ManualAllReduce, rank: int, spec: PrecisionSpec) -> None:
+def _check_scenario(strategy: ManualAllReduce, rank: int, spec: AmpSpec) -> None:
     label = f"bucket={strategy.bucket} amp={spec.level}"
     # O0: different initial weights per rank, so wrap()'s broadcast is what makes them equal. O2's fp32
-    # master weights are copied in precision.prepare(), before any strategy wraps (DDP's broadcast would
+    # master weights are copied in amp.prepare(), before any strategy wraps (DDP's broadcast would
     # not reach them either): there the shared seed, as in the worker, keeps them equal.
     model, optimizer, precision = _build(spec, seed=100 + rank if not spec.master_weights else 100)
     model = strategy.wrap(model)

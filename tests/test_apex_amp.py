@@ -1,23 +1,22 @@
-"""precision.apex_amp against a fake apex that reproduces apex 25.05's patched optimizer (see fake_apex.py)."""
+"""amp.apex against a fake apex that reproduces apex 25.05's patched optimizer (see fake_apex.py)."""
 
 from __future__ import annotations
 
 import torch
-from conftest import sgd, tiny_batch
+from conftest import amp_plugin, sgd, tiny_batch
 from fake_apex import fake_apex  # noqa: F401 (fixture)
 
-from harness.config import AmpConfig, resolve_precision
-from harness.models import TinyCNN
-from harness.timing import WindowClock
-from harness.trainer import train
-from precision import build_precision
+from amp.levels import AmpConfig, resolve
+from harness.rank.models import TinyCNN
+from harness.rank.timing import WindowClock
+from harness.rank.trainer import train
 
 
 def test_apex_o2_trains_past_its_first_iteration(fake_apex):  # noqa: F811
     """Before: the trainer called zero_grad(set_to_none=True) and apex's argument-less zero_grad raised
     TypeError at iteration 1."""
-    spec = resolve_precision(AmpConfig(level="O2", impl="apex", dtype="float16"), "cuda")
-    precision = build_precision(spec, torch.device("cpu"))
+    spec = resolve(AmpConfig(level="O2", impl="apex", dtype="float16"), "cuda")
+    precision = amp_plugin(spec)
     torch.manual_seed(0)
     model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
     before = [p.detach().clone() for p in model.parameters()]

@@ -9,8 +9,10 @@ import pytest
 from conftest import REPO, TINY, describe, run_cli
 from omegaconf import OmegaConf
 
+from amp.levels import LEVELS as AMP_LEVELS
 from harness import cli
-from harness.config import AMP_LEVELS
+from harness.config import CONF_DIR
+from harness.errors import ConfigError
 
 # DDP, so that a wrongly started run would show "[ddp ..." progress lines and rank records.
 DDP = ("strategy=ddp", "nprocs=2", *TINY, "iterations=20", "log_every=10")
@@ -70,8 +72,84 @@ def test_precheck_refuses_unknown_strategy(capsys):
 
 
 def test_precheck_lets_good_overrides_and_flags_through(capsys):
-    cli.precheck(["-m", "strategy=single,ddp", "amp=O0,O1", "batch_size=8", "--multirun"])
+    argv = cli.precheck(["-m", "strategy=single,ddp", "amp=O0,O1", "batch_size=8", "--multirun"])
     assert capsys.readouterr().err == ""
+    assert argv == ["-m", "--multirun", "strategy=single,ddp", "amp=O0,O1", "batch_size=8", "sweep=none"]
+
+
+def test_a_sweep_with_axes_of_its_own_sweeps_only_those(capsys):
+    """Before: `-m strategy=ddp launcher=elastic,spawn` also swept the default grid's amp O0-O3: 8 runs."""
+    from harness.compose import combinations, hydra_context
+
+    argv = cli.precheck(["-m", "strategy=ddp", "launcher=elastic,spawn"])
+    assert argv[-1] == "sweep=none"
+    with hydra_context():
+        runs = combinations(argv[1:], multirun=True)
+    assert sorted(" ".join(sorted(r)) for r in runs) == ["launcher=elastic strategy=ddp sweep=none",
+                                                        "launcher=spawn strategy=ddp sweep=none"]
+    with hydra_context():  # no axis typed: the default grid, every strategy x every amp level
+        grid = combinations([], multirun=True)
+    assert len(grid) == 24 and {tuple(sorted(r)) for r in grid} >= {("amp=O2", "strategy=allreduce")}
+    assert cli.precheck(["-m"]) == ["-m"]
+
+
+BAD_COMMAND_LINES = {  # argv -> what the one line must say (the issue's list, plus sweeps of them)
+    "stratgy=ddp": ("stratgy=ddp is not allowed", "did you mean strategy?"),
+    "+stratgy=ddp": ("stratgy=ddp is not allowed", "did you mean strategy?"),
+    "-m stratgy=ddp,single": ("stratgy=ddp is not allowed", "did you mean strategy?"),
+    "-m +stratgy=ddp,single": ("stratgy=ddp is not allowed", "did you mean strategy?"),
+    "+strategy.foo=1": ("strategy.foo=1 is not allowed", "no such key"),
+    "strategy=ddp strategy.bucket_cap_mb=abc": ("strategy.bucket_cap_mb=abc is not allowed", "a number"),
+    "strategy=ddp +strategy.bucket_cap=5": ("strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
+    "+model.foo=1": ("model.foo=1 is not allowed", "no such key"),
+    "amp.impl=nosuch": ("amp.impl=nosuch is not allowed", "native, apex"),
+    "optim=nosuch": ("optim=nosuch is not allowed", "adamw, sgd"),
+    "optim.lr=abc": ("optim.lr=abc is not allowed", "a number"),
+    "optim=adamw optim.betas=0.9": ("optim.betas=0.9 is not allowed", "a list"),
+    "iterations=20": ("iterations=20 is not allowed", "at least 40"),
+    "-m strategy=single,ddp batch_size=3": ("batch_size=3 is not allowed", "multiple of the 2 workers"),
+    "-m amp=O0,O1 amp.loss_scale=fast": ("amp.loss_scale=fast is not allowed", "dynamic, auto"),
+}
+
+
+@pytest.mark.parametrize("argv", list(BAD_COMMAND_LINES))
+def test_bad_command_lines_are_one_line_and_exit_2_before_hydra(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.precheck([*argv.split(), "model=tiny_cnn"])
+    assert info.value.code == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for fragment in BAD_COMMAND_LINES[argv]:
+        assert fragment in err[0], (fragment, err[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", ["+stratgy=ddp", "-m stratgy=ddp,single", "+strategy.foo=1", "optim.lr=abc"])
+def test_bad_command_lines_leave_no_folder(argv, tmp_path):
+    multirun = argv.startswith("-m")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "run.py", *argv.split(), *TINY,
+                           f"hydra.{'sweep' if multirun else 'run'}.dir={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == cli.EXIT_BAD_INPUT, describe(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("override", ["strategy=nope", "amp=O4", "+model=vgg", "strategy=ddp,nope", "amp=_common"])
+def test_unknown_group_choice_is_refused_before_composing(override):
+    with pytest.raises(ConfigError) as info:
+        cli.check_group_choices([override], CONF_DIR)
+    group = override.lstrip("+").split("=")[0]
+    assert info.value.key == group
+    for option in cli.group_options(group, CONF_DIR):
+        assert option in info.value.allowed
+    assert "_common" not in info.value.allowed  # a shared part, not a choice
+
+
+@pytest.mark.parametrize("override", ["strategy=ddp", "amp=O0,O1,O2,O3", "batch_size=3", "experiment=null",
+                                      "strategy=glob(*)", "hydra.run.dir=x=y"])
+def test_valid_or_non_group_overrides_pass_the_group_check(override):
+    cli.check_group_choices([override], CONF_DIR)
 
 
 def test_hw_resolver_picks_the_cpu_value_without_a_gpu():

@@ -27,8 +27,8 @@ from harness.collectives import (
     write_csv,
     write_plot,
 )
-from harness.config import ConfigError
-from harness.devices import Hardware
+from harness.errors import ConfigError
+from harness.rank.devices import Hardware
 
 MiB, GiB = 2**20, 2**30
 NO_GPU = Hardware(visible_gpus=(), cores=2)
@@ -205,7 +205,7 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     placement = placement_for({"gpus": [], "nprocs": 1}, NO_GPU)
-    group = ProcessGroupStrategy("collectives")
+    group = ProcessGroupStrategy()
     group.setup(RankEnv(0, 0, 1, placement, timeout_s=30))
     try:
         cfg = CollectivesConfig.from_dict({"ops": list(OPS), "sizes": [4096], "warmup": 1, "repeats": 2})

@@ -1,4 +1,4 @@
-"""harness.devices: GPU ids to CUDA_VISIBLE_DEVICES and rank->device maps, checked without any GPU."""
+"""harness.rank.devices: GPU ids to CUDA_VISIBLE_DEVICES and rank->device maps, checked without any GPU."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import run_config
 
-from harness.config import ConfigError
-from harness.devices import (
+from harness.errors import ConfigError
+from harness.rank.devices import (
     DeviceOps,
     Hardware,
     Placement,
@@ -248,7 +248,7 @@ def test_dataparallel_waits_for_every_gpu_it_drives(fake_cuda):
     from strategies.dp import DataParallelStrategy
 
     p = place_as(run_config("single", gpus=[0, 1, 3]), FOUR_GPUS, "all")
-    strategy = DataParallelStrategy("dp")
+    strategy = DataParallelStrategy()
     strategy.setup(RankEnv(0, 0, 1, p, timeout_s=10))
     strategy.synchronize()
     assert fake_cuda == {"set_device": [0], "synchronize": [0, 1, 2]}
@@ -262,7 +262,7 @@ def test_a_ddp_rank_waits_for_its_own_gpu_only(fake_cuda, monkeypatch):
 
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
     p = place_as(run_config("ddp", gpus=[0, 1, 3]), FOUR_GPUS, "per_device")
-    strategy = TorchDDP("ddp")
+    strategy = TorchDDP()
     strategy.setup(RankEnv(2, 2, 3, p, timeout_s=10))
     strategy.synchronize()
     assert fake_cuda == {"set_device": [2], "synchronize": [2]}

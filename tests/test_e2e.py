@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
-from conftest import DDP_RUN, SINGLE_RUN, TINY, describe, run_cli
+from conftest import DDP_RUN, SINGLE_RUN, TINY, describe, run_cli, run_sweep
 
 pytestmark = pytest.mark.slow
 # The tiny model trains in seconds even where this CPU only emulates half precision (else: skipped, see
@@ -138,3 +139,24 @@ def test_auto_iterations_stop_every_rank_at_the_same_edge(cli_run):
     assert len(ends) >= 7 and r["iterations"] == ends[-1]  # 1 warm-up + at least 6 steady windows
     assert [[w["end_iter"] for w in ws] for ws in r["per_rank_windows"].values()] == [ends, ends]
     assert "/auto" in proc.stdout
+
+
+def test_run_log_holds_the_progress_lines_and_the_summary(cli_run):
+    proc, r = cli_run(*SINGLE_RUN)
+    text = (Path(r["_run_dir"]) / "run.log").read_text()
+    assert "[single O0] iter    60/60" in text and "status ok" in text and "results: " in text
+    assert "[single O0] iter    60/60" in proc.stdout  # and the terminal got them too
+
+
+def test_each_sweep_job_logs_its_own_ranks_and_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_sweep("strategy=single,ddp", "nprocs=2", *TINY, "iterations=40", sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    single, ddp = (next(sweep.glob(f"*_{name}_O0")) / "run.log" for name in ("single", "ddp"))
+    assert "[single O0] iter    40/40" in single.read_text() and "status ok" in single.read_text()
+    text = ddp.read_text()
+    assert "[rank 0]" in text and "[rank 1]" in text and "[ddp O0] iter    40/40" in text  # both ranks' lines
+    assert "status ok" in text
+    assert "[rank 1]" not in proc.stdout  # the terminal shows rank 0 only
+    assert "report: " in (sweep / "sweep.log").read_text()
+    assert not list(sweep.glob("*/logs"))  # no empty folders left by the elastic agent

@@ -7,12 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONF_DIR, REPO, TINY, describe, run_cli
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from conftest import REPO, TINY, describe, run_cli
 
-from harness.cli import register_resolvers
-from harness.runner import Unavailable, execute
+from harness.compose import compose_one, hydra_context
+from harness.launch.runner import Unavailable, execute
 from strategies.ignite import INSTALL_HINT, IgniteStrategy
 
 ignite_installed = pytest.mark.skipif(IgniteStrategy.unavailable_reason() is not None,
@@ -28,11 +26,9 @@ def ignite_hidden(monkeypatch):
 
 
 def ignite_config(**overrides: str) -> dict:
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["strategy=ignite", "nprocs=2", *TINY, "iterations=40", "log_every=20",
-                                           *[f"{k}={v}" for k, v in overrides.items()]])
-    return OmegaConf.to_container(cfg, resolve=True)
+    with hydra_context():
+        return compose_one(["strategy=ignite", "nprocs=2", *TINY, "iterations=40", "log_every=20",
+                            *[f"{k}={v}" for k, v in overrides.items()]]).config
 
 
 def test_unavailable_reason_when_missing(ignite_hidden):
@@ -47,12 +43,12 @@ def test_available_when_installed():
 
 def test_single_run_refused_when_missing(ignite_hidden, tmp_path):
     with pytest.raises(Unavailable, match="needs pytorch-ignite"):
-        execute(ignite_config(), tmp_path / "run", in_sweep=False)
+        execute(ignite_config(), "ignite", tmp_path / "run", in_sweep=False)
     assert not (tmp_path / "run" / "results.json").exists()
 
 
 def test_sweep_records_skipped_when_missing(ignite_hidden, tmp_path):
-    results = execute(ignite_config(), tmp_path / "run", in_sweep=True)
+    results = execute(ignite_config(), "ignite", tmp_path / "run", in_sweep=True)
     assert results["status"] == "skipped"
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert written["status"] == "skipped" and written["strategy"] == "ignite"

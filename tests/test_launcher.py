@@ -1,4 +1,4 @@
-"""harness.launcher: during a single-machine run nothing listens outside the loopback interface
+"""harness.launch.launcher: during a single-machine run nothing listens outside the loopback interface
 (127.0.0.0/8, ::1), and SIGTERM to the launcher ends every worker."""
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def test_workers_bootstrap_gloo_and_nccl_over_loopback(monkeypatch, method):
     (NCCL would not pick the loopback interface while another exists)."""
     import os
 
-    import harness.launcher as launcher
-    from harness.devices import Placement
+    import harness.launch.launcher as launcher
+    from harness.rank.devices import Placement
 
     seen: dict[str, str] = {}
     monkeypatch.setattr(launcher, f"_{method}", lambda *args: seen.update(os.environ) or [])
@@ -114,7 +114,7 @@ def _fail_on_rank_1(spec: dict) -> None:
 
 def test_spawn_launcher_reports_a_failing_worker(monkeypatch):
     """launcher=spawn: a worker that raises is a failure with its rank and message (fork keeps it quick)."""
-    import harness.launcher as launcher
+    import harness.launch.launcher as launcher
 
     failures = launcher._spawn(_fail_on_rank_1, {}, 2, port=1, start_method="fork")
     assert [(f.rank, f.exitcode) for f in failures] == [(1, 1)]
@@ -130,7 +130,7 @@ def test_the_loopback_interface_is_the_one_holding_127_0_0_1(monkeypatch, view, 
     """gloo and NCCL are pinned to the interface that holds 127.0.0.1, whatever the hostname resolves to."""
     from types import SimpleNamespace
 
-    import harness.launcher as launcher
+    import harness.launch.launcher as launcher
 
     fake = {name: [SimpleNamespace(family=socket.AF_PACKET, address="02:42:ac:11:00:02"),
                    *(SimpleNamespace(family=socket.AF_INET, address=a) for a in addresses)]
@@ -154,7 +154,7 @@ def test_spawn_launcher_stops_the_survivors_at_once_not_after_the_grace_period()
     """torch's ProcessContext.join(grace_period=10) waited 10 s before even sending SIGTERM to the others."""
     import time
 
-    import harness.launcher as launcher
+    import harness.launch.launcher as launcher
 
     started = time.monotonic()
     failures = launcher._spawn(_rank_1_fails_rank_0_waits, {}, 2, port=1, start_method="fork")

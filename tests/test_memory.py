@@ -1,4 +1,4 @@
-"""harness.memory: NVML bookkeeping against a fake NVML, psutil against real child processes, the sampler."""
+"""harness.launch.memory: NVML bookkeeping against a fake NVML, psutil against real child processes, the sampler."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.memory import (
+from harness.launch.memory import (
     MIB,
     MemorySampler,
     MemoryTracker,

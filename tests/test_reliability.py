@@ -35,15 +35,16 @@ from conftest import (
     check_stopped_by_signal,
     describe,
     is_alive,
+    rank_spec,
     run_cli,
     run_pids,
     run_sweep,
 )
 
-from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED
-from harness.config import OVERSUBSCRIBE_FACTOR, group_options
-from harness.devices import probe_hardware, usable_cores
-from harness.results import SCHEMA
+from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, group_options
+from harness.config import OVERSUBSCRIBE_FACTOR
+from harness.output.results import SCHEMA
+from harness.rank.devices import probe_hardware, usable_cores
 
 # ---------------------------------------------------------------------------------------------------
 # Bad input: one line naming the key, the bad value and what is allowed; exit 2; no worker; no folder.
@@ -294,22 +295,12 @@ def test_injected_fault_ends_the_run_and_keeps_what_was_measured(fault_runs, kin
 def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, monkeypatch):
     """Deterministic form of the race: SIGTERM lands inside write_json_atomic (here: during its fsync).
     What the rank measured must still reach ranks/rank0.json."""
-    import harness.results
-    from harness.config import RunConfig
-    from harness.runner import plan
-    from harness.worker import Interrupted, run_rank
+    import harness.output.results
+    from harness.rank.worker import Interrupted, run_rank
 
-    cfg_dict = {"strategy": {"_target_": "strategies.single.SingleDevice", "name": "single"}, "amp": {"level": "O0"},
-                "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
-                "data": {"name": "synthetic", "image_size": 8, "num_classes": 10}, "gpus": [], "nprocs": 1,
-                "batch_size": 4, "iterations": 40, "log_every": 20, "warmup_windows": 1, "seed": 0}
-    decided = plan(RunConfig.from_dict(cfg_dict), probe_hardware())
-    placement, precision = decided.placement, decided.precision
     record_dir = tmp_path / "ranks"
-    spec = {"config": cfg_dict, "placement": {**placement.as_dict(), "threads_per_process": 1},
-            "precision": precision.as_dict(),
-            "record_dir": str(record_dir), "run_started": time.time()}
-    real_fsync = harness.results.os.fsync
+    spec = rank_spec(record_dir, "single", batch_size=4, iterations=40, gpus=[], nprocs=1)
+    real_fsync = harness.output.results.os.fsync
     sent = []
 
     def fsync_then_sigterm(fd: int) -> None:
@@ -320,7 +311,7 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
             sent.append(handler)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(harness.results.os, "fsync", fsync_then_sigterm)
+    monkeypatch.setattr(harness.output.results.os, "fsync", fsync_then_sigterm)
     previous, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
     try:
         try:

@@ -1,4 +1,4 @@
-"""harness.runner: what is decided before launch (refusals, fresh processes), how the memory section falls
+"""harness.launch.runner: what is decided before launch (refusals, fresh processes), how the memory section falls
 back, and to whom an error is attributed."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from conftest import run_config
 from test_memory import FakeNvml, mib
 
-from harness.config import Incompatible
-from harness.devices import Hardware
-from harness.memory import MemorySampler, NvmlSource
-from harness.runner import memory_section, plan
+from harness.errors import Incompatible
+from harness.launch.memory import MemorySampler, NvmlSource
+from harness.launch.runner import memory_section, plan
+from harness.rank.devices import Hardware
 
 ONE_GPU = Hardware(visible_gpus=(0,), cores=8)
 TWO_GPUS = Hardware(visible_gpus=(0, 1), cores=8)
@@ -87,12 +87,12 @@ def window_dicts(seconds: list[float], every: int = 20) -> list[dict]:
 def test_throughput_counts_the_global_batch_over_the_slowest_rank():
     """2 ranks of 4 images (global batch 8), windows of 20 iterations; the run's clock is the slower rank:
     cumulative 2, 3, 4 s -> steady 2 windows in 2 s -> 8 x 20 x 2 / 2 = 160 img/s (per-rank batch: 80)."""
-    from harness.runner import measurements
+    from harness.launch.runner import measurements
 
     cfg = run_config("ddp", batch_size=8, iterations=60)
     decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
-    records = [{"rank": 0, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": None, "precision_state": {}},
-               {"rank": 1, "windows": window_dicts([2.0, 1.0, 1.0]), "first_iter_time": None, "precision_state": {}}]
+    records = [{"rank": 0, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": None, "amp_state": {}},
+               {"rank": 1, "windows": window_dicts([2.0, 1.0, 1.0]), "first_iter_time": None, "amp_state": {}}]
     m = measurements(cfg, decided.placement, records, started=0.0)
     assert decided.placement.local_batch == 4
     assert [w["cumulative_seconds"] for w in m["windows"]] == [2.0, 3.0, 4.0]
@@ -100,7 +100,7 @@ def test_throughput_counts_the_global_batch_over_the_slowest_rank():
 
 
 def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, capsys):
-    from harness.runner import read_records
+    from harness.launch.runner import read_records
 
     (tmp_path / "rank0.json").write_text('{"rank": 0, "status": "ok"}')
     (tmp_path / "rank1.json").write_text('{"rank": 1, "sta')
@@ -111,7 +111,7 @@ def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, capsy
 
 
 def test_a_driver_that_will_not_describe_itself_is_said_so():
-    from harness.runner import _describe_source
+    from harness.launch.runner import _describe_source
 
     class Source:
         def describe(self):
@@ -123,7 +123,7 @@ def test_a_driver_that_will_not_describe_itself_is_said_so():
 
 def test_the_root_cause_is_the_first_rank_to_fail_not_its_neighbours():
     """Rank 1 raised at t=10; rank 0's collective broke at t=12 because of it; rank 2 ended fine."""
-    from harness.runner import run_status
+    from harness.launch.runner import run_status
 
     records = [{"rank": 0, "pid": 10, "status": "failed", "error": "RuntimeError: Connection closed by peer",
                 "ended_at": 12.0},

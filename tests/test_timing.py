@@ -1,14 +1,14 @@
-"""harness.timing and the trainer's use of it, driven by a fake clock: windows, warm-up, sync placement."""
+"""harness.rank.timing and the trainer's use of it, driven by a fake clock: windows, warm-up, sync placement."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_batch
+from conftest import amp_plugin, tiny_batch
 
-from harness.config import AmpConfig, resolve_precision
-from harness.models import TinyCNN
-from harness.timing import (
+from amp.levels import AmpConfig, resolve
+from harness.rank.models import TinyCNN
+from harness.rank.timing import (
     AutoStop,
     Window,
     WindowClock,
@@ -18,8 +18,7 @@ from harness.timing import (
     steady_throughput,
     steady_windows,
 )
-from harness.trainer import train
-from precision import build_precision
+from harness.rank.trainer import train
 
 
 class FakeClock:
@@ -144,7 +143,7 @@ def test_trainer_syncs_only_at_window_edges(level):
     fake = FakeClock([float(t) for t in range(iterations // log_every + 1)], events)
     clock = WindowClock(fake.sync, warmup_windows=1, clock=fake.clock)
     torch.manual_seed(0)
-    precision = build_precision(resolve_precision(AmpConfig(level=level), "cpu"), torch.device("cpu"))
+    precision = amp_plugin(resolve(AmpConfig(level=level), "cpu"))
     model, optimizer = precision.prepare(TinyCNN(num_classes=10, width=4),
                                          lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
     model = precision.wrap_module(model)
@@ -216,8 +215,8 @@ def test_time_spent_deciding_is_in_no_window():
 
 
 def test_trainer_with_auto_iterations_stops_where_decide_says():
-    spec = resolve_precision(AmpConfig(level="O0"), "cpu")
-    precision = build_precision(spec, torch.device("cpu"))
+    spec = resolve(AmpConfig(level="O0"), "cpu")
+    precision = amp_plugin(spec)
     torch.manual_seed(0)
     model, optimizer = precision.prepare(TinyCNN(num_classes=10), lambda p: torch.optim.SGD(p, lr=0.1))
     clock = WindowClock(lambda: None, warmup_windows=0)

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from harness import torchrun
-from harness.config import resolve_precision
-from harness.devices import Hardware, TorchrunWorld, place
-from harness.memory import MemoryTracker, Sample, SamplerFindings
+from amp.levels import resolve
+from harness.launch import torchrun
+from harness.launch.memory import MemoryTracker, Sample, SamplerFindings
+from harness.launch.runner import memory_section
+from harness.rank.devices import Hardware, TorchrunWorld, place
 from harness.report import build_rows
-from harness.runner import memory_section
-from tests.conftest import REPO, TINY, run_config
+from tests.conftest import REPO, TINY, config_dict, run_config
 
 RUN = ("strategy=ddp", *TINY, "iterations=40")
 AGENT_TIMEOUT_S = 240  # a two-"node" run is ~20 s on a loaded 2-core machine
@@ -154,7 +154,7 @@ def test_rank_0_killed_without_a_chance_to_write_still_leaves_a_failed_record(tm
 
 
 def test_a_provisional_record_is_replaced_by_the_real_one_and_nothing_else_is(tmp_path):
-    from harness.results import write_provisional, write_results
+    from harness.output.results import write_provisional, write_results
 
     write_provisional(tmp_path, {"schema": 1, "status": None}, "killed before writing")
     write_results(tmp_path, {"schema": 1, "status": "ok"})
@@ -241,21 +241,18 @@ def _window(end_iter: int, seconds: float, cumulative: float, warmup: bool) -> d
 def _two_nodes_two_gpus_results(out_dir: Path) -> dict[str, Any]:
     """torchrun.write_results for 2 nodes x 2 GPUs, fed what each rank and node would send to rank 0.
     The PIDs repeat across nodes, as in containers."""
-    cfg_dict = {"strategy": {"_target_": "strategies.ddp.TorchDDP", "name": "ddp"}, "amp": {"level": "O0"},
-                "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
-                "data": {"name": "synthetic", "image_size": 8, "num_classes": 10}, "gpus": None, "nprocs": 2,
-                "batch_size": 16, "iterations": 40, "log_every": 20, "warmup_windows": 1, "seed": 0}
+    cfg_dict = config_dict("ddp", batch_size=16)
     cfg = run_config("ddp", batch_size=16)
     placement = place(cfg, Hardware(visible_gpus=(0, 1), cores=8), one_process_per_device=True,
                       drives_all_devices=False, needs_cuda=False,
                       torchrun=TorchrunWorld(local_world_size=2, nodes=2, node_rank=0))
-    precision = resolve_precision(cfg.amp, "cuda")
+    precision = resolve(cfg.amp, "cuda")
     gathered = []
     for rank in range(4):
         node, local = divmod(rank, 2)
         device = f"node{node}/cuda:{local}"
         record = {"rank": rank, "local_rank": local, "pid": 41 + local, "host": f"host{node}", "device": device,
-                  "status": "ok", "error": None, "allocator": [], "precision_state": {}, "first_iter_time": 1.0,
+                  "status": "ok", "error": None, "allocator": [], "amp_state": {}, "first_iter_time": 1.0,
                   "ended_at": 2.0, "windows": [_window(20, 1.0, 1.0, True), _window(40, 0.5, 1.5, False)]}
         node_info = None
         if local == 0:

@@ -1,4 +1,4 @@
-"""harness.worker: a rank stops on SIGTERM/SIGINT at its next iteration, and a signal never cuts short
+"""harness.rank.worker: a rank stops on SIGTERM/SIGINT at its next iteration, and a signal never cuts short
 the write of what it measured."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 import torch
+from conftest import rank_spec
 
-from harness.config import RunConfig
-from harness.devices import probe_hardware
-from harness.runner import plan
-from harness.worker import Interrupted, StopRequest, run_rank
+from harness.rank.worker import Interrupted, StopRequest, run_rank
 
 
 def test_the_handler_notes_and_never_raises():
@@ -31,18 +28,11 @@ def test_the_handler_notes_and_never_raises():
 
 
 def single_spec(tmp_path, iterations: int = 200) -> dict:
-    cfg_dict = {"strategy": {"_target_": "strategies.single.SingleDevice", "name": "single"}, "amp": {"level": "O0"},
-                "model": {"_target_": "harness.models.TinyCNN", "name": "tiny_cnn"},
-                "data": {"name": "synthetic", "image_size": 8, "num_classes": 10}, "gpus": [], "nprocs": 1,
-                "batch_size": 4, "iterations": iterations, "log_every": 20, "warmup_windows": 1, "seed": 0}
-    decided = plan(RunConfig.from_dict(cfg_dict), probe_hardware())
-    return {"config": cfg_dict, "placement": {**decided.placement.as_dict(), "threads_per_process": 1},
-            "precision": decided.precision.as_dict(), "record_dir": str(tmp_path / "ranks"),
-            "run_started": time.time()}
+    return rank_spec(tmp_path / "ranks", "single", batch_size=4, iterations=iterations, gpus=[], nprocs=1)
 
 
 def test_sigterm_mid_training_ends_at_the_next_iteration_with_its_windows_recorded(tmp_path, monkeypatch):
-    import harness.worker as worker
+    import harness.rank.worker as worker
 
     real = worker.fault_injector
 

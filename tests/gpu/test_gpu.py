@@ -98,7 +98,7 @@ def test_dataparallel_on_one_gpu_is_a_baseline(tmp_path, record_property):
 
 
 def test_memory_one_device_report(tmp_path, record_property):
-    from harness import imbalance
+    from harness.output import imbalance
 
     r = ok(*run("strategy=single", *WORK, tmp_path=tmp_path))
     report = imbalance.analyze(r)
@@ -129,11 +129,12 @@ def test_nvml_agrees_with_the_allocator(tmp_path, record_property):
 def test_window_times_agree_with_cuda_events(record_property):
     """The harness's window clock (perf_counter between device syncs) against CUDA events recorded at the
     same edges: within 2 %."""
-    from harness.config import AmpConfig, resolve_precision
-    from harness.models import torchvision_model
-    from harness.timing import WindowClock
-    from harness.trainer import train
     from precision import build_precision
+
+    from harness.config import AmpConfig, resolve_precision
+    from harness.rank.models import torchvision_model
+    from harness.rank.timing import WindowClock
+    from harness.rank.trainer import train
 
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
@@ -245,7 +246,7 @@ def test_ddp_on_two_gpus_one_pid_per_gpu(tmp_path, record_property):
 
 @needs_gpus(2)
 def test_dataparallel_on_two_gpus_one_pid_on_both_and_a_heavier_base(tmp_path, record_property):
-    from harness import imbalance
+    from harness.output import imbalance
 
     r = ok(*run("strategy=dp", "gpus=[0,1]", *WORK, tmp_path=tmp_path))
     report = imbalance.analyze(r)

@@ -82,7 +82,7 @@ def cpu_model() -> str:
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    from harness.devices import cpu_half_reason
+    from harness.rank.devices import cpu_half_reason
 
     env = {
         "torch": torch.__version__,

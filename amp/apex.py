@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 from torch import nn
 
-from harness.config import PrecisionSpec
-from precision.base import OptimizerFactory, Precision
-
-APEX_HELP = ("build NVIDIA apex from source at tag 25.05 or older (README: 'Building NVIDIA apex'); "
-             "never `pip install apex`, an unrelated package")
+from amp.base import Amp, OptimizerFactory
+from amp.levels import AmpSpec
+from harness.optional import apex_missing
 
 
-def apex_missing(module: str) -> str | None:
-    """Why `apex.<module>` cannot be used here, or None."""
-    try:
-        importlib.import_module(f"apex.{module}")
-    except ImportError as error:
-        top = importlib.util.find_spec("apex")
-        what = "NVIDIA apex is not installed" if top is None else f"this apex has no apex.{module} ({error})"
-        return f"{what}: {APEX_HELP}"
-    return None
-
-
-class ApexPrecision(Precision):
+class ApexAmp(Amp):
     @staticmethod
-    def unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+    def unavailable_reason(spec: AmpSpec, accelerator: str) -> str | None:
         missing = apex_missing("amp")
         if missing:
             return f"amp.impl=apex: {missing}"

@@ -7,11 +7,11 @@ import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from harness.config import ConfigError, RunConfig
+from harness.errors import ConfigError
 
 OUT_OF_MEMORY_MARKERS = (
     "CUDA out of memory",  # the caching allocator, when re-raised as a plain RuntimeError
@@ -153,7 +153,16 @@ class TorchrunWorld:
         return cls(local_world_size=local, nodes=max(1, world // local), node_rank=int(env.get("GROUP_RANK", 0)))
 
 
-def place(cfg: RunConfig, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
+class PlacementRequest(Protocol):
+    """What placing a run needs from its config (a RunConfig has it all)."""
+
+    strategy_name: str
+    gpus: tuple[int, ...] | None
+    nprocs: int
+    batch_size: int
+
+
+def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
           needs_cuda: bool, isolated: bool = True, torchrun: TorchrunWorld | None = None) -> Placement:
     """Map `gpus`/`nprocs` to processes and devices; refuse what cannot be placed.
 

@@ -1,4 +1,4 @@
-"""apex's O1-O3 rebuilt on torch.autocast, torch.amp.GradScaler and explicit fp32 master weights."""
+"""apex's O0-O3 rebuilt on torch.autocast, torch.amp.GradScaler and explicit fp32 master weights."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.config import PrecisionSpec
-from harness.devices import cpu_half_reason
-from precision.base import NO_CONTEXT, OptimizerFactory, Precision
+from amp.base import NO_CONTEXT, Amp, OptimizerFactory
+from amp.levels import AmpSpec
+from harness.rank.devices import cpu_half_reason
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
@@ -45,14 +45,14 @@ class HalfGradScaler(torch.amp.GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
-class NativePrecision(Precision):
+class NativeAmp(Amp):
     @staticmethod
-    def skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+    def skip_reason(spec: AmpSpec, accelerator: str) -> str | None:
         if accelerator != "cpu" or spec.allow_emulated:
             return None
         return cpu_half_reason(spec.dtype)
 
-    def __init__(self, spec: PrecisionSpec, device: torch.device) -> None:
+    def __init__(self, spec: AmpSpec, device: torch.device) -> None:
         super().__init__(spec, device)
         self.half = getattr(torch, spec.dtype)
         self.scaler: torch.amp.GradScaler | None = None
@@ -80,6 +80,8 @@ class NativePrecision(Precision):
         return model, make_optimizer(self._master_params)
 
     def wrap_module(self, model: nn.Module) -> nn.Module:
+        if not (self.spec.cast_model or self.spec.autocast):  # O0: nothing to cast, nothing in the way
+            return model
         input_dtype = self.half if self.spec.cast_model else None
         autocast_dtype = self.half if self.spec.autocast else None
         return CastingModule(model, input_dtype, autocast_dtype, self.device.type)

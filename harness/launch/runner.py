@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,15 +18,18 @@ from typing import Any
 import psutil
 from hydra.utils import get_class
 
-from harness import imbalance
-from harness.config import Incompatible, PrecisionSpec, RunConfig, resolve_precision
-from harness.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
-from harness.launcher import WorkerFailure, launch_workers
-from harness.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
-from harness.results import SCHEMA, environment, write_results
-from harness.timing import Window, merge_ranks, steady_throughput
-from harness.worker import Interrupted, caused_by, last_line, run_rank
-from precision import precision_skip_reason, precision_unavailable_reason
+from amp import AmpSpec, plugin_class, resolve
+from harness.config import RunConfig
+from harness.errors import Incompatible
+from harness.launch.launcher import WorkerFailure, launch_workers
+from harness.launch.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
+from harness.output import imbalance
+from harness.output.results import SCHEMA, environment, write_results
+from harness.rank.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
+from harness.rank.timing import Window, merge_ranks, steady_throughput
+from harness.rank.worker import Interrupted, caused_by, last_line, run_rank
+
+log = logging.getLogger(__name__)
 
 
 class Unavailable(RuntimeError):
@@ -43,12 +46,12 @@ class Plan:
 
     strategy_cls: type
     placement: Placement
-    precision: PrecisionSpec
+    amp: AmpSpec
     launched: bool  # ranks run in child processes (False: inside this process)
 
 
 def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: TorchrunWorld | None = None) -> Plan:
-    """Place the run and resolve its precision; raises ConfigError on bad input and Incompatible for a
+    """Place the run and resolve its amp level; raises ConfigError on bad input and Incompatible for a
     combination that cannot run correctly.
 
     One-process strategies run inside this process for a single run. In sweeps, and for every repeat,
@@ -58,31 +61,32 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
     launched = strategy_cls.one_process_per_device or in_sweep or cfg.repeat > 1
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
                       strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
-    precision = resolve_precision(cfg.amp, placement.accelerator)
-    strategy_cls.check_compatible(placement, precision)
+    amp = resolve(cfg.amp, placement.accelerator)
+    strategy_cls.check_compatible(placement, amp)
     if placement.accelerator == "cuda" and launched and torchrun is None \
             and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
                            "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
-    return Plan(strategy_cls, placement, precision, launched or torchrun is not None)
+    return Plan(strategy_cls, placement, amp, launched or torchrun is not None)
 
 
-def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: list[str] | None = None,
-            hw: Hardware | None = None) -> dict[str, Any]:
+def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_sweep: bool,
+            overrides: list[str] | None = None, hw: Hardware | None = None) -> dict[str, Any]:
     """Run one combination and write its results.json; return the results.
 
     Raises ConfigError (bad input) and, outside sweeps, Unavailable, before anything starts.
     Raises KeyboardInterrupt after the results are written if the run was interrupted.
     """
     started = time.time()
-    cfg = RunConfig.from_dict(cfg_dict)
+    cfg = RunConfig.from_dict(cfg_dict, strategy_name)
     hw = hw or probe_hardware()
     decided = plan(cfg, hw, in_sweep)
-    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.precision
-    base = base_results(cfg, cfg_dict, placement, precision, overrides)
+    strategy_cls, placement, amp = decided.strategy_cls, decided.placement, decided.amp
+    base = base_results(cfg, cfg_dict, placement, amp, overrides)
+    amp_cls = plugin_class(cfg.amp_plugin)
 
-    reason = strategy_cls.skip_reason(placement, precision) or precision_skip_reason(precision, placement.accelerator)
-    missing = strategy_cls.unavailable_reason() or precision_unavailable_reason(precision, placement.accelerator)
+    reason = strategy_cls.skip_reason(placement, amp) or amp_cls.skip_reason(amp, placement.accelerator)
+    missing = strategy_cls.unavailable_reason() or amp_cls.unavailable_reason(amp, placement.accelerator)
     if reason is None and missing is not None:
         if not in_sweep:
             raise Unavailable(missing)
@@ -90,20 +94,21 @@ def execute(cfg_dict: dict[str, Any], run_dir: Path, in_sweep: bool, overrides: 
     if reason is not None:
         results = {**base, "status": "skipped", "error": f"strategy={cfg.strategy_name}: {reason}"}
         write_results(run_dir, results)
-        print(f"[{cfg.strategy_name} {cfg.amp.level}] skipped: {results['error']}", flush=True)
+        log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, results["error"])
         return results
 
     for note in placement.notes:
-        print(f"note: {note}", flush=True)
+        log.info("note: %s", note)
     record_dir = run_dir / "ranks"
     launched = decided.launched
-    spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
-            "record_dir": str(record_dir), "run_started": started}
+    spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
+            "amp": amp.as_dict(), "record_dir": str(record_dir), "log_file": str(run_dir / "run.log"),
+            "launched": launched, "run_started": started}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)
     if warning:
-        print(f"warning: {warning}", flush=True)
+        log.warning("%s", warning)
     env_extra = _describe_source(source)
     sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
     failures: list[WorkerFailure] = []
@@ -169,12 +174,12 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
 def publish(run_dir: Path, results: dict[str, Any]) -> None:
     """Write results.json, show the run, and its memory balance when it spans devices."""
     write_results(run_dir, results)
-    _print_summary(results, run_dir)
+    _log_summary(results, run_dir)
     if len(results["memory"]["per_device"]) >= 2:
         balance = imbalance.write(results, run_dir)
-        print(f"memory balance ({balance.layout}): {balance.verdict}", flush=True)
+        log.info("memory balance (%s): %s", balance.layout, balance.verdict)
         for flag in balance.flags:
-            print(f"  ! {flag}", flush=True)
+            log.info("  ! %s", flag)
 
 
 @contextmanager
@@ -196,7 +201,7 @@ def _signals_as_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, precision: PrecisionSpec,
+def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, amp: AmpSpec,
                   overrides: list[str] | None) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "status": None, "error": None,
@@ -208,7 +213,7 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
-        "precision": {**_precision_record(precision), "final_loss_scale": None, "skipped_steps": None},
+        "precision": {**_amp_record(amp), "final_loss_scale": None, "skipped_steps": None},
         "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "startup_seconds": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
         "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
@@ -216,10 +221,10 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
     }
 
 
-def _precision_record(precision: PrecisionSpec) -> dict[str, Any]:
-    return {"level": precision.level, "impl": precision.impl, "dtype": precision.dtype,
-            "master_weights": precision.master_weights, "keep_batchnorm_fp32": precision.keep_batchnorm_fp32,
-            "loss_scale": precision.loss_scale}
+def _amp_record(amp: AmpSpec) -> dict[str, Any]:
+    """results.json's `precision`: the amp level as resolved on this machine."""
+    return {"level": amp.level, "impl": amp.impl, "dtype": amp.dtype, "master_weights": amp.master_weights,
+            "keep_batchnorm_fp32": amp.keep_batchnorm_fp32, "loss_scale": amp.loss_scale}
 
 
 def read_records(record_dir: Path) -> list[dict[str, Any]]:
@@ -230,8 +235,7 @@ def read_records(record_dir: Path) -> list[dict[str, Any]]:
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
-            print(f"warning: rank record {path} is unreadable ({error}); that rank counts as unrecorded",
-                  file=sys.stderr, flush=True)
+            log.warning("rank record %s is unreadable (%s); that rank counts as unrecorded", path, error)
     return sorted(records, key=lambda r: r["rank"])
 
 
@@ -261,8 +265,8 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
     per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
     firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
-    state = next((r["precision_state"] for r in records if r["rank"] == 0 and r["precision_state"]), {})
-    precision = {**_precision_record(resolve_precision(cfg.amp, placement.accelerator)),
+    state = next((r["amp_state"] for r in records if r["rank"] == 0 and r["amp_state"]), {})
+    precision = {**_amp_record(resolve(cfg.amp, placement.accelerator)),
                  "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
     done: dict[str, Any] = {}
     if cfg.iterations is None:  # iterations=auto: how many the ranks ran, and why they stopped (together)
@@ -304,7 +308,7 @@ def _describe_source(source: Any) -> dict[str, Any]:
         return {"driver": None, "gpu_names": [], "describe_error": f"{type(error).__name__}: {error}"}
 
 
-def _print_summary(results: dict[str, Any], run_dir: Path) -> None:
-    from harness.console import print_run_summary
+def _log_summary(results: dict[str, Any], run_dir: Path) -> None:
+    from harness.output.console import log_run_summary
 
-    print_run_summary(results, run_dir)
+    log_run_summary(results, run_dir)

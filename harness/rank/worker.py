@@ -7,6 +7,7 @@ fails, so whatever was measured survives a failing neighbour.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -22,13 +23,16 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 
-from harness.config import FaultConfig, PrecisionSpec, RunConfig
-from harness.devices import DeviceOps, Placement
-from harness.results import write_json_atomic
-from harness.timing import AutoStop, Window, WindowClock
-from harness.trainer import train
-from precision import build_precision
+from amp import AmpSpec, build_amp
+from harness.config import FaultConfig, RunConfig
+from harness.output.logs import setup_worker
+from harness.output.results import write_json_atomic
+from harness.rank.devices import DeviceOps, Placement
+from harness.rank.timing import AutoStop, Window, WindowClock
+from harness.rank.trainer import train
 from strategies.base import RankEnv
+
+log = logging.getLogger(__name__)
 
 
 class Interrupted(Exception):
@@ -94,12 +98,13 @@ def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[
     return fire
 
 
-def progress_printer(label: str, global_batch: int, log_every: int, iterations: int | None) -> Callable[[Window], None]:
+def progress_logger(label: str, global_batch: int, log_every: int, iterations: int | None) -> Callable[[Window], None]:
+    """One line per window, logged after the window closed (the clock has been read)."""
     def show(w: Window) -> None:
         rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
         tag = "  (warm-up)" if w.warmup else ""
-        print(f"[{label}] iter {w.end_iter:>5}/{iterations or 'auto'}  window {w.seconds:8.3f} s  "
-              f"total {w.cumulative_seconds:8.3f} s  {rate:9.1f} img/s  loss {w.loss:.4f}{tag}", flush=True)
+        log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss %.4f%s", label, w.end_iter,
+                 iterations or "auto", w.seconds, w.cumulative_seconds, rate, w.loss, tag)
 
     return show
 
@@ -110,16 +115,18 @@ def run_rank(spec: dict[str, Any],
 
     `before_teardown(record)` runs while the process group is still up, after a successful run
     (under torchrun: gathering every rank's record to global rank 0)."""
-    cfg = RunConfig.from_dict(spec["config"])
+    cfg = RunConfig.from_dict(spec["config"], spec["strategy_name"])
     placement = Placement.from_dict(spec["placement"])
-    precision_spec = PrecisionSpec(**spec["precision"])
+    amp_spec = AmpSpec(**spec["amp"])
     rank, local_rank, world_size = rank_identity()
+    if spec.get("launched"):  # a process of its own: Hydra set up the launcher's logging, not ours
+        setup_worker(spec.get("log_file"), rank)
     stop = StopRequest().install()
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
                               "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
-                              "precision_state": {}, "first_iter_time": None, "backend": None}
+                              "amp_state": {}, "first_iter_time": None, "backend": None}
     clock: WindowClock | None = None
     strategy = None
     try:
@@ -129,11 +136,8 @@ def run_rank(spec: dict[str, Any],
         record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
-        model = strategy.convert_module(model).to(strategy.device)
-        precision = build_precision(precision_spec, strategy.device)
-        model, optimizer = precision.prepare(model, lambda params: torch.optim.SGD(
-            params, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay))
-        model = strategy.wrap(precision.wrap_module(model))
+        amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
+        model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
         batch = synthetic_batch_for(cfg, placement, strategy.device, rank)
         strategy.ops.reset_peaks()
         clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
@@ -149,11 +153,10 @@ def run_rank(spec: dict[str, Any],
 
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
-        train(model, optimizer, precision, batch, clock, cfg.iterations, cfg.log_every, before_step=before_step,
-              on_window=progress_printer(label, cfg.batch_size, cfg.log_every, cfg.iterations)
-              if rank == 0 else lambda w: None, decide=auto)
+        train(model, optimizer, amp, batch, clock, cfg.iterations, cfg.log_every, before_step=before_step,
+              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto)
         record["stopped_by"] = auto.reason if auto else None
-        record["precision_state"] = precision.state()
+        record["amp_state"] = amp.state()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
         return record
@@ -163,7 +166,7 @@ def run_rank(spec: dict[str, Any],
             record.update(status="interrupted", error=last_line(signal_error))
             raise
         record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=last_line(error))
-        if strategy is not None and strategy.ops is not None:
+        if strategy is not None and strategy.is_set_up:
             record["allocator"] = strategy.ops.allocator_peaks()
         raise
     finally:
@@ -182,7 +185,7 @@ def run_rank(spec: dict[str, Any],
 
 def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.device,
                         rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from harness.data import synthetic_batch
+    from harness.rank.data import synthetic_batch
 
     # Per-process share of the global batch; DataParallel gets it whole and splits it itself.
     size = placement.local_batch

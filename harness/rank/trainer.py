@@ -1,4 +1,4 @@
-"""The one training loop every strategy and precision runs through.
+"""The one training loop every strategy and amp level runs through.
 
 Inside a window nothing waits for the device: no .item(), no sync, no printing. The devices are
 synchronized and the loss is read only at window edges, by the WindowClock.
@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.timing import Window, WindowClock
-from precision import Precision
+from amp import Amp
+from harness.rank.timing import Window, WindowClock
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
           batch: tuple[torch.Tensor, torch.Tensor], clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
           on_window: Callable[[Window], None] = lambda w: None,
@@ -28,11 +28,11 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precisi
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
-        with precision.forward_context():
+        with amp.forward_context():
             loss = F.cross_entropy(model(images), labels)
-        precision.backward(loss)
-        precision.step(optimizer)
-        precision.zero_grad(optimizer)
+        amp.backward(loss)
+        amp.step(optimizer)
+        amp.zero_grad(optimizer)
         if it % log_every == 0:
             on_window(clock.edge(it, loss.item, decide))
             if clock.stop:

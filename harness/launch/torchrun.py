@@ -8,6 +8,7 @@ workers); at the end every rank's record and every node's samples are gathered t
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import shutil
 import tempfile
@@ -16,30 +17,55 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.config import CONF_DIR, ConfigError, RunConfig
-from harness.devices import TorchrunWorld, probe_hardware
-from harness.memory import MemorySampler, Sample, SamplerFindings, open_source
-from harness.results import environment, write_provisional
-from harness.runner import base_results, measurements, memory_section, plan, publish, read_records, run_status
-from harness.worker import rank_identity, run_rank
+from harness.compose import Composed, compose_one, hydra_context
+from harness.config import CONF_DIR, RunConfig
+from harness.errors import ConfigError
+from harness.launch.memory import MemorySampler, Sample, SamplerFindings, open_source
+from harness.launch.runner import (
+    base_results,
+    measurements,
+    memory_section,
+    plan,
+    publish,
+    read_records,
+    run_status,
+)
+from harness.output.logs import setup_worker
+from harness.output.results import environment, write_provisional
+from harness.rank.devices import TorchrunWorld, probe_hardware
+from harness.rank.worker import rank_identity, run_rank
 
+log = logging.getLogger(__name__)
 PROVISIONAL_REASON = ("global rank 0 ended without recording the run: killed before it could write (NCCL's "
                       "watchdog aborting it after a peer died, the kernel's OOM killer, SIGKILL); torchrun's "
                       "output names the first rank that failed")
+
+
+def torchrun_strategies() -> list[str]:
+    """The conf/strategy/ choices whose class runs one process per device: the ones torchrun can start."""
+    from hydra.utils import get_class
+
+    names = []
+    for path in sorted((CONF_DIR / "strategy").glob("*.yaml")):
+        target = OmegaConf.load(path).get("_target_")
+        try:
+            if target and get_class(target).one_process_per_device:
+                names.append(path.stem)
+        except Exception:  # noqa: BLE001 (a strategy whose optional package is missing still counts by name)
+            continue
+    return names
 
 
 def started_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
 
 
-def compose_config(overrides: list[str]) -> dict[str, Any]:
+def compose_config(overrides: list[str]) -> Composed:
     """Every torchrun worker composes the same config from the same command line (no output folders)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    with hydra_context():
+        return compose_one(overrides)
 
 
 def run_dir_for(cfg: RunConfig, now: dt.datetime) -> Path:
@@ -82,19 +108,20 @@ def run_worker(overrides: list[str]) -> int:
     started = time.time()
     rank, local_rank, _ = rank_identity()
     overrides, out_dir = split_run_dir(overrides)
-    cfg_dict = compose_config(overrides)
-    cfg = RunConfig.from_dict(cfg_dict)
+    composed = compose_config(overrides)
+    cfg_dict, cfg = composed.config, composed.run_config()
     world = TorchrunWorld.from_env(os.environ)
     decided = plan(cfg, probe_hardware(), torchrun=world)
-    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.precision
+    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.amp
     if not strategy_cls.one_process_per_device:
-        raise ConfigError("strategy", cfg.strategy_name, "one process per device under torchrun (ddp, apex_ddp, "
-                          "allreduce); run other strategies as plain `python run.py`")
+        raise ConfigError("strategy", cfg.strategy_name, "one process per device under torchrun (" +
+                          ", ".join(torchrun_strategies()) + "); run other strategies as plain `python run.py`")
     reason = strategy_cls.skip_reason(placement, precision) or strategy_cls.unavailable_reason()
     if reason:
         raise ConfigError("strategy", cfg.strategy_name, reason)
 
     out_dir = out_dir or run_dir_for(cfg, dt.datetime.now())
+    setup_worker(out_dir / "run.log", rank)
     if rank == 0:
         write_provisional(out_dir, {**base_results(cfg, cfg_dict, placement, precision, overrides),
                                     "env": environment({"launcher": "torchrun"})}, PROVISIONAL_REASON)
@@ -103,12 +130,12 @@ def run_worker(overrides: list[str]) -> int:
     if local_rank == 0 and cfg.memory.enabled:
         source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens)
         if warning:
-            print(f"warning: {warning}", flush=True)
+            log.warning("%s", warning)
         sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
 
     record_dir = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-"))
-    spec = {"config": cfg_dict, "placement": placement.as_dict(), "precision": precision.as_dict(),
-            "record_dir": str(record_dir)}
+    spec = {"config": cfg_dict, "strategy_name": cfg.strategy_name, "placement": placement.as_dict(),
+            "amp": precision.as_dict(), "record_dir": str(record_dir)}
 
     def gather(record: dict[str, Any]) -> None:
         if sampler is not None:
@@ -118,8 +145,7 @@ def run_worker(overrides: list[str]) -> int:
         payload = {"record": record, "node": node if local_rank == 0 else None}
         gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
-        if rank == 0:
-            assert gathered is not None
+        if gathered is not None:  # rank 0
             write_results(cfg, cfg_dict, placement, precision, gathered, started, overrides, out_dir)
 
     try:

@@ -1,4 +1,4 @@
-"""The hooks the trainer calls; it never asks which level or implementation it is talking to."""
+"""The hooks the trainer calls on an amp plugin; it never asks which level or implementation it talks to."""
 
 from __future__ import annotations
 
@@ -9,24 +9,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.config import PrecisionSpec
+from amp.levels import AmpSpec
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entered every iteration, so made once
 
 
-class Precision:
-    """fp32 (O0): every hook is the plain PyTorch call."""
+class Amp:
+    """fp32: every hook is the plain PyTorch call. Implementations override what their levels change."""
 
-    def __init__(self, spec: PrecisionSpec, device: torch.device) -> None:
+    def __init__(self, spec: AmpSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
 
     @staticmethod
-    def unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+    def unavailable_reason(spec: AmpSpec, accelerator: str) -> str | None:
         return None
 
     @staticmethod
-    def skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
+    def skip_reason(spec: AmpSpec, accelerator: str) -> str | None:
         """Why this level has nothing meaningful to measure on this machine (recorded as `skipped`)."""
         return None
 
@@ -54,25 +54,3 @@ class Precision:
     def state(self) -> dict[str, Any]:
         """Loss-scale bookkeeping for the results; read once after the timed loop (it may sync)."""
         return {"final_loss_scale": 1.0, "skipped_steps": 0}
-
-
-def _implementation(spec: PrecisionSpec) -> type[Precision]:
-    if spec.impl == "apex":
-        from precision.apex_amp import ApexPrecision
-
-        return ApexPrecision
-    from precision.native import NativePrecision
-
-    return NativePrecision if spec.level != "O0" else Precision
-
-
-def build_precision(spec: PrecisionSpec, device: torch.device) -> Precision:
-    return _implementation(spec)(spec, device)
-
-
-def precision_unavailable_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
-    return _implementation(spec).unavailable_reason(spec, accelerator)
-
-
-def precision_skip_reason(spec: PrecisionSpec, accelerator: str) -> str | None:
-    return _implementation(spec).skip_reason(spec, accelerator)

@@ -11,13 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import sgd, tiny_batch
+from conftest import amp_plugin, sgd, tiny_batch
 from torch import nn
 
-from harness.config import AmpConfig, ConfigError, PrecisionSpec, resolve_precision
-from harness.models import TinyCNN
-from precision import Precision, build_precision, precision_unavailable_reason
-from precision.native import CastingModule, NativePrecision
+from amp import Amp, plugin_class
+from amp.levels import AmpConfig, AmpSpec, plugin_path, resolve
+from amp.native import CastingModule, NativeAmp
+from harness.errors import ConfigError
+from harness.rank.models import TinyCNN
+
+
+def unavailable_reason(spec: AmpSpec, accelerator: str) -> str | None:
+    return plugin_class(plugin_path(spec.impl)).unavailable_reason(spec, accelerator)
+
+
+def skip_reason(spec: AmpSpec, accelerator: str) -> str | None:
+    return plugin_class(plugin_path(spec.impl)).skip_reason(spec, accelerator)
 
 LEVELS = ("O0", "O1", "O2", "O3")
 HALVES = ("float16", "bfloat16")
@@ -29,7 +38,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("accelerator", "dtype"), [("cuda", "float16"), ("cpu", "bfloat16")])
 def test_auto_dtype_per_accelerator(level, accelerator, dtype):
-    spec = resolve_precision(AmpConfig(level=level), accelerator)
+    spec = resolve(AmpConfig(level=level), accelerator)
     assert spec.level == level and spec.impl == "native"
     assert spec.dtype == ("float32" if level == "O0" else dtype)
 
@@ -41,61 +50,61 @@ def test_auto_dtype_per_accelerator(level, accelerator, dtype):
     ("O3", True, False, False, False, 1.0),
 ])
 def test_level_table(level, cast_model, autocast, keep_bn, master, fp16_scale):
-    fp16 = resolve_precision(AmpConfig(level=level), "cuda")
+    fp16 = resolve(AmpConfig(level=level), "cuda")
     assert (fp16.cast_model, fp16.autocast, fp16.keep_batchnorm_fp32, fp16.master_weights) == \
         (cast_model, autocast, keep_bn, master)
     assert fp16.loss_scale == fp16_scale
-    bf16 = resolve_precision(AmpConfig(level=level), "cpu")
+    bf16 = resolve(AmpConfig(level=level), "cpu")
     assert bf16.loss_scale == 1.0  # bfloat16 has fp32's range: no scaling unless asked for
     assert bf16.as_dict() == {**fp16.as_dict(), "dtype": bf16.dtype, "loss_scale": 1.0}
 
 
 def test_explicit_settings_win():
-    spec = resolve_precision(AmpConfig(level="O1", dtype="bfloat16", loss_scale="dynamic"), "cuda")
+    spec = resolve(AmpConfig(level="O1", dtype="bfloat16", loss_scale="dynamic"), "cuda")
     assert (spec.dtype, spec.loss_scale) == ("bfloat16", "dynamic")
-    spec = resolve_precision(AmpConfig(level="O2", dtype="float16", loss_scale=128.0), "cpu")
+    spec = resolve(AmpConfig(level="O2", dtype="float16", loss_scale=128.0), "cpu")
     assert (spec.dtype, spec.loss_scale) == ("float16", 128.0)
-    spec = resolve_precision(AmpConfig(level="O3", keep_batchnorm_fp32=True, master_weights=True), "cuda")
+    spec = resolve(AmpConfig(level="O3", keep_batchnorm_fp32=True, master_weights=True), "cuda")
     assert spec.keep_batchnorm_fp32 is True and spec.master_weights is True
 
 
 def test_o0_is_fp32_whatever_is_asked():
-    spec = resolve_precision(AmpConfig(level="O0", dtype="float16", loss_scale="dynamic"), "cuda")
+    spec = resolve(AmpConfig(level="O0", dtype="float16", loss_scale="dynamic"), "cuda")
     assert (spec.dtype, spec.loss_scale, spec.cast_model, spec.autocast) == ("float32", 1.0, False, False)
 
 
 @pytest.mark.parametrize("level", ["O0", "O1"])
 @pytest.mark.parametrize("key", ["keep_batchnorm_fp32", "master_weights"])
 def test_cast_options_refused_for_levels_that_do_not_cast(level, key):
-    row = resolve_precision(AmpConfig(level=level), "cuda")
+    row = resolve(AmpConfig(level=level), "cuda")
     with pytest.raises(ConfigError) as info:
-        resolve_precision(AmpConfig(level=level, **{key: not getattr(row, key)}), "cuda")
+        resolve(AmpConfig(level=level, **{key: not getattr(row, key)}), "cuda")
     assert info.value.key == f"amp.{key}" and level in str(info.value)
     # repeating the level's own value is harmless
-    assert getattr(resolve_precision(AmpConfig(level=level, **{key: getattr(row, key)}), "cuda"), key) == \
+    assert getattr(resolve(AmpConfig(level=level, **{key: getattr(row, key)}), "cuda"), key) == \
         getattr(row, key)
 
 
 def test_apex_is_unavailable_here_and_says_why():
     """No apex and no CUDA on this machine: a reason naming apex, never an attempt to run."""
     for accelerator in ("cpu", "cuda"):
-        spec = resolve_precision(AmpConfig(level="O1", impl="apex"), accelerator)
-        reason = precision_unavailable_reason(spec, accelerator)
+        spec = resolve(AmpConfig(level="O1", impl="apex"), accelerator)
+        reason = unavailable_reason(spec, accelerator)
         if accelerator == "cuda" and reason is None:
             continue  # apex installed on a GPU machine
         assert reason and "apex" in reason
-    assert precision_unavailable_reason(resolve_precision(AmpConfig(level="O2"), "cpu"), "cpu") is None
+    assert unavailable_reason(resolve(AmpConfig(level="O2"), "cpu"), "cpu") is None
 
 
 # --- what each level does to a model --------------------------------------------------------------------
 
-def spec_for(level: str, dtype: str, **amp) -> PrecisionSpec:
-    return resolve_precision(AmpConfig(level=level, dtype=dtype, **amp), "cpu")
+def spec_for(level: str, dtype: str, **amp) -> AmpSpec:
+    return resolve(AmpConfig(level=level, dtype=dtype, **amp), "cpu")
 
 
-def prepared(spec: PrecisionSpec, seed: int = 0):
+def prepared(spec: AmpSpec, seed: int = 0):
     torch.manual_seed(seed)
-    precision = build_precision(spec, CPU)
+    precision = amp_plugin(spec)
     model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
     return precision, model, optimizer
 
@@ -111,7 +120,7 @@ def layer_dtypes(model: nn.Module) -> tuple[set[torch.dtype], set[torch.dtype]]:
     return compute, norm
 
 
-def one_step(precision: Precision, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int = 0,
+def one_step(precision: Amp, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int = 0,
              wrapped: nn.Module | None = None) -> torch.Tensor:
     images, labels = tiny_batch(seed=seed)
     wrapped = wrapped or precision.wrap_module(model)
@@ -147,7 +156,7 @@ def test_model_dtypes_and_master_weights_per_level(dtype, level, compute, norm, 
     model_params = list(model.parameters())
     assert len(opt_params) == len(model_params)
     if masters:
-        assert isinstance(precision, NativePrecision)
+        assert isinstance(precision, NativeAmp)
         assert opt_params == precision._master_params  # the optimizer steps the fp32 masters...
         assert all(p.dtype == torch.float32 for p in opt_params)
         assert not any(o is m for o in opt_params for m in model_params)  # ...not the half model
@@ -155,7 +164,9 @@ def test_model_dtypes_and_master_weights_per_level(dtype, level, compute, norm, 
             assert torch.equal(master.to(param.dtype), param)
     else:
         assert all(o is m for o, m in zip(opt_params, model_params, strict=True))
-    assert (type(precision) is Precision) == (level == "O0")
+    assert isinstance(precision, NativeAmp)
+    if level == "O0":  # nothing wrapped, nothing cast, nothing scaled: plain PyTorch
+        assert precision.wrap_module(model) is model and precision.scaler is None
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -163,7 +174,7 @@ def test_o3_keep_batchnorm_fp32_override(dtype):
     precision, model, _ = prepared(spec_for("O3", dtype, keep_batchnorm_fp32=True))
     compute, norm = layer_dtypes(model)
     assert compute == {getattr(torch, dtype)} and norm == {torch.float32}
-    assert isinstance(precision, NativePrecision) and precision.scaler is None
+    assert isinstance(precision, NativeAmp) and precision.scaler is None
 
 
 def test_o2_without_master_weights_steps_the_half_model():
@@ -252,7 +263,7 @@ def test_casting_module_casts_inputs_for_cast_models():
 
 # --- loss scaling -----------------------------------------------------------------------------------------
 
-def poison_grads_then_step(precision: Precision, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def poison_grads_then_step(precision: Amp, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     images, labels = tiny_batch()
     wrapped = precision.wrap_module(model)
     with precision.forward_context():
@@ -336,14 +347,14 @@ def _ddp_o2_rank(rank: int, world_size: int, store_path: str, out_dir: str) -> N
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.launcher import loopback_interface
+    from harness.launch.launcher import loopback_interface
 
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)  # identical initial weights, as the worker does
-        precision = build_precision(resolve_precision(AmpConfig(level="O2"), "cpu"), CPU)
+        precision = amp_plugin(resolve(AmpConfig(level="O2"), "cpu"))
         model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
         ddp = DistributedDataParallel(precision.wrap_module(model))
         initial = torch.cat([p.detach().float().flatten() for p in model.parameters()])
@@ -390,18 +401,17 @@ def test_ddp_o2_keeps_replicas_identical(tmp_path):
 def test_half_levels_are_skipped_where_the_cpu_only_emulates_them(monkeypatch, native):
     """An AVX2-only CPU has no oneDNN bfloat16 kernels: O1-O3 would time emulation (30x slower than fp32 for
     resnet18 on such a host). Skipped with the reason, unless asked for; never on CUDA, never at O0."""
-    import precision.native
-    from harness import devices
-    from precision import precision_skip_reason
+    import amp.native
+    from harness.rank import devices
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
-    monkeypatch.setattr(precision.native, "cpu_half_reason", devices.cpu_half_reason.__wrapped__)  # uncached
-    o2 = resolve_precision(AmpConfig(level="O2"), "cpu")
-    reason = precision_skip_reason(o2, "cpu")
+    monkeypatch.setattr(amp.native, "cpu_half_reason", devices.cpu_half_reason.__wrapped__)  # uncached
+    o2 = resolve(AmpConfig(level="O2"), "cpu")
+    reason = skip_reason(o2, "cpu")
     if native:
         assert reason is None
     else:
         assert "no native bfloat16 kernels" in reason and "amp.allow_emulated=true" in reason
-    assert precision_skip_reason(resolve_precision(AmpConfig(level="O2", allow_emulated=True), "cpu"), "cpu") is None
-    assert precision_skip_reason(resolve_precision(AmpConfig(level="O0"), "cpu"), "cpu") is None
-    assert precision_skip_reason(resolve_precision(AmpConfig(level="O2"), "cuda"), "cuda") is None
+    assert skip_reason(resolve(AmpConfig(level="O2", allow_emulated=True), "cpu"), "cpu") is None
+    assert skip_reason(resolve(AmpConfig(level="O0"), "cpu"), "cpu") is None
+    assert skip_reason(resolve(AmpConfig(level="O2"), "cuda"), "cuda") is None

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -29,7 +30,7 @@ from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from harness.devices import Placement
+from harness.rank.devices import Placement
 
 LOOPBACK = "127.0.0.1"
 SHUTDOWN_GRACE_S = 10  # SIGTERM to SIGKILL: time for surviving workers to write their records
@@ -146,7 +147,21 @@ def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nproc
     except ChildFailedError as error:
         return [WorkerFailure(rank=rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
                 for rank, f in sorted(error.failures.items())]
+    finally:
+        prune_empty(Path(log_dir))
     return []
+
+
+def prune_empty(folder: Path) -> None:
+    """The agent makes logs/<run>/attempt_0/<rank>/ for every worker; keep only what holds a file (a failing
+    worker's error.json), so a run folder shows no empty scaffolding."""
+    if not folder.is_dir():
+        return
+    for path in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(path.iterdir()):
+            path.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _spawned_rank(local_rank: int, entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],

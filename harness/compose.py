@@ -1,0 +1,174 @@
+"""The config as Hydra composes it, outside `@hydra.main`: the resolvers `conf/` uses, the combinations a
+command line describes (a sweep's cartesian product, as Hydra's basic sweeper makes it), each composed
+and checked before Hydra starts, and Hydra's errors turned into one line naming the key."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from harness.config import CONF_DIR, RunConfig
+from harness.errors import ConfigError, unknown_key
+
+SWEEP_GROUP = "sweep"
+NO_GRID = "none"  # conf/sweep/none.yaml: sweep only the axes typed
+
+
+@functools.cache
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def register_resolvers() -> None:
+    """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs, a CPU-sized workload otherwise.
+    `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`)."""
+    from amp.levels import plugin_path
+
+    if not OmegaConf.has_resolver("hw"):
+        OmegaConf.register_new_resolver("hw", lambda gpu, cpu: gpu if has_gpu() else cpu)
+    if not OmegaConf.has_resolver("amp_plugin"):
+        OmegaConf.register_new_resolver("amp_plugin", plugin_path)
+
+
+@contextmanager
+def hydra_context() -> Iterator[None]:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_resolvers()
+    if GlobalHydra.instance().is_initialized():  # already inside one (tests, an outer compose)
+        yield
+        return
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+@dataclass(frozen=True)
+class Composed:
+    """One combination: its overrides, the resolved config (no `hydra` node) and Hydra's group choices."""
+
+    overrides: tuple[str, ...]
+    config: dict[str, Any]
+    choices: dict[str, str | None]
+
+    @property
+    def strategy_name(self) -> str:
+        return str(self.choices.get("strategy"))
+
+    def run_config(self) -> RunConfig:
+        return RunConfig.from_dict(self.config, self.strategy_name)
+
+
+def compose_one(overrides: Sequence[str], config_name: str = "config") -> Composed:
+    """Compose (inside `hydra_context()`) and resolve; raises ConfigError with one line."""
+    from hydra import compose
+
+    try:
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        choices = dict(OmegaConf.to_container(cfg.hydra.runtime.choices))
+        with open_dict(cfg):
+            del cfg["hydra"]  # its interpolations need a running Hydra; the run's own keys do not
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as error:  # noqa: BLE001 (Hydra/OmegaConf raise many kinds: each becomes one line)
+        raise as_config_error(error, overrides) from error
+    return Composed(tuple(overrides), config, choices)  # type: ignore[arg-type]
+
+
+def combinations(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
+    """The runs a command line describes. A sweep is what Hydra's basic sweeper would make of it: the
+    grid of conf/sweep/ (only when no axis is typed) and the typed overrides, as a cartesian product."""
+    if not multirun:
+        return [list(overrides)]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(list(overrides))
+        grid = composed_sweep_params(overrides)
+        parsed = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()] + list(overrides))
+    except OverrideParseException as error:
+        raise ConfigError("override", " ".join(overrides), f"Hydra override syntax ({first_line(error)})") from error
+    return [list(combo) for combo in BasicSweeper.split_arguments(parsed, None)[0]]
+
+
+def composed_sweep_params(overrides: Sequence[str]) -> dict[str, str]:
+    """hydra.sweeper.params as composed for these overrides (the conf/sweep/ grid, or none)."""
+    from hydra import compose
+
+    try:
+        cfg = compose(config_name="config", overrides=[o for o in overrides if _is_plain(o)],
+                      return_hydra_config=True)
+    except Exception as error:  # noqa: BLE001
+        raise as_config_error(error, overrides) from error
+    params = cfg.hydra.sweeper.get("params") or {}
+    return {str(k): str(v) for k, v in params.items()}
+
+
+def _is_plain(override: str) -> bool:
+    """An override that names one value (sweep syntax is left to the sweeper)."""
+    key, _, value = override.partition("=")
+    return "," not in value and not value.strip().startswith(("range(", "choice(", "interval(", "glob("))
+
+
+def typed_sweep_axes(overrides: Sequence[str]) -> list[str]:
+    """The keys the user asked to sweep (comma lists or sweep functions), `hydra.*` keys left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # noqa: BLE001 (reported when the combinations are composed)
+        return []
+    return [o.get_key_element() for o in parsed if o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def as_config_error(error: BaseException, overrides: Sequence[str]) -> ConfigError:
+    """Hydra's and OmegaConf's many-line errors as the harness's one line (key, value, what is allowed)."""
+    cause: BaseException | None = error
+    while cause is not None:  # a resolver or a check of ours inside OmegaConf: keep its own words
+        if isinstance(cause, ConfigError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    message = str(error)
+    values = dict(o.lstrip("+~").partition("=")[::2] for o in overrides if "=" in o)
+    match = re.search(r"Could not override '([^']+)'", message)
+    if match:
+        key = match.group(1)
+        return ConfigError(key, values.get(key), unknown_key(key, known_keys()))
+    match = re.search(r"Could not append to config\. An item is already at '([^']+)'", message)
+    if match:
+        key = match.group(1)
+        return ConfigError(f"+{key}", values.get(key), f"{key}={values.get(key)} without '+' ({key} exists)")
+    match = re.search(r"full_key: ([\w.]+)", message)
+    if match:
+        key = match.group(1)
+        return ConfigError(key, values.get(key), first_line(error))
+    return ConfigError("overrides", " ".join(overrides), first_line(error))
+
+
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """The top-level keys and config groups a user overrides (Hydra's own `hydra.*` left out)."""
+    from hydra import compose
+
+    cfg = compose(config_name="config", overrides=[], return_hydra_config=True)
+    keys = {str(k) for k in cfg if k != "hydra"} | {str(g) for g in cfg.hydra.runtime.choices}
+    return frozenset(k for k in keys if not k.startswith("hydra"))
+
+
+def plain(config: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]

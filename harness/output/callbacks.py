@@ -1,0 +1,43 @@
+"""Hydra callback: when a sweep ends, build the side-by-side report in the sweep folder."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+class ReportCallback(Callback):
+    def __init__(self, baseline: str | None = None) -> None:
+        self.baseline = baseline
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if sweep_dir.is_dir():
+            report_sweep(sweep_dir, self.baseline)
+
+
+def report_sweep(sweep_dir: Path, baseline: str | None) -> None:
+    """The report of every run under `sweep_dir`, its table also kept in the sweep's own `sweep.log`
+    (each job's lines are in the job's run.log; the last job's would otherwise get the report's)."""
+    from harness.output.logs import add_file
+    from harness.report import build_report
+
+    root = logging.getLogger()
+    job_files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    for handler in job_files:
+        root.removeHandler(handler)
+    sweep_log = add_file(sweep_dir / "sweep.log")
+    try:
+        log.info("writing the report of the runs in %s", sweep_dir)
+        build_report([sweep_dir], sweep_dir, baseline)
+    finally:
+        root.removeHandler(sweep_log)
+        sweep_log.close()
+        for handler in job_files:
+            root.addHandler(handler)
