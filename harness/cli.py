@@ -182,7 +182,9 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
     try:
         for index in range(repeat):
             folder = run_dir if repeat == 1 else run_dir / f"repeat-{index}"
-            all_results.append(execute(cfg_dict, strategy_name, folder, in_sweep=in_sweep, overrides=overrides))
+            label = f"repeat {index + 1}/{repeat}" if repeat > 1 else ""
+            all_results.append(execute(cfg_dict, strategy_name, folder, in_sweep=in_sweep, overrides=overrides,
+                                       repeat_label=label))
     except (ConfigError, Unavailable) as error:
         if in_sweep:
             return _record_refused(cfg_dict, strategy_name, run_dir, overrides, error)

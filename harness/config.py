@@ -31,6 +31,7 @@ class DataConfig:
     name: str
     image_size: int
     num_classes: int
+    pool: int = 8  # distinct global batches, cycled
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class RunConfig:
         data = DataConfig(**check_record("data", cfg["data"], DataConfig))
         _positive_int("data.image_size", data.image_size)
         _positive_int("data.num_classes", data.num_classes)
+        _positive_int("data.pool", data.pool)
 
         gpus = check_gpus(cfg.get("gpus"))
         check_nprocs(cfg["nprocs"])

@@ -84,13 +84,13 @@ STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategi
                     "allreduce": "strategies.allreduce.ManualAllReduce"}
 
 
-def config_dict(strategy: str = "single", **values: Any) -> dict[str, Any]:
+def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:
     """A composed-looking config (no Hydra): tiny model, 12 images, 40 iterations; `values` override whole
     sections. An `amp` section without `_target_` gets the plugin its `impl` names."""
     from amp.levels import plugin_path
 
     cfg: dict[str, Any] = {
-        "strategy": {"_target_": STRATEGY_TARGETS[strategy]},
+        "strategy": {"_target_": STRATEGY_TARGETS[name]},
         "amp": {"level": "O0"},
         "model": {"_target_": "harness.rank.models.TinyCNN", "name": "tiny_cnn"},
         "optim": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01, "momentum": 0.9},
@@ -103,8 +103,9 @@ def config_dict(strategy: str = "single", **values: Any) -> dict[str, Any]:
     return cfg
 
 
-def run_config(strategy: str = "single", **values: Any) -> RunConfig:
-    return RunConfig.from_dict(config_dict(strategy, **values), strategy)
+def run_config(name: str = "single", **values: Any) -> RunConfig:
+    """`config_dict(...)` checked into a RunConfig; `name` is the strategy's (its section: `strategy=`)."""
+    return RunConfig.from_dict(config_dict(name, **values), name)
 
 
 def amp_plugin(spec: Any, device: torch.device | None = None) -> Any:
@@ -115,14 +116,14 @@ def amp_plugin(spec: Any, device: torch.device | None = None) -> Any:
     return build_amp(plugin_path(spec.impl), spec, device or torch.device("cpu"))
 
 
-def rank_spec(record_dir: Path, strategy: str = "single", **values: Any) -> dict[str, Any]:
+def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> dict[str, Any]:
     """What the runner hands run_rank for an inline run of `config_dict(strategy, **values)` on CPU."""
     from harness.launch.runner import plan
     from harness.rank.devices import Hardware
 
-    cfg = config_dict(strategy, **values)
-    decided = plan(RunConfig.from_dict(cfg, strategy), Hardware(visible_gpus=(), cores=1))
-    return {"config": cfg, "strategy_name": strategy, "placement": {**decided.placement.as_dict(),
+    cfg = config_dict(name, **values)
+    decided = plan(RunConfig.from_dict(cfg, name), Hardware(visible_gpus=(), cores=1))
+    return {"config": cfg, "strategy_name": name, "placement": {**decided.placement.as_dict(),
                                                                     "threads_per_process": 1},
             "amp": decided.amp.as_dict(), "record_dir": str(record_dir), "run_started": time.time()}
 

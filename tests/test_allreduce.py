@@ -97,7 +97,7 @@ def _check_scenario(strategy: ManualAllReduce, rank: int, spec: AmpSpec) -> None
         p.grad = None
 
     # A few steps through the common trainer loop: replicas stay bit-identical.
-    train(model, optimizer, precision, (images, labels), WindowClock(lambda: None, 0), STEPS, STEPS)
+    train(model, optimizer, precision, [(images, labels)], WindowClock(lambda: None, 0), STEPS, STEPS)
     mine = flat_params(model)
     gathered = [torch.empty_like(mine) for _ in range(WORLD)]
     dist.all_gather(gathered, mine)

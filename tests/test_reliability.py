@@ -459,12 +459,12 @@ def test_report_skips_an_unreadable_results_file_and_names_it(tmp_path):
     good.write_text(json.dumps(minimal_ok_results()))
     text = json.dumps({**minimal_ok_results(), "strategy": "ddp"})
     torn.write_text(text[: len(text) // 2])  # half-written
-    proc = subprocess.run([sys.executable, "-m", "harness.report", str(tmp_path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S)
+    proc = subprocess.run([sys.executable, "-m", "harness.report", str(tmp_path), "--out", str(tmp_path / "report")],
+                          cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, describe(proc)
     assert f"warning: skipping unreadable results file {torn}" in proc.stderr, describe(proc)
     assert str(good) not in proc.stderr
-    report = (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report" / "report.md").read_text()
     assert report_row(report, "single O0").endswith("| ok |")
     assert "| ddp O0" not in report
     assert f"- {torn}: " in report  # named under "Unreadable results files (skipped)"

@@ -106,7 +106,7 @@ def test_report_files_plots_and_index(sweep):
     html = (sweep / "index.html").read_text()
     assert set(re.findall(r'src="([^"]+\.png)"', html)) == set(pngs)
     for row in out.rows:
-        assert f"<td>{row.label}</td>" in html
+        assert f">{row.label}</td>" in html
     csv_lines = (sweep / "report.csv").read_text().strip().splitlines()
     assert len(csv_lines) == 1 + len(out.rows)
     assert json.loads((sweep / "report.json").read_text())["baseline"] == "single O0"
@@ -232,3 +232,82 @@ def test_report_csv_holds_plain_numbers(sweep):
     assert ddp["cumulative_s_at_100"] == 3.0
     skipped = numbers[[row["combination"] for row in table].index("dp O0")]
     assert skipped["img_s"] != skipped["img_s"]  # nan: no figure
+
+
+def test_a_merge_never_writes_over_a_sweeps_own_report(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a, "0", results("single", "O0", ["cpu"], [1.0, 0.5], rate=100.0))
+    write(b, "0", results("ddp", "O0", ["cpu:0", "cpu:1"], [1.0, 0.5], rate=150.0))
+    (a / "report.md").write_text("sweep a's own report")
+    monkeypatch.chdir(tmp_path)
+    assert report.main([str(a), str(b)]) == 0
+    assert (a / "report.md").read_text() == "sweep a's own report" and not (b / "report.md").exists()
+    merged = list((tmp_path / "runs" / "reports").glob("*/report.md"))
+    assert len(merged) == 1 and "| single O0 |" in merged[0].read_text() and "| ddp O0 |" in merged[0].read_text()
+    assert report.main([str(a), "--out", str(b)]) == 2  # a folder holding runs is theirs
+    assert not (b / "report.md").exists()
+
+
+def test_index_html_says_when_what_and_how_and_holds_every_row(sweep):
+    import html.parser
+
+    for i, name in enumerate(("0_single_O0", "1_ddp_O0")):
+        path = sweep / name / "results.json"
+        data = json.loads(path.read_text())
+        data["env"] = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "gpu_names": [], "torch": "2.14.1",
+                       "python": "3.11.7", "command": "python run.py -m strategy=single,ddp",
+                       "harness_commit": "abc1234"}
+        data["started_at"], data["finished_at"] = 1_700_000_000.0 + i, 1_700_000_100.0 + i
+        path.write_text(json.dumps(data))
+    out = report.build_report([sweep], sweep / "out", quiet=True)
+    page = (sweep / "out" / "index.html").read_text()
+
+    class Cells(html.parser.HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows, self.imgs, self.meta, self._in = 0, [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            self.rows += tag == "tr"
+            if tag == "img":
+                self.imgs.append(dict(attrs)["src"])
+            self._in = tag
+
+        def handle_data(self, data):
+            if self._in == "dt":
+                self.meta.append(data)
+
+    parsed = Cells()
+    parsed.feed(page)
+    assert parsed.meta == ["when", "runs", "machine", "versions", "command", "harness commit"]
+    for fact in ("AMD EPYC (AVX2), no GPU", "torch 2.14.1", "python run.py -m strategy=single,ddp", "abc1234"):
+        assert fact in page
+    assert parsed.rows == 1 + len(out.rows)  # a header row, then one per combination
+    assert parsed.imgs and all((sweep / "out" / src).is_file() for src in parsed.imgs)
+    assert "Fastest: ddp O0, 1280.0 img/s, 2.00× single O0" in page  # the verdict, in words
+    assert 'data-v="1280.0"' in page and "<script>" in page  # sortable by the numbers themselves
+
+
+def test_the_terminal_table_fits_80_columns_and_groups_reasons(sweep):
+    write(sweep, "4_apex_ddp_O0", results("apex_ddp", "O0", ["cpu"], [], status="skipped",
+                                            error="strategy=dp: needs two or more CUDA GPUs"))
+    rows, base = report.build_rows(report.find_results([sweep])[0])
+    text = report.terminal_table(rows, base, width=80)
+    table = text.split("\n[1]")[0]
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "1280.0" in table and "2.00×" in table  # the figures are whole, not cut
+    footnotes = [line for line in text.splitlines() if line.startswith("[")]
+    assert footnotes[0].startswith("[1] dp O0, apex_ddp O0: strategy=dp: needs two or more CUDA GPUs")
+    assert len(footnotes) == 2  # the failed row has its own
+
+
+def test_plots_encode_strategy_by_colour_and_amp_by_style(sweep):
+    from harness.report.plots import AMP_STYLE, strategy_colours, style
+
+    rows, _ = report.build_rows(report.find_results([sweep])[0])
+    colours = strategy_colours(rows)
+    by = {r.label: r for r in rows}
+    assert style(by["single O0"], colours)["color"] != style(by["ddp O0"], colours)["color"]
+    assert style(by["ddp O0"], colours)["color"] == style(by["ddp O1"], colours)["color"]
+    assert style(by["ddp O1"], colours)["linestyle"] == AMP_STYLE["O1"][0] != AMP_STYLE["O0"][0]
+    assert strategy_colours(rows[:1])["single"] == colours["single"]  # stable across reports

@@ -11,7 +11,8 @@ from harness.rank.worker import run_rank
 
 def final_and_first_loss(tmp_path, target: str) -> tuple[float, float]:
     spec = rank_spec(tmp_path / "ranks", "single", strategy={"_target_": target, "scale": 2.0}, gpus=[],
-                     nprocs=1, batch_size=8, iterations=60, log_every=20, warmup_windows=1)
+                     nprocs=1, batch_size=8, iterations=60, log_every=20, warmup_windows=1,
+                     data={"name": "synthetic", "image_size": 8, "num_classes": 10, "pool": 1})  # one batch: learnt
     threads = torch.get_num_threads()
     try:
         record = run_rank(spec)

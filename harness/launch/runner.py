@@ -71,7 +71,7 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
 
 
 def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_sweep: bool,
-            overrides: list[str] | None = None, hw: Hardware | None = None) -> dict[str, Any]:
+            overrides: list[str] | None = None, hw: Hardware | None = None, repeat_label: str = "") -> dict[str, Any]:
     """Run one combination and write its results.json; return the results.
 
     Raises ConfigError (bad input) and, outside sweeps, Unavailable, before anything starts.
@@ -103,7 +103,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     launched = decided.launched
     spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
             "amp": amp.as_dict(), "record_dir": str(record_dir), "log_file": str(run_dir / "run.log"),
-            "launched": launched, "run_started": started}
+            "launched": launched, "run_started": started, "repeat_label": repeat_label}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)

@@ -79,6 +79,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def harness_commit() -> str | None:
+    """The commit the harness runs from (`+changes` when the working tree differs), None outside git."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
@@ -95,6 +112,7 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "harness_commit": harness_commit(),
         "driver": None,
         "gpu_names": [],
     }

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, Incompatible
 
 OUT_OF_MEMORY_MARKERS = (
     "CUDA out of memory",  # the caching allocator, when re-raised as a plain RuntimeError
@@ -175,12 +175,12 @@ def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, dri
     else:
         gpus = cfg.gpus
         stray = [g for g in gpus if g not in hw.visible_gpus]
-        if stray:
+        if stray:  # not a typo: GPUs this machine lacks (in a sweep, `skipped` rows that say so)
             allowed = (f"ids among the visible GPUs {list(hw.visible_gpus)}" if hw.has_gpu
-                       else "[] or null: this machine has no visible GPU")
-            raise ConfigError("gpus", list(gpus), allowed)
+                       else "[] or null: this machine has no visible GPU (gpus=[] runs on CPU workers)")
+            raise Incompatible("gpus", list(gpus), allowed)
         if not gpus and needs_cuda:
-            raise ConfigError("gpus", [], f"strategy={name} runs on GPUs: give their ids, e.g. gpus=[0,1]")
+            raise Incompatible("gpus", [], f"strategy={name} runs on GPUs: give their ids, e.g. gpus=[0,1]")
 
     notes: list[str] = []
     nodes, node_rank = (torchrun.nodes, torchrun.node_rank) if torchrun else (1, 0)

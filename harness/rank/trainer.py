@@ -7,7 +7,7 @@ synchronized and the loss is read only at window edges, by the WindowClock.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +18,17 @@ from harness.rank.timing import Window, WindowClock
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
-          batch: tuple[torch.Tensor, torch.Tensor], clock: WindowClock, iterations: int | None, log_every: int,
+          batches: Sequence[tuple[torch.Tensor, torch.Tensor]], clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
           on_window: Callable[[Window], None] = lambda w: None,
           decide: Callable[[Window], bool] | None = None) -> list[Window]:
-    """`iterations` iterations, or (None) until `decide` stops the run at a window edge."""
-    images, labels = batch
+    """`iterations` iterations, or (None) until `decide` stops the run at a window edge; iteration `it`
+    trains on `batches[it % len(batches)]`."""
     model.train()
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
+        images, labels = batches[it % len(batches)]
         with amp.forward_context():
             loss = F.cross_entropy(model(images), labels)
         amp.backward(loss)

@@ -27,6 +27,7 @@ from amp import AmpSpec, build_amp
 from harness.config import FaultConfig, RunConfig
 from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
+from harness.rank.data import synthetic_batches
 from harness.rank.devices import DeviceOps, Placement
 from harness.rank.timing import AutoStop, Window, WindowClock
 from harness.rank.trainer import train
@@ -138,13 +139,15 @@ def run_rank(spec: dict[str, Any],
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
         model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
-        batch = synthetic_batch_for(cfg, placement, strategy.device, rank)
+        batches = synthetic_batches(cfg.data.pool, cfg.batch_size, placement.local_batch,
+                                    rank if placement.one_process_per_device else 0, cfg.data.image_size,
+                                    cfg.data.num_classes, strategy.device, cfg.seed)
         strategy.ops.reset_peaks()
         clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
         strategy.barrier()
         stop.check()
         record["first_iter_time"] = time.time()
-        label = f"{cfg.strategy_name} {cfg.amp.level}"
+        label = " ".join(filter(None, (cfg.strategy_name, cfg.amp.level, spec.get("repeat_label"))))
         inject = fault_injector(cfg.fault, rank, placement.accelerator)
 
         def before_step(it: int) -> None:  # a few attribute reads: nothing waits for the device
@@ -153,7 +156,7 @@ def run_rank(spec: dict[str, Any],
 
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
-        train(model, optimizer, amp, batch, clock, cfg.iterations, cfg.log_every, before_step=before_step,
+        train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto)
         record["stopped_by"] = auto.reason if auto else None
         record["amp_state"] = amp.state()
@@ -181,15 +184,6 @@ def run_rank(spec: dict[str, Any],
             if strategy is not None:
                 strategy.teardown()
             stop.restore()
-
-
-def synthetic_batch_for(cfg: RunConfig, placement: Placement, device: torch.device,
-                        rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from harness.rank.data import synthetic_batch
-
-    # Per-process share of the global batch; DataParallel gets it whole and splits it itself.
-    size = placement.local_batch
-    return synthetic_batch(size, cfg.data.image_size, cfg.data.num_classes, device, cfg.seed + rank)
 
 
 def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -1,0 +1,63 @@
+"""The side-by-side report: every results.json under the given folders, one row per combination.
+
+    python -m harness.report runs/multirun/2026-11-21_10-00-00 [more folders] [--baseline ddp:O0] [--out DIR]
+
+Writes report.md, report.csv, report.json, PNG plots and index.html, and logs the terminal's table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.output.results import write_json_atomic
+from harness.report.command import main
+from harness.report.page import to_html
+from harness.report.plots import write_plots
+from harness.report.rows import (
+    PER,
+    Row,
+    build_rows,
+    context,
+    find_results,
+    percentile,
+    reproducibility,
+    winners,
+)
+from harness.report.tables import table_rows, terminal_table, to_markdown, write_csv
+
+__all__ = ["PER", "Report", "main", "Row", "build_report", "build_rows", "find_results", "percentile", "reproducibility",
+           "table_rows", "terminal_table", "to_html", "to_markdown", "winners", "write_csv", "write_plots"]
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Report:
+    rows: list[Row]
+    baseline: str | None
+    skipped_files: list[str]
+    outputs: list[Path] = field(default_factory=list)
+
+
+def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None, quiet: bool = False) -> Report:
+    found, skipped = find_results(paths)
+    for entry in skipped:
+        log.warning("skipping unreadable results file %s", entry)
+    rows, base = build_rows(found, baseline)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = Report(rows=rows, baseline=base, skipped_files=skipped)
+    (out_dir / "report.md").write_text(to_markdown(rows, base, skipped))
+    write_csv(rows, out_dir / "report.csv")
+    write_json_atomic(out_dir / "report.json", {"baseline": base, "skipped_files": skipped,
+                                                  "winners": winners(rows), "rows": [asdict(r) for r in rows]})
+    pngs = write_plots(rows, out_dir, base)
+    (out_dir / "index.html").write_text(to_html(rows, base, pngs, skipped, context(found)))
+    report.outputs = [out_dir / n for n in ("report.md", "report.csv", "report.json", "index.html")] + pngs
+    if not quiet:
+        log.info("%s", terminal_table(rows, base))
+        log.info("report: %s", out_dir / "index.html")
+    return report
+
+

@@ -1,0 +1,39 @@
+"""`python -m harness.report FOLDER [FOLDER ...] [--out DIR] [--baseline strategy:amp]`: the report of every
+run found under the folders, in a folder of its own."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.output.logs import setup_cli
+
+log = logging.getLogger("harness.report")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="folders (searched recursively) or results.json files")
+    parser.add_argument("--out", type=Path,
+                        help="an empty or new folder to write to (default: runs/reports/<date_time>/)")
+    parser.add_argument("--baseline", help="row the speedups are against, as strategy:amp (default single:O0)")
+    args = parser.parse_args(argv)
+    setup_cli()
+    missing = [str(p) for p in args.paths if not p.exists()]
+    if missing:
+        log.error("paths=%s do not exist: give folders holding results.json files", ",".join(missing))
+        return 2
+    out = args.out or Path("runs") / "reports" / dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    if out.is_dir() and any(out.rglob("results.json")):  # a sweep's own folder keeps its own report
+        log.error("--out=%s is not allowed: a folder of its own (it holds runs, whose report stays theirs)", out)
+        return 2
+    from harness.report import build_report
+
+    report = build_report(args.paths, out, args.baseline)
+    if not report.rows:
+        log.error("no results.json found under %s", ", ".join(map(str, args.paths)))
+        return 1
+    return 0

@@ -1,0 +1,345 @@
+"""The report's rows: every results.json under some folders, grouped into one row per combination (repeats
+pooled), with the figures a reader compares and which of them win beyond the run-to-run spread."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.output import imbalance
+from harness.output.results import RESULTS_NAME, load_results
+
+PER = 20  # the user's unit: seconds per 20 iterations
+
+
+@dataclass
+class Row:
+    label: str
+    strategy: str
+    amp: str
+    model: str
+    devices: list[str]
+    processes: int | None  # distinct rank PIDs of one run (median over repeats)
+    global_batch: int | None
+    status: str
+    reason: str | None
+    runs: int
+    ok_runs: int
+    s_per_20: float | None = None  # median over steady windows (all repeats pooled)
+    s_per_20_p10: float | None = None
+    s_per_20_p90: float | None = None
+    steady_windows: int = 0
+    cumulative: list[tuple[int, float]] = field(default_factory=list)  # (iteration, median seconds)
+    throughput: float | None = None  # median over repeats
+    throughput_lo: float | None = None  # spread: min-max over repeats, else p10-p90 of windows
+    throughput_hi: float | None = None
+    spread_known: bool = False  # >= 2 repeats or >= 3 steady windows: a spread a win can be judged by
+    speedup: float | None = None
+    efficiency: float | None = None  # multi-device rows: speedup over the one-device row at this amp / devices
+    mem_max_mib: float | None = None  # median over repeats of the run's largest per-device use
+    mem_max_lo: float | None = None  # min-max over repeats (None with one repeat: spread unknown)
+    mem_max_hi: float | None = None
+    mem_min_mib: float | None = None
+    mem_imbalance_pct: float | None = None
+    memory_per_device: list[dict[str, Any]] = field(default_factory=list)  # device, used_mib (median), pids
+    memory_source: str | None = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    final_loss: float | None = None
+    startup_s: float | None = None
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def n_devices(self) -> int:
+        return max(1, len(self.devices))
+
+
+def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+    """Every readable results.json under `paths`; unreadable ones are named in a warning and skipped."""
+    found, skipped = [], []
+    for root in paths:
+        files = [root] if root.is_file() else sorted(root.rglob(RESULTS_NAME), key=_natural)
+        for path in files:
+            try:
+                found.append((path, load_results(path)))
+            except (OSError, ValueError) as error:
+                skipped.append(f"{path}: {error}")
+    return found, skipped
+
+
+def _natural(path: Path) -> list[Any]:
+    """Sweep job 2 before job 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def _key(results: dict[str, Any]) -> tuple[Any, ...]:
+    precision = results.get("precision") or {}
+    return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
+            results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
+            results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
+            results.get("launcher"))
+
+
+def _label(group: Sequence[dict[str, Any]], varying: set[int]) -> str:
+    key = _key(group[0])
+    parts = [f"{key[0]} {key[1]}"]
+    names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
+    for index in sorted(varying):
+        value = ",".join(key[index]) if index == 5 else key[index]
+        parts.append(f"{names[index]}={value}")
+    return " ".join(parts)
+
+
+def _varying(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], set[int]]:
+    """Fields that tell apart rows sharing a strategy and amp level (only those go into a label)."""
+    result = {}
+    for key in keys:
+        peers = [k for k in keys if k[:2] == key[:2]]
+        result[key] = {i for i in range(2, len(key)) if len({k[i] for k in peers}) > 1}
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def _row(group: list[dict[str, Any]], label: str) -> Row:
+    first = group[0]
+    ok = [r for r in group if r.get("status") == "ok"]
+    statuses = sorted({r.get("status", "?") for r in group})
+    status = statuses[0] if len(statuses) == 1 else "/".join(f"{s} {sum(r['status'] == s for r in group)}" for s in statuses)
+    reasons = [r.get("error") for r in group if r.get("error")]
+    row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
+              model=first.get("model", "?"), devices=list(first.get("devices") or []),
+              processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.get("global_batch"),
+              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok))
+    if not ok:
+        return row
+
+    steady = [w["seconds"] * PER / r["log_every"] for r in ok for w in r["windows"] if not w["warmup"]]
+    row.steady_windows = len(steady)
+    if steady:
+        row.s_per_20 = statistics.median(steady)
+        row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 10), percentile(steady, 90)
+    edges: dict[int, list[float]] = {}
+    losses: dict[int, list[float]] = {}
+    for r in ok:
+        for w in r["windows"]:
+            edges.setdefault(w["end_iter"], []).append(w["cumulative_seconds"])
+            if w.get("loss") is not None:
+                losses.setdefault(w["end_iter"], []).append(w["loss"])
+    row.cumulative = [(it, statistics.median(v)) for it, v in sorted(edges.items()) if len(v) == len(ok)]
+    row.losses = [(it, statistics.median(v)) for it, v in sorted(losses.items())]
+    row.final_loss = row.losses[-1][1] if row.losses else None
+
+    rates = [r["throughput_img_s"] for r in ok if r.get("throughput_img_s")]
+    row.spread_known = len(rates) >= 2 or len(steady) >= 3
+    if rates:
+        row.throughput = statistics.median(rates)
+        if len(rates) > 1:
+            row.throughput_lo, row.throughput_hi = min(rates), max(rates)
+        else:
+            per_window = [ok[0]["global_batch"] * ok[0]["log_every"] / w["seconds"]
+                          for w in ok[0]["windows"] if not w["warmup"] and w["seconds"] > 0]
+            if per_window:  # the run's rate lies within its windows' range; keep the spread around it
+                row.throughput_lo = min(percentile(per_window, 10), row.throughput)
+                row.throughput_hi = max(percentile(per_window, 90), row.throughput)
+    startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
+    row.startup_s = statistics.median(startups) if startups else None
+    _pool_memory(row, ok)
+    return row
+
+
+def _rank_pids(results: dict[str, Any]) -> int:
+    per_process = (results.get("memory") or {}).get("per_process", [])
+    return len({(p.get("node"), p["pid"]) for p in per_process if p.get("role") == "rank"})
+
+
+def _median_int(values: Sequence[int]) -> int | None:
+    values = [v for v in values if v]
+    return int(statistics.median_low(values)) if values else None
+
+
+def _pool_memory(row: Row, ok: Sequence[dict[str, Any]]) -> None:
+    """Memory of every repeat: per device the median of the repeats' use, the row's figures the median of
+    the repeats' largest (and smallest) device, with min-max over repeats as the spread."""
+    balances = [imbalance.analyze(r) for r in ok]
+    runs = [b for b in balances if b.devices]
+    row.sources = sorted({(r.get("memory") or {}).get("source") or "none" for r in ok})
+    row.memory_source = row.sources[0] if len(row.sources) == 1 else "+".join(row.sources)
+    if not runs:
+        return
+    per_device: dict[str, list[float]] = {}
+    pids: dict[str, set[int]] = {}
+    for balance in runs:
+        for d in balance.devices:
+            per_device.setdefault(d["device"], []).append(d["used_mib"])
+            pids.setdefault(d["device"], set()).update(d["pids"])
+    row.memory_per_device = [{"device": device, "used_mib": statistics.median(used), "pids": sorted(pids[device])}
+                             for device, used in per_device.items()]
+    maxima = [max(d["used_mib"] for d in b.devices) for b in runs]
+    row.mem_max_mib = statistics.median(maxima)
+    row.mem_min_mib = statistics.median(min(d["used_mib"] for d in b.devices) for b in runs)
+    if len(maxima) >= 2:
+        row.mem_max_lo, row.mem_max_hi = min(maxima), max(maxima)
+    excess = [b.base_excess_pct for b in runs if b.base_excess_pct is not None]
+    row.mem_imbalance_pct = statistics.median(excess) if excess else None
+
+
+def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | None = None) -> tuple[list[Row], str | None]:
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for _, results in found:
+        groups.setdefault(_key(results), []).append(results)
+    varying = _varying(list(groups))
+    keys = list(groups)
+    rows = [_row(groups[k], _label(groups[k], varying[k])) for k in keys]
+    base = _pick_baseline(rows, baseline)
+    if base is not None and base.throughput:
+        for row in rows:
+            if row.throughput:
+                row.speedup = row.throughput / base.throughput
+    for key, row in zip(keys, rows, strict=True):
+        reference = _one_device_reference(key, row, keys, rows)
+        if row.throughput and reference is not None and reference.throughput:
+            row.efficiency = row.throughput / (reference.throughput * row.n_devices)
+    return rows, base.label if base else None
+
+
+def _one_device_reference(key: tuple[Any, ...], row: Row, keys: Sequence[tuple[Any, ...]],
+                          rows: Sequence[Row]) -> Row | None:
+    """What a multi-device row's efficiency is measured against: the one-device run of the same model, batch,
+    image size and amp level (`single` first). One-device rows have no efficiency: there is nothing to scale."""
+    if row.n_devices < 2:
+        return None
+    same = [r for k, r in zip(keys, rows, strict=True)
+            if r.n_devices == 1 and r.throughput and k[1:5] == key[1:5] and k[6:8] == key[6:8]]
+    same.sort(key=lambda r: r.strategy != "single")
+    return same[0] if same else None
+
+
+def _pick_baseline(rows: Sequence[Row], wanted: str | None) -> Row | None:
+    ok = [r for r in rows if r.throughput]
+    if wanted:
+        strategy, _, amp = wanted.partition(":")
+        match = [r for r in ok if r.strategy == strategy and (not amp or r.amp == amp)]
+        if match:
+            return match[0]
+        warnings.warn(f"baseline {wanted} has no ok row; using the default baseline", stacklevel=2)
+    single = [r for r in ok if r.strategy == "single" and r.amp == "O0" and r.n_devices == 1]
+    return (single or ok or [None])[0]
+
+
+# ---- which figure wins: only differences larger than the run-to-run spread ----
+
+def winners(rows: Sequence[Row]) -> dict[str, str]:
+    """Column -> label of the row that is best by more than the run-to-run spread (no entry where it is a
+    tie, or where the spread of the best two is unknown: one run with fewer than 3 steady windows; for
+    memory, fewer than 2 repeats)."""
+    result = {}
+    ok = [r for r in rows if r.throughput]
+    by_rate = sorted(ok, key=lambda r: r.throughput or 0, reverse=True)
+    if len(by_rate) >= 2 and all(r.spread_known for r in by_rate[:2]):
+        best, second = by_rate[0], by_rate[1]
+        if (best.throughput_lo or best.throughput) > (second.throughput_hi or second.throughput):
+            result["throughput"] = best.label
+    timed = sorted((r for r in ok if r.s_per_20), key=lambda r: r.s_per_20 or 0)
+    if len(timed) >= 2 and all(r.spread_known for r in timed[:2]) and \
+            (timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0):
+        result["s_per_20"] = timed[0].label
+    mem = sorted((r for r in ok if r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
+    if len(mem) >= 2 and mem[0].mem_max_hi is not None and mem[1].mem_max_lo is not None and \
+            mem[0].mem_max_hi < mem[1].mem_max_lo:
+        result["mem_max_mib"] = mem[0].label
+    return result
+
+
+def reproducibility(rows: Sequence[Row]) -> str:
+    """One sentence on how far the figures can be trusted: the spread of the steady windows, and which rows'
+    spread is unknown."""
+    known = [r for r in rows if r.throughput and r.spread_known and r.s_per_20]
+    unknown = [r.label for r in rows if r.throughput and not r.spread_known]
+    parts = []
+    if known:
+        widths = sorted(100 * ((r.s_per_20_p90 or 0) - (r.s_per_20_p10 or 0)) / (r.s_per_20 or 1) for r in known)
+        parts.append(f"steady windows vary by {statistics.median(widths):.0f} % (median p10–p90 width over "
+                     f"{len(known)} rows; widest {widths[-1]:.0f} %): differences smaller than that are noise")
+    if unknown:
+        parts.append("spread unknown (one run, fewer than 3 steady windows; no ★ possible) for " + ", ".join(unknown))
+    return "; ".join(parts) or "no row measured"
+
+
+
+
+WIN_WORDS = {"throughput": "fastest", "s_per_20": "least time per 20 iterations", "mem_max_mib": "least memory"}
+
+
+def summary(rows: Sequence[Row], baseline: str | None) -> str:
+    """What won, by how much, beyond the noise, in words."""
+    ran = sorted((r for r in rows if r.throughput), key=lambda r: r.throughput or 0, reverse=True)
+    not_run = [r for r in rows if not r.throughput]
+    parts = []
+    if not ran:
+        parts.append("No combination ran here" + (f" ({len(not_run)} did not: the reasons are in the table)"
+                                                   if not_run else "") + ".")
+        return " ".join(parts)
+    won = winners(rows)
+    best = ran[0]
+    ahead = f"{100 * ((best.throughput or 0) / (ran[1].throughput or 1) - 1):.0f} % ahead of {ran[1].label}" \
+        if len(ran) > 1 else "the only one that ran"
+    against = f", {best.speedup:.2f}× {baseline}" if best.speedup and baseline and best.label != baseline else ""
+    if "throughput" in won:
+        parts.append(f"Fastest: {best.label}, {best.throughput:.1f} img/s{against}; {ahead}, more than the "
+                     "run-to-run spread.")
+    elif len(ran) > 1:
+        parts.append(f"Fastest measured: {best.label}, {best.throughput:.1f} img/s{against}; {ahead}, which is "
+                     "within the spread of identical runs (or the spread is unknown): a tie, not a win.")
+    else:
+        parts.append(f"{best.label}: {best.throughput:.1f} img/s.")
+    if "mem_max_mib" in won:
+        lightest = next(r for r in rows if r.label == won["mem_max_mib"])
+        parts.append(f"Least memory: {lightest.label} ({lightest.mem_max_mib:.0f} MiB on its fullest device).")
+    if not_run:
+        parts.append(f"{len(not_run)} combination{'s' if len(not_run) > 1 else ''} did not run here "
+                     f"({', '.join(sorted({r.status.split(' ')[0] for r in not_run}))}; reasons in the table).")
+    return " ".join(parts)
+
+
+@dataclass
+class Context:
+    """What a reader needs to trust the figures: when, on what, with which versions, by which command."""
+
+    runs: int
+    first_started: float | None
+    last_finished: float | None
+    machine: str
+    versions: str
+    commands: list[str]
+    commits: list[str]
+
+
+def context(found: Sequence[tuple[Path, dict[str, Any]]]) -> Context:
+    envs = [r.get("env") or {} for _, r in found]
+    env = next((e for e in envs if e), {})
+    gpus = env.get("gpu_names") or []
+    if gpus:
+        names = sorted(set(gpus))
+        machine = ", ".join(f"{gpus.count(n)}× {n}" for n in names) + f" (driver {env.get('driver')})"
+    else:
+        machine = "no GPU"
+    if env.get("cpu"):
+        machine = f"{env['cpu']} ({env.get('cpu_capability', '?')}), " + machine
+    versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "python") if env.get(k))
+    if env.get("torch_built_for_cuda"):
+        versions += f", torch built for CUDA {env['torch_built_for_cuda']}"
+    started = [r.get("started_at") for _, r in found if r.get("started_at")]
+    finished = [r.get("finished_at") for _, r in found if r.get("finished_at")]
+    return Context(runs=len(found), first_started=min(started) if started else None,
+                   last_finished=max(finished) if finished else None, machine=machine, versions=versions,
+                   commands=sorted({e["command"] for e in envs if e.get("command")}),
+                   commits=sorted({e["harness_commit"] for e in envs if e.get("harness_commit")}))

@@ -1,0 +1,86 @@
+"""Every command line the README shows is checked as typed: composed, its values checked, and placed on
+this machine (a command naming GPUs this machine lacks must be refused, saying so)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from harness import cli
+from harness.compose import compose_one, has_gpu, hydra_context
+from harness.rank.devices import probe_hardware
+
+COMMAND = re.compile(r"^    (?:python|\.venv/bin/python) (run\.py|-m harness\.collectives|-m harness\.report)(.*)$")
+
+
+def readme_commands(tool: str) -> list[list[str]]:
+    found = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        match = COMMAND.match(line)
+        if match and match.group(1) == tool:
+            found.append(shlex.split(match.group(2), comments=True))
+    return found
+
+
+def names_missing_gpus(args: list[str]) -> bool:
+    return not has_gpu() and any(re.fullmatch(r"gpus=\[\d[\d,]*\]", a) for a in args)
+
+
+RUN_COMMANDS = readme_commands("run.py")
+COLLECTIVES = readme_commands("-m harness.collectives")
+
+
+def test_the_readme_has_the_commands_this_test_checks():
+    assert len(RUN_COMMANDS) >= 10 and len(COLLECTIVES) >= 3 and readme_commands("-m harness.report")
+
+
+@pytest.mark.parametrize("args", RUN_COMMANDS, ids=[" ".join(a) for a in RUN_COMMANDS])
+def test_every_run_py_command_is_accepted_as_typed(args, capsys):
+    if names_missing_gpus(args) and "-m" not in args:
+        with pytest.raises(SystemExit) as info:
+            cli.precheck(args)
+        assert info.value.code == cli.EXIT_BAD_INPUT
+        assert "no visible GPU" in capsys.readouterr().err
+        return
+    argv = cli.precheck(args)
+    assert capsys.readouterr().err == ""
+    assert [a for a in argv if a != "sweep=none"] == [a for a in args if a.startswith("-")] + \
+        [a for a in args if not a.startswith("-")]
+
+
+@pytest.mark.parametrize("args", COLLECTIVES, ids=[" ".join(a) for a in COLLECTIVES])
+def test_every_collectives_command_is_accepted_as_typed(args):
+    from harness.collectives import CollectivesConfig, placement_for
+    from harness.errors import Incompatible
+
+    with hydra_context():
+        config = compose_one(args, config_name="collectives").config
+    CollectivesConfig.from_dict(config["collectives"])
+    if names_missing_gpus(args):
+        with pytest.raises(Incompatible, match="no visible GPU"):
+            placement_for(config, probe_hardware())
+    else:
+        assert placement_for(config, probe_hardware()).world_size >= 1
+
+
+def test_the_merge_command_works_with_its_placeholders_filled(tmp_path, monkeypatch):
+    from harness import report
+
+    (args,) = readme_commands("-m harness.report")
+    monkeypatch.chdir(tmp_path)
+    for name, strategy in (("A", "single"), ("B", "ddp")):
+        folder = tmp_path / "runs" / "multirun" / name / "0"
+        folder.mkdir(parents=True)
+        windows = [{"end_iter": 20 * i, "seconds": 1.0, "cumulative_seconds": float(i), "warmup": i == 1, "loss": 1.0}
+                   for i in (1, 2, 3)]
+        folder.joinpath("results.json").write_text(json.dumps({
+            "schema": 1, "status": "ok", "error": None, "strategy": strategy, "amp": "O0", "model": "m",
+            "devices": ["cpu"], "global_batch": 8, "log_every": 20, "windows": windows, "throughput_img_s": 160.0,
+            "memory": {"source": None, "per_device": [], "per_process": []}}))
+    assert report.main(args) == 0
+    assert len(list(Path("runs/reports").glob("*/index.html"))) == 1
