@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=10)
     common.add_common_args(parser)
     args = parser.parse_args(argv)
-    trials = 2 if args.quick else args.trials
+    trials = 1 if args.quick else args.trials
     os.environ.update(common.pinned_env(1))  # the workers inherit it
     settings = {"workers": 2, "trials per case": trials, "launchers": "elastic (monitor interval 0.1 s), spawn",
                 "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "clock": "time.time() in both processes"}

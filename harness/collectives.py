@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from harness.config import CONF_DIR, check_dist, check_gpus, check_nprocs
 from harness.errors import ConfigError
-from harness.output.logs import setup_worker
+from harness.output.logs import refusals, setup_worker
 from harness.output.results import environment, write_json_atomic
 from harness.rank.devices import Hardware, Placement, place, probe_hardware
 
@@ -521,7 +521,7 @@ def main() -> None:
             results = run_benchmark(cfg_dict, Path(HydraConfig.get().runtime.output_dir))
         except ConfigError as error:
             _remove_if_empty_run(Path(HydraConfig.get().runtime.output_dir))
-            log.error("%s", error)
+            refusals().error("%s", error)
             sys.exit(EXIT_BAD_INPUT)
         if results["status"] != "ok":
             sys.exit(EXIT_RUN_FAILED)

@@ -56,7 +56,7 @@ def _rank_main(rank: int, port: int) -> None:
         for bucket in (False, True):
             for level in ("O0", "O2"):  # O2 on CPU: bfloat16 weights and gradients, fp32 master weights
                 strategy = first if (bucket, level) == (False, "O0") else ManualAllReduce(bucket)
-                strategy.ops = first.ops  # the process group is shared; each scenario hooks its own model
+                strategy._ops = first._ops  # the process group is shared; each scenario hooks its own model
                 _check_scenario(strategy, rank, resolve(AmpConfig(level=level), "cpu"))
     finally:
         first.teardown()

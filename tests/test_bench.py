@@ -28,13 +28,34 @@ SCRIPTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """The selected scripts' --quick runs, three at a time (each is mostly process start-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path_factory.mktemp("bench")  # made here: the factory is not for threads
+
+    def run(script: str) -> tuple[str, tuple[subprocess.CompletedProcess[str], Path]]:
+        folder = root / script.removesuffix(".py")
+        folder.mkdir()
+        readme = folder / "README.md"
+        readme.write_text("x\n<!-- perf:start -->\n<!-- perf:end -->\n")
+        proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--runs-dir", str(folder / "runs")],
+                              cwd=folder, capture_output=True, text=True, timeout=300)
+        return script, (proc, readme)
+
+    scripts = [item.callspec.params["script"] for item in request.session.items
+               if getattr(item, "originalname", None) == "test_bench_script_runs_quick_and_prints_its_table"]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(run, scripts))
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("bench")  # one worker runs the shared --quick runs
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_bench_script_runs_quick_and_prints_its_table(script, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("x\n<!-- perf:start -->\n<!-- perf:end -->\n")
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--runs-dir", str(tmp_path / "runs")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+def test_bench_script_runs_quick_and_prints_its_table(script, quick_runs):
+    proc, readme = quick_runs[script]
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for header in SCRIPTS[script]:
         assert header in proc.stdout, proc.stdout[-3000:]

@@ -68,7 +68,7 @@ def check_contract(r: dict) -> None:
     assert isinstance(env["gpu_names"], list)
     assert "run.py" in env["command"]
 
-    assert isinstance(r["config"], dict) and r["config"]["strategy"]["name"] == r["strategy"]
+    assert isinstance(r["config"], dict) and r["config"]["strategy"]["_target_"].startswith("strategies.")
     assert set(r["precision"]) >= {"level", "impl", "dtype", "master_weights", "keep_batchnorm_fp32",
                                    "loss_scale", "final_loss_scale", "skipped_steps"}
     assert r["precision"]["level"] == r["amp"]

@@ -39,10 +39,13 @@ def setup_worker(log_file: str | Path | None, rank: int) -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.INFO)
-    terminal = logging.StreamHandler(sys.stdout)
-    terminal.setFormatter(TerminalFormatter("%(message)s"))
-    terminal.addFilter(RankZeroFilter(rank))
-    root.addHandler(terminal)
+    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    out.addFilter(BelowWarning())
+    err.setLevel(logging.WARNING)
+    for terminal in (out, err):
+        terminal.setFormatter(TerminalFormatter("%(message)s"))
+        terminal.addFilter(RankZeroFilter(rank))
+        root.addHandler(terminal)
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         file = logging.FileHandler(log_file, mode="a")  # ranks append whole lines to the one file
@@ -72,13 +75,11 @@ def refusals() -> logging.Logger:
     return logger
 
 
-class _Below(logging.Filter):
-    def __init__(self, level: int) -> None:
-        super().__init__()
-        self.level = level
+class BelowWarning(logging.Filter):
+    """Information to stdout; warnings and errors take stderr (a handler of their own)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < self.level
+        return record.levelno < logging.WARNING
 
 
 def setup_cli() -> None:
@@ -88,7 +89,7 @@ def setup_cli() -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
-    out.addFilter(_Below(logging.WARNING))
+    out.addFilter(BelowWarning())
     err.setLevel(logging.WARNING)
     for handler in (out, err):
         handler.setFormatter(TerminalFormatter("%(message)s"))
