@@ -99,6 +99,13 @@ class Strategy:
     def synchronize(self) -> None:
         self.ops.synchronize()
 
+    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The trained parameters as one device would hold them, by the unwrapped model's names, on the CPU
+        in float32: what numerical parity compares across strategies and between replicas. A strategy that
+        shards parameters overrides this to gather them first (every rank must call it)."""
+        inner = getattr(model, "module", model)
+        return {name: p.detach().float().cpu().clone() for name, p in inner.named_parameters()}
+
     def barrier(self) -> None:
         """Line ranks up before the clock starts."""
 
