@@ -40,11 +40,6 @@ class ApexAmp(Amp):
         with self._amp.scale_loss(loss, self._optimizer) as scaled:
             scaled.backward()
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        # With master weights apex replaces zero_grad by a method that takes no arguments
-        # (apex/amp/_process_optimizer.py, 25.05: `def new_zero_grad(self):`).
-        optimizer.zero_grad()
-
     def state(self) -> dict[str, Any]:
         scalers = self._amp._amp_state.loss_scalers
         return {"final_loss_scale": float(scalers[0].loss_scale()) if scalers else None, "skipped_steps": None}

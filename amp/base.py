@@ -48,8 +48,10 @@ class Amp:
         optimizer.step()
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        """Gradients dropped (not zeroed in place): no memset per step, as `torch.optim` defaults to."""
-        optimizer.zero_grad(set_to_none=True)
+        """Gradients dropped, not zeroed in place (no memset per step): torch.optim's default since 2.0.
+        Called without arguments: optimizers that wrap another take none (horovod 0.28.1's
+        DistributedOptimizer: `def zero_grad(self):`; apex's with master weights: `def new_zero_grad(self):`)."""
+        optimizer.zero_grad()
 
     def state(self) -> dict[str, Any]:
         """Loss-scale bookkeeping for the results; read once after the timed loop (it may sync)."""

@@ -4,16 +4,17 @@ which the model is converted, moved, cast, wrapped and given its optimizer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from amp import Amp, AmpSpec
+from harness.errors import Incompatible
 from harness.rank.devices import DeviceOps, Placement
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -48,6 +49,11 @@ class Strategy:
     @classmethod
     def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
         """Raise Incompatible for an amp level this strategy would run wrongly."""
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
+        """Raise Incompatible for an option value (types already checked) that this machine or this torch
+        cannot honour, e.g. a communication backend it lacks."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -99,6 +105,10 @@ class Strategy:
     def synchronize(self) -> None:
         self.ops.synchronize()
 
+    def compile_seconds(self) -> float | None:
+        """Seconds this rank spent compiling (XLA graphs), read after the timed loop; None: nothing compiled."""
+        return None
+
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The trained parameters as one device would hold them, by the unwrapped model's names, on the CPU
         in float32: what numerical parity compares across strategies and between replicas. A strategy that
@@ -117,15 +127,44 @@ class Strategy:
         pass
 
 
+Backend = Literal["auto", "gloo", "nccl", "mpi"]
+
+
+def check_backend(backend: str, accelerator: str) -> None:
+    """The torch.distributed backend a run asks for (`strategy.backend`), refused here when it cannot work:
+    nccl needs GPUs; mpi needs a torch built from source with MPI (the published wheels are not:
+    `torch.distributed.is_mpi_available()` is False) and processes started by `mpirun`, which assigns the
+    ranks (init_process_group("mpi") ignores the launcher's RANK/WORLD_SIZE)."""
+    if backend == "nccl" and accelerator != "cuda":
+        raise Incompatible("strategy.backend", backend, "auto or gloo on the CPU: nccl runs only on CUDA GPUs")
+    if backend == "mpi":
+        if not dist.is_mpi_available():
+            raise Incompatible("strategy.backend", backend, f"auto, gloo or nccl: this torch ({torch.__version__}) "
+                               "was built without MPI (torch.distributed.is_mpi_available() is False, as for every "
+                               "published wheel; MPI needs torch built from source against an MPI library)")
+        raise Incompatible("strategy.backend", backend, "auto, gloo or nccl: this torch has MPI, but MPI ranks are "
+                           "assigned by mpirun and the harness starts its workers itself (not wired yet)")
+
+
 class ProcessGroupStrategy(Strategy):
-    """One process per device joined in a torch.distributed process group (nccl on GPUs, gloo on CPU)."""
+    """One process per device joined in a torch.distributed process group (nccl on GPUs, gloo on CPU, or
+    the subclass's `backend` option)."""
 
     one_process_per_device = True
+    backend: str = "auto"
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
+        check_backend(str(options.get("backend", "auto")), placement.accelerator)
+
+    @property
+    def backend_name(self) -> str:
+        return self.ops.dist_backend if self.backend == "auto" else self.backend
 
     def setup(self, env: RankEnv) -> None:
         super().setup(env)
         device_id = self.ops.device if self.ops.accelerator == "cuda" else None
-        dist.init_process_group(self.ops.dist_backend, rank=env.rank, world_size=env.world_size,
+        dist.init_process_group(self.backend_name, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=env.timeout_s), device_id=device_id)
 
     def barrier(self) -> None:

@@ -7,20 +7,30 @@ torchrun-style environment the launcher set (RANK, LOCAL_RANK, WORLD_SIZE, MASTE
 `setup` calls `idist.initialize(backend)` and `teardown` `idist.finalize()`, which is what
 `with idist.Parallel(backend=...)` does under torchrun, plus the harness's collective timeout
 (Parallel does not pass one on). The model is wrapped by `idist.auto_model` (DDP when the world has
-more than one process) and the data goes to `idist.device()`.
+more than one process), the optimizer by `idist.auto_optim`, and the data goes to `idist.device()`.
+
+Ignite's backends (`strategy.backend`): gloo and nccl (auto picks by device); horovod, joined as
+strategy=horovod joins it (strategies/horovod.py); mpi and xla-tpu are refused with the reason found on
+this machine's packages.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from amp import Amp
+from harness.errors import Incompatible
 from harness.optional import package_missing
-from strategies.base import RankEnv, Strategy
+from harness.rank.devices import Placement
+from strategies import horovod
+from strategies.base import OptimizerFactory, RankEnv, Strategy, check_backend
 
 INSTALL_HINT = "strategy=ignite needs pytorch-ignite: pip install -e '.[ignite]'"
 
@@ -34,14 +44,27 @@ def _idist() -> Any:
 class IgniteStrategy(Strategy):
     one_process_per_device = True
 
-    def __init__(self, sync_bn: bool = False, find_unused_parameters: bool = False) -> None:
+    def __init__(self, sync_bn: bool = False, find_unused_parameters: bool = False,
+                 backend: Literal["auto", "gloo", "nccl", "mpi", "horovod", "xla-tpu"] = "auto") -> None:
         super().__init__()
-        self.sync_bn, self.find_unused_parameters = sync_bn, find_unused_parameters
+        self.sync_bn, self.find_unused_parameters, self.backend = sync_bn, find_unused_parameters, backend
         self._device: torch.device | None = None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return package_missing("ignite", INSTALL_HINT)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
+        backend = str(options.get("backend", "auto"))
+        if backend == "xla-tpu":
+            raise Incompatible("strategy.backend", backend, xla_tpu_refusal())
+        if backend == "horovod":
+            missing = horovod.HorovodStrategy.unavailable_reason()
+            if missing:
+                raise Incompatible("strategy.backend", backend, f"auto, gloo or nccl here: {missing}")
+            return
+        check_backend(backend, placement.accelerator)
 
     def setup(self, env: RankEnv) -> None:
         if env.placement.accelerator == "cpu":
@@ -49,8 +72,13 @@ class IgniteStrategy(Strategy):
             # machine) hides them from this worker before anything initialises CUDA.
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         super().setup(env)  # the device, chosen as for DDP (local rank r drives visible GPU r)
-        idist = _idist()
-        idist.initialize(self.ops.dist_backend, timeout=timedelta(seconds=env.timeout_s))
+        idist, timeout = _idist(), timedelta(seconds=env.timeout_s)
+        if self.backend == "horovod":  # the harness's own group carries the rendezvous port, then horovod
+            dist.init_process_group(self.ops.dist_backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
+            horovod.join_horovod(env)
+            idist.initialize("horovod")
+        else:
+            idist.initialize(self.ops.dist_backend if self.backend == "auto" else self.backend, timeout=timeout)
         self._device = idist.device()
         if self._device != self.ops.device:  # Ignite drives visible GPU <local rank>, whatever `gpus` says
             raise RuntimeError(f"ignite put local rank {env.local_rank} on {self._device}, the harness on "
@@ -62,6 +90,11 @@ class IgniteStrategy(Strategy):
         if self._device is None:
             raise RuntimeError("IgniteStrategy.setup() has not run")
         return self._device
+
+    def setup_module(self, model: nn.Module, amp: Amp,
+                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().setup_module(model, amp, make_optimizer)
+        return model, _idist().auto_optim(optimizer)  # horovod's DistributedOptimizer; as is for gloo/nccl
 
     def wrap(self, model: nn.Module) -> nn.Module:
         kwargs: dict[str, Any] = {}
@@ -78,4 +111,22 @@ class IgniteStrategy(Strategy):
     def teardown(self) -> None:
         if self._device is not None:
             _idist().finalize()
+        if dist.is_initialized():  # horovod's control group
+            dist.destroy_process_group()
             self._device = None
+
+
+def xla_tpu_refusal() -> str:
+    """Why Ignite's xla-tpu backend cannot run here, from the installed packages."""
+    why = ("auto, gloo or nccl: Ignite's xla-tpu backend runs in processes started by torch_xla's own "
+           "multiprocessing (xmp.spawn), not by a launcher; strategy=xla times XLA devices instead")
+    if package_missing("torch_xla", "missing"):
+        return f"{why}; torch_xla is not installed (README: 'Horovod, XLA and MPI')"
+    import ignite
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    if not hasattr(xm, "xrt_world_size"):
+        return (f"{why}; and pytorch-ignite {ignite.__version__} calls xm.xrt_world_size() "
+                f"(ignite/distributed/comp_models/xla.py), which torch_xla {torch_xla.__version__} no longer has")
+    return why

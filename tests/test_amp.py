@@ -415,3 +415,23 @@ def test_half_levels_are_skipped_where_the_cpu_only_emulates_them(monkeypatch, n
     assert skip_reason(resolve(AmpConfig(level="O2", allow_emulated=True), "cpu"), "cpu") is None
     assert skip_reason(resolve(AmpConfig(level="O0"), "cpu"), "cpu") is None
     assert skip_reason(resolve(AmpConfig(level="O2"), "cuda"), "cuda") is None
+
+
+class ArglessZeroGrad(torch.optim.SGD):
+    """Like horovod 0.28.1's DistributedOptimizer (horovod/torch/optimizer.py: `def zero_grad(self):` ...
+    `return super(self.__class__, self).zero_grad()`) and apex's with master weights: no arguments."""
+
+    def zero_grad(self) -> None:  # type: ignore[override]
+        super().zero_grad()
+
+
+@pytest.mark.parametrize("optimizer_cls", [torch.optim.SGD, ArglessZeroGrad])
+def test_zero_grad_drops_gradients_and_takes_wrapping_optimizers(optimizer_cls):
+    """Gradients are set to None (no memset each step), and an optimizer whose zero_grad takes no
+    arguments works (the trainer used to pass set_to_none=True: a TypeError at iteration 1)."""
+    model = nn.Linear(3, 2)
+    optimizer = optimizer_cls(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    Amp(resolve(AmpConfig(level="O0"), "cpu"), torch.device("cpu")).zero_grad(optimizer)
+    assert all(p.grad is None for p in model.parameters())

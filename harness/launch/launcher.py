@@ -10,6 +10,7 @@ loopback interface.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -141,7 +142,7 @@ def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nproc
         rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
         rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
         max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=SHUTDOWN_GRACE_S)
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_grace(LaunchConfig))
     try:
         elastic_launch(config, entry)(spec)
     except ChildFailedError as error:
@@ -150,6 +151,13 @@ def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nproc
     finally:
         prune_empty(Path(log_dir))
     return []
+
+
+def _grace(launch_config: type) -> dict[str, float]:
+    """SIGTERM-to-SIGKILL grace for the agent, where this torch lets it be set (2.9, the XLA environment's
+    torch, has no `shutdown_timeout` in LaunchConfig: its agent keeps its own)."""
+    fields = {f.name for f in dataclasses.fields(launch_config)}
+    return {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in fields else {}
 
 
 def prune_empty(folder: Path) -> None:

@@ -63,6 +63,7 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
                       strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
     amp = resolve(cfg.amp, placement.accelerator)
     strategy_cls.check_compatible(placement, amp)
+    strategy_cls.check_options(cfg.strategy, placement)
     if placement.accelerator == "cuda" and launched and torchrun is None \
             and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
@@ -215,6 +216,7 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
         "precision": {**_amp_record(amp), "final_loss_scale": None, "skipped_steps": None},
         "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "startup_seconds": None,
+        "compile_seconds": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
         "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
         "env": {}, "started_at": time.time(),
@@ -265,6 +267,7 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
     per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
     firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
+    compiled = [r["compile_seconds"] for r in records if r.get("compile_seconds") is not None]
     state = next((r["amp_state"] for r in records if r["rank"] == 0 and r["amp_state"]), {})
     precision = {**_amp_record(resolve(cfg.amp, placement.accelerator)),
                  "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
@@ -278,6 +281,7 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
         "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
         "startup_seconds": (max(firsts) - started) if firsts else None,
+        "compile_seconds": max(compiled) if compiled else None,
         "command_startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
         "precision": precision,
         "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",

@@ -160,6 +160,7 @@ def run_rank(spec: dict[str, Any],
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto)
         record["stopped_by"] = auto.reason if auto else None
         record["amp_state"] = amp.state()
+        record["compile_seconds"] = strategy.compile_seconds()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
         return record

@@ -53,6 +53,7 @@ class Row:
     losses: list[tuple[int, float]] = field(default_factory=list)
     final_loss: float | None = None
     startup_s: float | None = None
+    compile_s: float | None = None  # median over repeats: compiling (XLA), inside warm-up, apart from steady time
     sources: list[str] = field(default_factory=list)
 
     @property
@@ -152,6 +153,8 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
                 row.throughput_hi = max(percentile(per_window, 90), row.throughput)
     startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
     row.startup_s = statistics.median(startups) if startups else None
+    compiles = [r["compile_seconds"] for r in ok if r.get("compile_seconds") is not None]
+    row.compile_s = statistics.median(compiles) if compiles else None
     _pool_memory(row, ok)
     return row
 

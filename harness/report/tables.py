@@ -21,7 +21,7 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
               "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "imbalance", "final loss", "startup s",
-              "status"]
+              "compile s", "status"]
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
@@ -37,7 +37,7 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                      _fmt(r.s_per_20, 3) + spread, *[_fmt(cumulative.get(it), 1) for it in edges],
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                      _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
-                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), status])
+                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), _fmt(r.compile_s, 1), status])
     return header, body
 
 
@@ -54,7 +54,7 @@ CSV_NUMBERS = (
     ("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
     ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
     ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
-    ("startup_s", lambda r: r.startup_s),
+    ("startup_s", lambda r: r.startup_s), ("compile_s", lambda r: r.compile_s),
 )
 
 

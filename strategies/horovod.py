@@ -1,0 +1,125 @@
+"""Horovod (0.28.1, its last release): gradients averaged by `hvd.DistributedOptimizer`'s allreduce.
+
+`horovodrun` normally starts the workers and gives each its place through HOROVOD_* variables served by
+its rendezvous server. Here the harness's launcher starts one worker per device, as for DDP, so the parent
+samples every worker's memory and PID and the common trainer runs unchanged; `join_horovod` does the rest
+of horovodrun's job inside the workers: rank 0 serves horovod's own rendezvous handler on loopback, the
+port reaches the other ranks through the harness's process group, and each rank sets the variables
+horovodrun would before `hvd.init()`. That process group (gloo, or nccl on GPUs) is the harness's control
+channel only: the barrier before the clock and the iterations=auto decision. One node only.
+
+Horovod is built from source against the installed torch (README: "Horovod, XLA and MPI").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from amp import Amp, AmpSpec
+from harness.errors import Incompatible
+from harness.optional import package_missing
+from harness.rank.devices import Placement
+from strategies.base import OptimizerFactory, ProcessGroupStrategy, RankEnv
+
+INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "
+                "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod==0.28.1 (README: 'Horovod, XLA and MPI')")
+
+
+def _hvd() -> Any:
+    import horovod.torch as hvd  # optional, built from source: imported only by runs that use it
+
+    return hvd
+
+
+def join_horovod(env: RankEnv) -> None:
+    """Give this worker its place in a one-node horovod world and call hvd.init(); needs the harness's
+    process group (to pass the rendezvous port from rank 0 to the others)."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) != env.world_size:
+        raise RuntimeError("strategy=horovod runs on one node (horovodrun's multi-node rendezvous is not wired)")
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    slots = get_host_assignments(parse_hosts(f"localhost:{env.world_size}"), env.world_size)
+    port = [serve_rendezvous(slots) if env.rank == 0 else 0]
+    dist.broadcast_object_list(port, src=0)
+    slot = slots[env.rank]
+    os.environ.update(
+        HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(port[0]),
+        HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="lo",
+        HOROVOD_HOSTNAME=slot.hostname, HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(slot.size),
+        HOROVOD_LOCAL_RANK=str(slot.local_rank), HOROVOD_LOCAL_SIZE=str(slot.local_size),
+        HOROVOD_CROSS_RANK=str(slot.cross_rank), HOROVOD_CROSS_SIZE=str(slot.cross_size))
+
+
+def serve_rendezvous(slots: list[Any]) -> int:
+    """horovod's rendezvous handler on 127.0.0.1 (its RendezvousServer.start binds every interface), in
+    a daemon thread of rank 0 for the run's life; its port."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+    server.init(slots)
+    threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
+    return int(server.server_address[1])
+
+
+class HorovodStrategy(ProcessGroupStrategy):
+    def __init__(self, compression: Literal["none", "fp16"] = "none") -> None:
+        super().__init__()
+        self.compression = compression
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return package_missing("horovod", INSTALL_HINT)
+
+    @classmethod
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
+        if amp.impl == "apex":
+            raise Incompatible("amp.impl", "apex", "native with strategy=horovod (apex amp and horovod's "
+                               "DistributedOptimizer both replace the optimizer's step)")
+        if amp.loss_scale == "dynamic":
+            # GradScaler checks each rank's gradients for inf/NaN before horovod's allreduce (in step):
+            # ranks could disagree on skipping a step and drift apart.
+            raise Incompatible("amp.loss_scale", "dynamic", f"a fixed scale (e.g. amp.loss_scale=1024) or "
+                               f"amp.dtype=bfloat16 with strategy=horovod at {amp.level}: dynamic scaling would "
+                               "decide on each rank's gradients before horovod averages them")
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
+        """No backend option: the control group follows the device."""
+
+    def setup(self, env: RankEnv) -> None:
+        super().setup(env)
+        join_horovod(env)
+        hvd = _hvd()
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (env.rank, env.world_size):
+            raise RuntimeError(f"horovod put rank {env.rank} of {env.world_size} at {hvd.rank()} of {hvd.size()}")
+
+    def setup_module(self, model: nn.Module, amp: Amp,
+                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Rank 0's weights and optimizer state to every rank, then horovod's optimizer: an allreduce hook per
+        gradient, averaged before `step`."""
+        hvd = _hvd()
+        model, optimizer = super().setup_module(model, amp, make_optimizer)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
+        compression = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
+        # O2's fp32 masters are not the model's parameters: horovod then reduces them in step()
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named or None, compression=compression)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return model, optimizer
+
+    def teardown(self) -> None:
+        if self.is_set_up:
+            try:
+                _hvd().shutdown()
+            except ImportError:
+                pass
+        super().teardown()
