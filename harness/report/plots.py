@@ -138,7 +138,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
 MEMORY_AXIS = {
     "nvml": "GPU memory in use above the pre-run baseline (MiB, NVML)",
     "torch-allocator": "allocator's reserved peak per GPU (MiB)",
-    "psutil": "growth of each worker process's resident memory (MiB; CPU: process, not device, memory)",
+    "psutil": "worker process's resident memory growth (MiB)\n(CPU: a process's memory, not a device's)",
 }
 
 
@@ -156,7 +156,7 @@ def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, foote
         for d in r.memory_per_device:
             ax.bar(x, d["used_mib"], width=0.8, color=s["color"], hatch=s["hatch"], edgecolor="black", linewidth=0.5)
             pids = ",".join(map(str, d["pids"])) or "no PID"
-            ax.text(x, top * 0.02, f"PID {pids}", rotation=90, fontsize=6, ha="center", va="bottom", color="white"
+            ax.text(x, top * 0.02, f"PID {pids}", rotation=90, fontsize=7, ha="center", va="bottom", color="white"
                     if d["used_mib"] > 0.3 * top else "black")
             device_ticks.append(x)
             device_labels.append(d["device"].rpartition("/")[2] if "/" in d["device"] else d["device"])
@@ -164,14 +164,15 @@ def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, foote
         ticks.append((start + x - 1) / 2)
         tick_labels.append(r.label)
         x += 0.8
-    ax.set_xticks(device_ticks, device_labels, fontsize=6, rotation=90)
-    secondary = ax.secondary_xaxis(-0.18)
-    secondary.set_xticks(ticks, tick_labels, fontsize=8, rotation=20, ha="right")
-    secondary.tick_params(length=0)
+    ax.set_xticks(device_ticks, device_labels, fontsize=7, rotation=90 if bars > 8 else 0)
+    for tick, label, r in zip(ticks, tick_labels, rows, strict=True):  # the combination above its group of bars
+        height = max((d["used_mib"] for d in r.memory_per_device), default=0.0)
+        ax.text(tick, height + top * 0.02, label, ha="center", va="bottom", fontsize=8,
+                rotation=90 if len(rows) > 8 else 0)
     sources = {r.memory_source for r in rows}
     ylabel = MEMORY_AXIS.get(next(iter(sources)), "memory (MiB)") if len(sources) == 1 else "memory (MiB; mixed sources)"
     ax.set(ylabel=ylabel, title="Memory per device (PIDs in the bars)")
-    ax.margins(y=0.1)
+    ax.margins(y=0.25 if len(rows) > 8 else 0.1)
     return _save(fig, path, footer)
 
 
@@ -183,6 +184,9 @@ def _save(fig: Any, path: Path, footer: str = "") -> Path:
     if footer:
         fig.text(0.01, 0.005, "\n".join(textwrap.wrap(footer, 150)), fontsize=7, ha="left", va="bottom", color="#555")
     fig.tight_layout(rect=(0, 0.05 if footer else 0, 1, 1))
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    from matplotlib.legend import Legend
+
+    kept = [c for ax in fig.axes for c in ax.get_children() if isinstance(c, Legend)]  # outside the axes too
+    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=kept)
     plt.close(fig)
     return path
