@@ -4,10 +4,10 @@ which the model is converted, moved, cast, wrapped and given its optimizer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,11 @@ class Strategy:
     @classmethod
     def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
         """Raise Incompatible for an amp level this strategy would run wrongly."""
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], batch_size: int) -> None:
+        """Raise ConfigError for an option value its type allows but the run cannot use (a range, a relation
+        with the global batch); called with the strategy's config section, before anything starts."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
