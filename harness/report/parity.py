@@ -182,17 +182,19 @@ def cell(row: Row) -> str:
 
 
 def notes(rows: Sequence[Row]) -> list[str]:
-    """One line per row with a parity verdict: what it means."""
-    lines = []
+    """One line per row with a parity verdict: its figures and what the verdict means (a meaning already
+    given for an earlier row is referred to, not repeated)."""
+    lines, said = [], {}
     for row in rows:
         if row.parity is None:
             continue
+        note = f"as for {said[row.parity_note]}" if row.parity_note in said else row.parity_note
+        said.setdefault(row.parity_note, row.label)
         figures = "; ".join(f"{name} {value:.2e}" for name, value in (
             ("max abs Δ", row.parity_max_abs), ("max rel Δ", row.parity_max_rel),
             ("max loss Δ", row.parity_loss_diff)) if value is not None)
         against = f" vs {row.parity_reference}" if row.parity_reference and row.parity != REFERENCE else ""
-        lines.append(f"{row.label}: {cell(row)}{against}" + (f" ({figures})" if figures else "") +
-                     f": {row.parity_note}")
+        lines.append(f"{row.label}: {cell(row)}{against}" + (f" ({figures})" if figures else "") + f": {note}")
     return lines
 
 
