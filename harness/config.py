@@ -68,6 +68,20 @@ class ReportConfig:
     baseline: str | None = None  # strategy:amp
 
 
+PARITY_REFERENCES = ("O0", "same_amp")
+
+
+@dataclass(frozen=True)
+class ParityConfig:
+    """Numerical parity (off by default, so timing runs are untouched): after the timed loop every rank
+    records a digest of its trained parameters, rank 0 keeps the parameters and the loss of every
+    iteration, and the report compares them with `strategy=single` at O0 (`reference: same_amp`: at the
+    run's own amp level). `parity=true` on the command line is short for `parity.enabled=true`."""
+
+    enabled: bool = False
+    reference: str = "O0"
+
+
 @dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
@@ -100,6 +114,7 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
 
     @property
     def model_name(self) -> str:
@@ -162,6 +177,7 @@ class RunConfig:
             if fault.at_iter < 1 or (iterations is not None and fault.at_iter > iterations):
                 raise ConfigError("fault.at_iter", fault.at_iter, f"1 to iterations ({cfg['iterations']})")
         report = ReportConfig(**check_record("report", cfg.get("report") or {}, ReportConfig))
+        parity = check_parity(cfg.get("parity"))
 
         return cls(
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
@@ -169,12 +185,13 @@ class RunConfig:
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat", 1), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report,
+            parity=parity,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "memory", "dist",
-                            "fault", "launcher", "timing", "report"})
+                            "fault", "launcher", "timing", "report", "parity"})
 
 
 def check_gpus(gpus: Any) -> tuple[int, ...] | None:
@@ -196,6 +213,19 @@ def check_nprocs(nprocs: Any) -> int:
     if nprocs > OVERSUBSCRIBE_FACTOR * cores:
         raise ConfigError("nprocs", nprocs, f"1 to {OVERSUBSCRIBE_FACTOR * cores} on this machine ({cores} cores)")
     return int(nprocs)
+
+
+def check_parity(section: Any) -> ParityConfig:
+    """`parity=true|false` (the shorthand Hydra leaves as a bool) or the section itself."""
+    if section is None:
+        return ParityConfig()
+    if isinstance(section, bool):
+        return ParityConfig(enabled=section)
+    if not isinstance(section, Mapping):
+        raise ConfigError("parity", section, "true, false, or the section (parity.enabled, parity.reference)")
+    parity = ParityConfig(**check_record("parity", section, ParityConfig))
+    _one_of("parity.reference", parity.reference, PARITY_REFERENCES)
+    return parity
 
 
 def check_dist(section: Mapping[str, Any]) -> DistConfig:

@@ -4,16 +4,17 @@ which the model is converted, moved, cast, wrapped and given its optimizer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from amp import Amp, AmpSpec
+from harness.config import RunConfig
 from harness.errors import Incompatible
 from harness.rank.devices import DeviceOps, Placement
 
@@ -51,9 +52,11 @@ class Strategy:
         """Raise Incompatible for an amp level this strategy would run wrongly."""
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
-        """Raise Incompatible for an option value (types already checked) that this machine or this torch
-        cannot honour, e.g. a communication backend it lacks."""
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        """The strategy's options (`cfg.strategy`, types already checked) against the rest of the run, before
+        anything starts: ConfigError for a value its type allows but no run can use (a range, a relation
+        with the global batch), Incompatible for one this machine, this torch or the run's other settings
+        cannot honour (e.g. a communication backend it lacks)."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -154,8 +157,8 @@ class ProcessGroupStrategy(Strategy):
     backend: str = "auto"
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
-        check_backend(str(options.get("backend", "auto")), placement.accelerator)
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        check_backend(str(cfg.strategy.get("backend", "auto")), placement.accelerator)
 
     @property
     def backend_name(self) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from amp import Amp, AmpSpec
+from harness.config import RunConfig
 from harness.errors import Incompatible
 from harness.optional import package_missing
 from harness.rank.devices import Placement
@@ -90,7 +90,7 @@ class HorovodStrategy(ProcessGroupStrategy):
                                "decide on each rank's gradients before horovod averages them")
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         """No backend option: the control group follows the device."""
 
     def setup(self, env: RankEnv) -> None:

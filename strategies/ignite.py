@@ -17,7 +17,6 @@ this machine's packages.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -25,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amp import Amp
+from amp import Amp, AmpSpec
+from harness.config import RunConfig
 from harness.errors import Incompatible
 from harness.optional import package_missing
 from harness.rank.devices import Placement
@@ -55,8 +55,8 @@ class IgniteStrategy(Strategy):
         return package_missing("ignite", INSTALL_HINT)
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
-        backend = str(options.get("backend", "auto"))
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        backend = str(cfg.strategy.get("backend", "auto"))
         if backend == "xla-tpu":
             raise Incompatible("strategy.backend", backend, xla_tpu_refusal())
         if backend == "horovod":

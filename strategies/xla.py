@@ -20,13 +20,13 @@ compile time XLA measured is reported on its own (`compile_seconds`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from amp import Amp, AmpSpec
+from harness.config import RunConfig
 from harness.errors import ConfigError, Incompatible
 from harness.optional import package_missing
 from harness.rank.devices import Placement
@@ -63,8 +63,8 @@ class XlaStrategy(Strategy):
         return package_missing("torch_xla", INSTALL_HINT)
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any], placement: Placement) -> None:
-        devices = options.get("devices", 1)
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        devices = cfg.strategy.get("devices", 1)
         if devices < 1:
             raise ConfigError("strategy.devices", devices, "an integer >= 1 (XLA devices; on the CPU, virtual ones)")
 

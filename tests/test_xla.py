@@ -10,8 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from test_backends import run_config
 
 from harness.errors import ConfigError
+from harness.launch.runner import plan
+from harness.rank.devices import probe_hardware
 from strategies.xla import INSTALL_HINT, XlaStrategy
 
 HAVE_XLA = importlib.util.find_spec("torch_xla") is not None
@@ -25,7 +28,7 @@ def test_missing_torch_xla_is_a_reason_with_the_recipe():
 
 def test_devices_below_one_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="strategy.devices=0"):
-        XlaStrategy.check_options({"devices": 0}, placement=None)  # type: ignore[arg-type]
+        plan(run_config("strategy=xla", "strategy.devices=0"), probe_hardware())
 
 
 SCRIPT = """

@@ -23,8 +23,9 @@ from harness.config import RunConfig
 from harness.errors import Incompatible
 from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
+from harness.launch.parity import run_parity
 from harness.output import imbalance
-from harness.output.results import SCHEMA, environment, write_results
+from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
 from harness.rank.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
 from harness.rank.timing import Window, merge_ranks, steady_throughput
 from harness.rank.worker import Interrupted, caused_by, last_line, run_rank
@@ -63,7 +64,7 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
                       strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
     amp = resolve(cfg.amp, placement.accelerator)
     strategy_cls.check_compatible(placement, amp)
-    strategy_cls.check_options(cfg.strategy, placement)
+    strategy_cls.check_run(cfg, placement, amp)
     if placement.accelerator == "cuda" and launched and torchrun is None \
             and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
@@ -104,7 +105,8 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     launched = decided.launched
     spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
             "amp": amp.as_dict(), "record_dir": str(record_dir), "log_file": str(run_dir / "run.log"),
-            "launched": launched, "run_started": started, "repeat_label": repeat_label}
+            "launched": launched, "run_started": started, "repeat_label": repeat_label,
+            "parameters_path": str(run_dir / PARAMETERS_NAME)}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)
@@ -284,6 +286,7 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "compile_seconds": max(compiled) if compiled else None,
         "command_startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
         "precision": precision,
+        "parity": run_parity(cfg, placement, records),
         "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",
                                          "allocator")} for r in records],
     }

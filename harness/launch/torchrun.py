@@ -33,7 +33,7 @@ from harness.launch.runner import (
     run_status,
 )
 from harness.output.logs import setup_worker
-from harness.output.results import environment, write_provisional
+from harness.output.results import PARAMETERS_NAME, environment, write_provisional
 from harness.rank.devices import TorchrunWorld, probe_hardware
 from harness.rank.worker import rank_identity, run_rank
 
@@ -135,7 +135,8 @@ def run_worker(overrides: list[str]) -> int:
 
     record_dir = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-"))
     spec = {"config": cfg_dict, "strategy_name": cfg.strategy_name, "placement": placement.as_dict(),
-            "amp": precision.as_dict(), "record_dir": str(record_dir)}
+            "amp": precision.as_dict(), "record_dir": str(record_dir),
+            "parameters_path": str(out_dir / PARAMETERS_NAME)}
 
     def gather(record: dict[str, Any]) -> None:
         if sampler is not None:

@@ -15,6 +15,7 @@ from typing import Any
 SCHEMA = 1
 STATUSES = ("ok", "failed", "oom", "skipped", "interrupted")
 RESULTS_NAME = "results.json"
+PARAMETERS_NAME = "parameters.pt"  # parity=true: rank 0's trained parameters, beside results.json
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

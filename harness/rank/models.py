@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torchvision
 from torch import nn
 
@@ -16,14 +18,25 @@ def torchvision_model(name: str, num_classes: int) -> nn.Module:
 
 
 class TinyCNN(nn.Module):
-    """conv-bn-relu twice, pool, linear: batch-norm included so amp levels differ as on real models."""
+    """conv-bn-relu twice, pool, linear: batch-norm included so amp levels differ as on real models.
+    `norm="none"` leaves batch-norm out (convolutions with a bias instead): every sample's gradient then
+    depends on that sample alone, so data-parallel strategies must match one device to float rounding
+    (the strict numerical-parity check)."""
 
-    def __init__(self, num_classes: int, width: int = 8, name: str = "tiny_cnn") -> None:
+    def __init__(self, num_classes: int, width: int = 8, name: str = "tiny_cnn",
+                 norm: Literal["batch", "none"] = "batch") -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, 2 * width, 3, padding=1, bias=False), nn.BatchNorm2d(2 * width),
-            nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        if norm not in ("batch", "none"):
+            raise ValueError(f"model.norm={norm} is not allowed: batch or none")
+
+        def block(inputs: int, outputs: int) -> list[nn.Module]:
+            if norm == "none":
+                return [nn.Conv2d(inputs, outputs, 3, padding=1), nn.ReLU(inplace=True)]
+            return [nn.Conv2d(inputs, outputs, 3, padding=1, bias=False), nn.BatchNorm2d(outputs),
+                    nn.ReLU(inplace=True)]
+
+        self.features = nn.Sequential(*block(3, width), *block(width, 2 * width), nn.AdaptiveAvgPool2d(1),
+                                      nn.Flatten())
         self.classifier = nn.Linear(2 * width, num_classes)
 
     def forward(self, x):  # noqa: ANN001, ANN201

@@ -21,9 +21,11 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
           batches: Sequence[tuple[torch.Tensor, torch.Tensor]], clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
           on_window: Callable[[Window], None] = lambda w: None,
-          decide: Callable[[Window], bool] | None = None) -> list[Window]:
+          decide: Callable[[Window], bool] | None = None,
+          losses: list[torch.Tensor] | None = None) -> list[Window]:
     """`iterations` iterations, or (None) until `decide` stops the run at a window edge; iteration `it`
-    trains on `batches[it % len(batches)]`."""
+    trains on `batches[it % len(batches)]`. `losses` (numerical parity only) gets every iteration's loss
+    as a detached device tensor, read after the loop: keeping it waits for nothing."""
     model.train()
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
@@ -31,6 +33,8 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
         images, labels = batches[it % len(batches)]
         with amp.forward_context():
             loss = F.cross_entropy(model(images), labels)
+        if losses is not None:
+            losses.append(loss.detach())
         amp.backward(loss)
         amp.step(optimizer)
         amp.zero_grad(optimizer)

@@ -29,6 +29,7 @@ from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
 from harness.rank.data import synthetic_batches
 from harness.rank.devices import DeviceOps, Placement
+from harness.rank.parity import rank_parity
 from harness.rank.timing import AutoStop, Window, WindowClock
 from harness.rank.trainer import train
 from strategies.base import RankEnv
@@ -156,8 +157,14 @@ def run_rank(spec: dict[str, Any],
 
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
+        losses: list[torch.Tensor] | None = [] if cfg.parity.enabled else None
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
-              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto)
+              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto,
+              losses=losses)
+        if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
+            path = spec.get("parameters_path")
+            record["parity"] = rank_parity(strategy.full_parameters(model), losses, model, rank,
+                                           Path(path) if path else None)
         record["stopped_by"] = auto.reason if auto else None
         record["amp_state"] = amp.state()
         record["compile_seconds"] = strategy.compile_seconds()

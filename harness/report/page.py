@@ -9,6 +9,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.report import parity
 from harness.report.rows import PER, Context, Row, reproducibility, summary, winners
 from harness.report.tables import table_rows
 
@@ -82,6 +83,8 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
     figures = "".join(f'<figure><img src="{html.escape(p.name)}" alt="{html.escape(p.stem.replace("_", " "))}">'
                       f"</figure>" for p in pngs)
     warn = "".join(f"<li>{html.escape(s)}</li>" for s in skipped)
+    said = "".join(f"<li>{html.escape(line)}</li>" for line in parity.notes(rows))
+    parity_notes = f"<h2>Numerical parity</h2><ul>{said}</ul>" if said else ""
     meta = ""
     if ctx is not None:
         items = [("when", _when(ctx)), ("runs", str(ctx.runs)), ("machine", ctx.machine), ("versions", ctx.versions),
@@ -99,6 +102,7 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
 excluded) per {PER} iterations, p10–p90 in brackets; ★ marks a figure better than the runner-up by more than
 the run-to-run spread. {html.escape(reproducibility(rows))}. Click a column to sort.</p>
 <div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>
+{parity_notes}
 {f"<h2>Unreadable results files</h2><ul>{warn}</ul>" if warn else ""}
 <div class="figures">{figures}</div>
 <script>{SORT}</script>

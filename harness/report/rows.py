@@ -15,6 +15,7 @@ import numpy as np
 
 from harness.output import imbalance
 from harness.output.results import RESULTS_NAME, load_results
+from harness.report import parity
 
 PER = 20  # the user's unit: seconds per 20 iterations
 
@@ -55,6 +56,12 @@ class Row:
     startup_s: float | None = None
     compile_s: float | None = None  # median over repeats: compiling (XLA), inside warm-up, apart from steady time
     sources: list[str] = field(default_factory=list)
+    parity: str | None = None  # numerical parity verdict (harness.report.parity); None: the row ran without it
+    parity_reference: str | None = None  # the row compared with
+    parity_max_abs: float | None = None  # largest |parameter - reference's|, over tensors and repeats
+    parity_max_rel: float | None = None  # the same over the tensor's largest |reference value|
+    parity_loss_diff: float | None = None  # largest |loss - reference's loss| at the same iteration
+    parity_note: str | None = None  # what the verdict means for this row, in words
 
     @property
     def n_devices(self) -> int:
@@ -84,14 +91,26 @@ def _key(results: dict[str, Any]) -> tuple[Any, ...]:
     return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
             results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
             results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
-            results.get("launcher"))
+            results.get("launcher"), _options(results))
 
 
-def _label(group: Sequence[dict[str, Any]], varying: set[int]) -> str:
+def _options(results: dict[str, Any]) -> tuple[str, ...]:
+    """The strategy's and the model's own options (`model.norm=none`): runs that differ in them are different
+    rows (and a label names what differs)."""
+    config = results.get("config") or {}
+    strategy = sorted((config.get("strategy") or {}).items())  # its _target_ too: a plugin under a known name
+    model = sorted((k, v) for k, v in (config.get("model") or {}).items() if k not in ("_target_", "name"))
+    return tuple(f"strategy.{k}={v}" for k, v in strategy) + tuple(f"model.{k}={v}" for k, v in model)
+
+
+def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset[str] = frozenset()) -> str:
     key = _key(group[0])
     parts = [f"{key[0]} {key[1]}"]
     names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
     for index in sorted(varying):
+        if index == 10:  # options: only those its peers do not all share
+            parts += [o.replace("._target_=", "=") for o in key[10] if o not in common]
+            continue
         value = ",".join(key[index]) if index == 5 else key[index]
         parts.append(f"{names[index]}={value}")
     return " ".join(parts)
@@ -197,11 +216,15 @@ def _pool_memory(row: Row, ok: Sequence[dict[str, Any]]) -> None:
 
 def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | None = None) -> tuple[list[Row], str | None]:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for _, results in found:
+    folders: dict[tuple[Any, ...], list[Path]] = {}
+    for path, results in found:
         groups.setdefault(_key(results), []).append(results)
+        folders.setdefault(_key(results), []).append(path.parent)
     varying = _varying(list(groups))
     keys = list(groups)
-    rows = [_row(groups[k], _label(groups[k], varying[k])) for k in keys]
+    rows = [_row(groups[k], _label(groups[k], varying[k], _common_options(k, keys))) for k in keys]
+    parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
+                            if r.get("status") == "ok"] for k in keys])
     base = _pick_baseline(rows, baseline)
     if base is not None and base.throughput:
         for row in rows:
@@ -212,6 +235,12 @@ def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | Non
         if row.throughput and reference is not None and reference.throughput:
             row.efficiency = row.throughput / (reference.throughput * row.n_devices)
     return rows, base.label if base else None
+
+
+def _common_options(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[str]:
+    """The options every row with this strategy and amp level shares (left out of its label)."""
+    peers = [set(k[10]) for k in keys if k[:2] == key[:2]]
+    return frozenset(set.intersection(*peers)) if peers else frozenset()
 
 
 def _one_device_reference(key: tuple[Any, ...], row: Row, keys: Sequence[tuple[Any, ...]],
@@ -307,6 +336,9 @@ def summary(rows: Sequence[Row], baseline: str | None) -> str:
     if "mem_max_mib" in won:
         lightest = next(r for r in rows if r.label == won["mem_max_mib"])
         parts.append(f"Least memory: {lightest.label} ({lightest.mem_max_mib:.0f} MiB on its fullest device).")
+    said = parity.summary(rows)
+    if said:
+        parts.append(said)
     if not_run:
         parts.append(f"{len(not_run)} combination{'s' if len(not_run) > 1 else ''} did not run here "
                      f"({', '.join(sorted({r.status.split(' ')[0] for r in not_run}))}; reasons in the table).")

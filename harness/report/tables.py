@@ -7,6 +7,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.report import parity
 from harness.report.rows import PER, WIN_WORDS, Row, reproducibility, summary, winners
 
 
@@ -38,11 +39,15 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                      _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
                      _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), _fmt(r.compile_s, 1), status])
+    if any(r.parity is not None for r in rows):  # numerical parity (parity=true): before the status
+        header[-1:-1] = ["parity (max rel Δ)", "max loss Δ"]
+        for r, cells in zip(rows, body, strict=True):
+            cells[-1:-1] = [parity.cell(r), "—" if r.parity_loss_diff is None else f"{r.parity_loss_diff:.1e}"]
     return header, body
 
 
 # report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
-CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason")
+CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason", "parity", "parity_reference")
 CSV_NUMBERS = (
     ("n_devices", lambda r: r.n_devices), ("processes", lambda r: r.processes),
     ("global_batch", lambda r: r.global_batch), ("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
@@ -55,6 +60,8 @@ CSV_NUMBERS = (
     ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
     ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
     ("startup_s", lambda r: r.startup_s), ("compile_s", lambda r: r.compile_s),
+    ("parity_max_abs", lambda r: r.parity_max_abs), ("parity_max_rel", lambda r: r.parity_max_rel),
+    ("parity_loss_diff", lambda r: r.parity_loss_diff),
 )
 
 
@@ -65,7 +72,8 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(header)
         for r in rows:
-            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or ""]
+            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or "",
+                    r.parity or "", r.parity_reference or ""]
             cumulative = dict(r.cumulative)
             numbers = [get(r) for _, get in CSV_NUMBERS] + [cumulative.get(it) for it in edges]
             writer.writerow(text + ["nan" if v is None else repr(float(v)) if isinstance(v, float) else v
@@ -86,6 +94,9 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
     lines += ["", "Clear wins (larger than the run-to-run spread): " +
               (", ".join(f"{WIN_WORDS[k]}: {v}" for k, v in won.items()) or "none"),
               "", f"How reproducible: {reproducibility(rows)}."]
+    said = parity.notes(rows)
+    if said:
+        lines += ["", "Numerical parity (parity=true; README, \"Numerical parity\"):", *[f"- {s}" for s in said]]
     if skipped:
         lines += ["", "Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
     return "\n".join(lines) + "\n"
@@ -120,5 +131,6 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
     for reason, number in reasons.items():
         labels = [r.label for r in rows if r.reason == reason]
         notes.append(f"[{number}] {', '.join(labels)}: {reason}")
+    said = parity.notes(rows)
     return "\n".join([render(table, width=width), *notes, f"How reproducible: {reproducibility(rows)}",
-                      summary(rows, baseline)])
+                      *(["Numerical parity:", *said] if said else []), summary(rows, baseline)])

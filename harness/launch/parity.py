@@ -1,0 +1,61 @@
+"""Numerical parity, the parent's side: the ranks' parity records merged into results.json's `parity`.
+
+Replicas of one data-parallel run hold the same parameters bit for bit (every rank applies the same
+averaged gradient to the same weights), so their digests must be equal; a rank whose digest differs is a
+defect of the strategy and is named. The run's loss curve is the mean of the ranks' losses at each
+iteration (equal shards: the mean over the global batch, what one device on the whole batch computes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from harness.config import RunConfig
+from harness.rank.devices import Placement
+
+
+def fingerprint(cfg: RunConfig) -> str:
+    """What two runs must share for their parameters to be comparable: model (and its options), optimizer,
+    data, seed, global batch and iterations asked for. Strategy, amp and launcher are what parity compares."""
+    what = {"model": cfg.model, "optim": cfg.optim, "data": vars(cfg.data), "seed": cfg.seed,
+            "batch_size": cfg.batch_size, "iterations": cfg.iterations}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def batchnorm_groups(placement: Placement, layout: dict[str, Any] | None) -> int | None:
+    """Into how many pieces each global batch is cut for batch-norm statistics: one per forward pass (a
+    process of a data-parallel run, a DataParallel replica), times the shards of a sharded batch-norm;
+    1 when synchronized; None for a model without batch-norm."""
+    if not layout or not layout.get("layers"):
+        return None
+    if layout.get("sync"):
+        return 1
+    forwards = placement.world_size if placement.one_process_per_device else max(1, len(placement.devices))
+    return forwards * int(layout.get("shards") or 1)
+
+
+def run_parity(cfg: RunConfig, placement: Placement, records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """results.json's `parity` (None when parity is off or no rank got as far as recording it)."""
+    ranks = [r for r in records if r.get("parity")]
+    if not cfg.parity.enabled or not ranks:
+        return None
+    digests = {str(r["rank"]): r["parity"]["digest"] for r in ranks}
+    first = next((d for d in digests.values() if d is not None), None)
+    differing = [int(rank) for rank, d in digests.items() if d is not None and d != first]
+    compared = sum(d is not None for d in digests.values())
+    curves = [r["parity"]["losses"] for r in ranks if r["parity"]["losses"]]
+    length = min((len(c) for c in curves), default=0)
+    layout = next((r["parity"].get("batchnorm") for r in ranks if r["rank"] == 0), ranks[0]["parity"].get("batchnorm"))
+    return {
+        "reference": cfg.parity.reference,
+        "fingerprint": fingerprint(cfg),
+        "digests": digests,
+        "replicas_agree": None if compared < 2 else not differing,
+        "differing_ranks": differing,
+        "losses": [statistics.fmean(c[i] for c in curves) for i in range(length)],
+        "batchnorm_layers": (layout or {}).get("layers", 0),
+        "batchnorm_groups": batchnorm_groups(placement, layout),
+    }

@@ -1,0 +1,224 @@
+"""The report's parity columns: for every row that ran with `parity=true`, how far its trained parameters
+and its loss curve are from the reference row's, and whether that is within what float rounding explains.
+
+The reference is `strategy=single` at O0 (or, for rows that asked `parity.reference=same_amp`, at their own
+amp level and dtype) on the same model, optimizer, data, seed, global batch and iterations (results.json's
+`parity.fingerprint`). Judged, only where the comparison is fair: both in float32, and the global batch cut
+into the same pieces for batch-norm statistics. Everything else is reported with the reason it is not
+judged, and what would make it judgeable."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.output.results import PARAMETERS_NAME
+
+if TYPE_CHECKING:
+    from harness.report.rows import Row
+
+# Judged rows must agree with the reference to this, relative: max |Δ| of a tensor over max |reference| of
+# that tensor, the largest over tensors. Why 1e-5: float32 keeps 24 bits (eps 1.2e-7); a data-parallel
+# strategy sums the same gradients in another order (per rank, then across ranks), which changes each step's
+# update by a few eps, and 20 SGD steps compound that to ~1e-6 (README, "Numerical parity"). A real
+# defect (gradients summed instead of averaged, a rank's shard lost, a wrong learning rate) moves the
+# parameters by 1e-3 or more after one step.
+PARAM_RTOL = 1e-5
+
+AGREES, DIFFERS, REPLICAS, REFERENCE = "agrees", "DIFFERS", "replicas differ", "reference"
+BATCHNORM, MIXED, NO_REFERENCE = "batch-norm", "mixed precision", "no reference"
+FAILED = (DIFFERS, REPLICAS)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What parity needs of one ok run: its results and its folder (where rank 0 left parameters.pt)."""
+
+    results: dict[str, Any]
+    folder: Path
+
+    @property
+    def parity(self) -> dict[str, Any]:
+        return self.results.get("parity") or {}
+
+    @property
+    def dtype(self) -> str | None:
+        return (self.results.get("precision") or {}).get("dtype")
+
+
+def annotate(rows: Sequence[Row], runs: Sequence[Sequence[Run]]) -> None:
+    """Fill each row's parity fields; `runs[i]` are row i's ok runs."""
+    candidates = [i for i, row in enumerate(rows) if row.strategy == "single" and _with_parity(runs[i])]
+    for i, row in enumerate(rows):
+        mine = _with_parity(runs[i])
+        if not mine:
+            continue
+        first = mine[0]
+        reference = _pick_reference(i, rows, runs, candidates, first)
+        differing = sorted({rank for r in mine for rank in r.parity.get("differing_ranks") or []})
+        if reference is None:
+            wanted = "at its own amp level" if first.parity.get("reference") == "same_amp" else "at O0"
+            _set(row, NO_REFERENCE, None, f"no strategy=single row {wanted} ran with parity=true on the same "
+                 "model, optimizer, data, seed, global batch and iterations: add one to the sweep")
+        elif reference == i:
+            _set(row, REFERENCE, row.label, "the row the others are compared with")
+        else:
+            _compare(row, mine, rows[reference], _with_parity(runs[reference]))
+        if differing:
+            row.parity = REPLICAS
+            row.parity_note = (f"rank{'s' if len(differing) > 1 else ''} {', '.join(map(str, differing))} ended with "
+                               "parameters different from rank 0's: replicas of one data-parallel run must be "
+                               "identical, so the strategy is defective. " + (row.parity_note or ""))
+
+
+def _with_parity(runs: Sequence[Run]) -> list[Run]:
+    return [r for r in runs if r.parity]
+
+
+def _pick_reference(i: int, rows: Sequence[Row], runs: Sequence[Sequence[Run]], candidates: Sequence[int],
+                    first: Run) -> int | None:
+    """The reference row for row i: a `single` row with the same fingerprint at the wanted amp level, with the
+    same batch-norm split if there is one (so that the comparison can be judged), the row itself first."""
+    same_amp = first.parity.get("reference") == "same_amp"
+    fitting = []
+    for j in candidates:
+        other = _with_parity(runs[j])[0]
+        if other.parity.get("fingerprint") != first.parity.get("fingerprint"):
+            continue
+        if same_amp and (rows[j].amp != rows[i].amp or other.dtype != first.dtype):
+            continue
+        if not same_amp and (rows[j].amp != "O0" or other.dtype != "float32"):
+            continue
+        fitting.append(j)
+    groups = first.parity.get("batchnorm_groups")
+    fitting.sort(key=lambda j: (_with_parity(runs[j])[0].parity.get("batchnorm_groups") != groups, j != i,
+                                _with_parity(runs[j])[0].parity.get("batchnorm_groups") not in (None, 1)))
+    return fitting[0] if fitting else None
+
+
+def _compare(row: Row, mine: Sequence[Run], reference: Row, theirs: Sequence[Run]) -> None:
+    """Largest differences over the row's runs (repeats) against the reference's first run, and the verdict."""
+    ref = theirs[0]
+    ref_params = _parameters(ref)
+    abs_diffs, rel_diffs, loss_diffs = [], [], []
+    for run in mine:
+        params = _parameters(run)
+        if params is not None and ref_params is not None:
+            if set(params) != set(ref_params) or any(params[k].shape != ref_params[k].shape for k in params):
+                _set(row, DIFFERS, reference.label, "its parameters do not have the reference's names and shapes")
+                return
+            abs_diffs.append(max((params[k] - ref_params[k]).abs().max().item() for k in params))
+            rel_diffs.append(max(_relative(params[k], ref_params[k]) for k in params))
+        ours, base = run.parity.get("losses") or [], ref.parity.get("losses") or []
+        if ours and base:
+            loss_diffs.append(max(abs(a - b) for a, b in zip(ours, base, strict=False)))
+    row.parity_reference = reference.label
+    row.parity_max_abs = max(abs_diffs) if abs_diffs else None
+    row.parity_max_rel = max(rel_diffs) if rel_diffs else None
+    row.parity_loss_diff = max(loss_diffs) if loss_diffs else None
+    if row.parity_max_rel is None:
+        _set(row, NO_REFERENCE, reference.label, f"{PARAMETERS_NAME} is missing from this run's or the "
+             "reference's folder: parameters cannot be compared (the loss curves can)")
+        return
+    first = mine[0]
+    groups, ref_groups = first.parity.get("batchnorm_groups"), ref.parity.get("batchnorm_groups")
+    if first.dtype != "float32" or ref.dtype != "float32":
+        row.parity = MIXED
+        row.parity_note = (f"computes in {first.dtype} against a {ref.dtype} reference: the drift is reported, not "
+                           "judged (half precision rounds to 8 or 11 bits, so no float32 tolerance applies)")
+    elif groups != ref_groups:
+        row.parity = BATCHNORM
+        row.parity_note = batchnorm_note(groups, ref_groups)
+    elif row.parity_max_rel <= PARAM_RTOL and not math.isnan(row.parity_max_rel):
+        row.parity = AGREES
+        row.parity_note = f"within float32 rounding (max relative difference ≤ {PARAM_RTOL:g})"
+    else:
+        row.parity = DIFFERS
+        row.parity_note = (f"max relative parameter difference {row.parity_max_rel:.1e} > {PARAM_RTOL:g}: more "
+                           "than float32 rounding explains; this strategy does not compute the update of one "
+                           "device on the whole batch")
+
+
+def batchnorm_note(groups: int | None, ref_groups: int | None) -> str:
+    """Why a batch-norm row differs from its reference, and the comparison that removes the difference."""
+    pieces = groups or 1
+    return (f"batch-norm normalises each global batch in {pieces} piece{'s' if pieces > 1 else ''} here (one per "
+            f"rank or replica) and in {ref_groups or 1} in the reference, so the update legitimately differs: "
+            "reported, not judged. For a strict check use a model without batch-norm (model=tiny_cnn "
+            "model.norm=none), synchronized batch-norm where the backend has it (CUDA: strategy=ignite "
+            "strategy.sync_bn=true), or the reference with the same split (strategy=single "
+            f"strategy.batchnorm_shards={pieces})")
+
+
+def _relative(values: Any, reference: Any) -> float:
+    scale = reference.abs().max().item()
+    diff = (values - reference).abs().max().item()
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _parameters(run: Run) -> dict[str, Any] | None:
+    """The run's parameters.pt (torch is imported only when a report has one to read)."""
+    path = run.folder / PARAMETERS_NAME
+    if not path.is_file():
+        return None
+    from harness.rank.parity import load_parameters
+
+    return load_parameters(path)
+
+
+def _set(row: Row, verdict: str, reference: str | None, note: str) -> None:
+    row.parity, row.parity_reference, row.parity_note = verdict, reference, note
+
+
+def cell(row: Row) -> str:
+    """The table's parity cell: verdict and max relative parameter difference."""
+    if row.parity is None:
+        return "—"
+    figure = f" {row.parity_max_rel:.1e}" if row.parity_max_rel is not None else ""
+    return f"{'✗ ' if row.parity in FAILED else ''}{row.parity}{figure}"
+
+
+def notes(rows: Sequence[Row]) -> list[str]:
+    """One line per row with a parity verdict: its figures and what the verdict means (a meaning already
+    given for an earlier row is referred to, not repeated)."""
+    lines, said = [], {}
+    for row in rows:
+        if row.parity is None:
+            continue
+        note = f"as for {said[row.parity_note]}" if row.parity_note in said else row.parity_note
+        said.setdefault(row.parity_note, row.label)
+        figures = "; ".join(f"{name} {value:.2e}" for name, value in (
+            ("max abs Δ", row.parity_max_abs), ("max rel Δ", row.parity_max_rel),
+            ("max loss Δ", row.parity_loss_diff)) if value is not None)
+        against = f" vs {row.parity_reference}" if row.parity_reference and row.parity != REFERENCE else ""
+        lines.append(f"{row.label}: {cell(row)}{against}" + (f" ({figures})" if figures else "") + f": {note}")
+    return lines
+
+
+def summary(rows: Sequence[Row]) -> str | None:
+    """The parity sentence of the verdict: what agrees, what does not, what is not judged and why."""
+    judged = [r for r in rows if r.parity is not None]
+    if not judged:
+        return None
+    by: dict[str, list[str]] = {}
+    for row in judged:
+        by.setdefault(row.parity, []).append(row.label)
+    reference = next((r.parity_reference for r in judged if r.parity_reference and r.parity != REFERENCE), None)
+    parts = []
+    if AGREES in by:
+        parts.append(f"{', '.join(by[AGREES])} agree{'s' if len(by[AGREES]) == 1 else ''} with it within float32 "
+                     f"rounding (relative {PARAM_RTOL:g})")
+    for verdict, words in ((DIFFERS, "DIFFER beyond float32 rounding"), (REPLICAS, "have replicas that differ"),
+                           (BATCHNORM, "differ because batch-norm sees shards (explained, not judged)"),
+                           (MIXED, "use mixed precision (drift reported, not judged)")):
+        if verdict in by:
+            parts.append(f"{', '.join(by[verdict])} {words}")
+    sentences = [f"Parity against {reference}: " + "; ".join(parts) + "."] if reference and parts else []
+    if NO_REFERENCE in by:
+        sentences.append(f"Parity: {', '.join(by[NO_REFERENCE])} have no reference row (strategy=single at O0, or "
+                         "at the row's amp level with parity.reference=same_amp; same model, data, seed, batch and "
+                         "iterations; parity=true): nothing to compare with.")
+    return " ".join(sentences) or None
