@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
 from amp import AmpSpec
@@ -28,6 +31,14 @@ class ApexDDP(ProcessGroupStrategy):
             raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {amp.level} "
                                "(apex DDP reduces only half, float and double gradients; bfloat16 weights would "
                                "fail or go unreduced)")
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any], placement: Placement, amp: AmpSpec, compile: bool,
+                  grad_accum: int) -> None:
+        if grad_accum > 1:  # torch DDP's no_sync has no counterpart the harness could test against apex here
+            raise Incompatible("grad_accum", grad_accum, "1 with strategy=apex_ddp (apex's DDP has no no_sync; "
+                               "every micro-batch would be all-reduced, which is not gradient accumulation as "
+                               "the DDP-family strategies do it)")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

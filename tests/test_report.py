@@ -224,7 +224,7 @@ def test_report_csv_holds_plain_numbers(sweep):
     report.build_report([sweep], sweep, quiet=True)
     with open(sweep / "report.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
-    text = {"combination", "strategy", "amp", "model", "devices", "status", "reason"}
+    text = {"combination", "strategy", "amp", "model", "devices", "status", "reason", "variant"}
     numbers = [{k: float(v) for k, v in row.items() if k not in text} for row in table]
     ddp = numbers[[row["combination"] for row in table].index("ddp O0")]
     assert ddp["img_s"] == 1280.0 and ddp["speedup"] == 2.0 and ddp["efficiency"] == 1.0

@@ -53,6 +53,9 @@ class Row:
     losses: list[tuple[int, float]] = field(default_factory=list)
     final_loss: float | None = None
     startup_s: float | None = None
+    variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
+    theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
+    compile_s: float | None = None  # torch.compile's time, apart from start-up (median over repeats)
     sources: list[str] = field(default_factory=list)
 
     @property
@@ -83,14 +86,17 @@ def _key(results: dict[str, Any]) -> tuple[Any, ...]:
     return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
             results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
             results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
-            results.get("launcher"))
+            results.get("launcher"), results.get("variant") or "")
+
+
+VARIANT = 10  # _key's index of the variant: always in the label when set, never a "varying" field
 
 
 def _label(group: Sequence[dict[str, Any]], varying: set[int]) -> str:
     key = _key(group[0])
-    parts = [f"{key[0]} {key[1]}"]
+    parts = [f"{key[0]} {key[1]}", *([key[VARIANT]] if key[VARIANT] else [])]
     names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
-    for index in sorted(varying):
+    for index in sorted(varying - {VARIANT}):
         value = ",".join(key[index]) if index == 5 else key[index]
         parts.append(f"{names[index]}={value}")
     return " ".join(parts)
@@ -118,7 +124,8 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
               model=first.get("model", "?"), devices=list(first.get("devices") or []),
               processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.get("global_batch"),
-              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok))
+              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok),
+              variant=first.get("variant") or "")
     if not ok:
         return row
 
@@ -152,6 +159,10 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
                 row.throughput_hi = max(percentile(per_window, 90), row.throughput)
     startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
     row.startup_s = statistics.median(startups) if startups else None
+    compiles = [r["compile_seconds"] for r in ok if r.get("compile_seconds") is not None]
+    row.compile_s = statistics.median(compiles) if compiles else None
+    theories = [r["memory_theory"]["total_mib"] for r in ok if r.get("memory_theory")]
+    row.theory_mib = statistics.median(theories) if theories else None
     _pool_memory(row, ok)
     return row
 

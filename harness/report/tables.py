@@ -20,8 +20,8 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """The pretty table (report.md, index.html): formatted cells, units in the cells."""
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
-              "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "imbalance", "final loss", "startup s",
-              "status"]
+              "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "theory MiB/rank", "imbalance", "final loss",
+              "startup s", "compile s", "status"]
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
@@ -36,13 +36,14 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         body.append([r.label, ",".join(r.devices) or "—", str(r.processes or "—"), str(r.global_batch or "—"),
                      _fmt(r.s_per_20, 3) + spread, *[_fmt(cumulative.get(it), 1) for it in edges],
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
-                     _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
-                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), status])
+                     _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.theory_mib, 1),
+                     _fmt(r.mem_imbalance_pct, 0, "%"), _fmt(r.final_loss, 4), _fmt(r.startup_s, 1),
+                     _fmt(r.compile_s, 1), status])
     return header, body
 
 
 # report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
-CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason")
+CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason", "variant")
 CSV_NUMBERS = (
     ("n_devices", lambda r: r.n_devices), ("processes", lambda r: r.processes),
     ("global_batch", lambda r: r.global_batch), ("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
@@ -54,7 +55,8 @@ CSV_NUMBERS = (
     ("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
     ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
     ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
-    ("startup_s", lambda r: r.startup_s),
+    ("startup_s", lambda r: r.startup_s), ("theory_mib", lambda r: r.theory_mib),
+    ("compile_s", lambda r: r.compile_s),
 )
 
 
@@ -65,7 +67,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(header)
         for r in rows:
-            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or ""]
+            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or "", r.variant]
             cumulative = dict(r.cumulative)
             numbers = [get(r) for _, get in CSV_NUMBERS] + [cumulative.get(it) for it in edges]
             writer.writerow(text + ["nan" if v is None else repr(float(v)) if isinstance(v, float) else v
@@ -79,7 +81,10 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
              f"(warm-up excluded), normalised to {PER} iterations; the cumulative columns are the time at each "
              "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
              "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
-             "the one-device row at the same amp level, divided by its devices.", "",
+             "the one-device row at the same amp level, divided by its devices. Theory MiB/rank: parameters, "
+             "gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all three "
+             "/ N; activations and buffers not included), beside the measured peak. Compile s: torch.compile's "
+             "time (compile=true), before the clock and outside start-up.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
     won = winners(rows)
