@@ -23,7 +23,7 @@ from harness.compose import (
     register_resolvers,
     typed_sweep_axes,
 )
-from harness.config import CONF_DIR
+from harness.config import CONF_DIR, RunConfig
 from harness.errors import ConfigError, Incompatible
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,12 @@ def _record_refused(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path,
                "log_every": cfg_dict["log_every"], "windows": [], "per_rank_windows": {},
                "throughput_img_s": None, "memory": {"source": None, "per_device": [], "per_process": []},
                "overrides": overrides, "config": cfg_dict}
+    try:  # an Incompatible combination is a valid config: its row is labelled like the runs beside it
+        from harness.launch.runner import variant_fields
+
+        results.update(variant_fields(RunConfig.from_dict(cfg_dict, strategy_name)))
+    except ConfigError:
+        pass
     write_results(run_dir, results)
     log.info("[%s %s] %s: %s", strategy_name, results["amp"], status, error)
     return results

@@ -108,6 +108,8 @@ class RunConfig:
     warmup_windows: int
     seed: int
     repeat: int = 1
+    compile: bool = False  # torch.compile the model (compilation timed apart, before the clock)
+    grad_accum: int = 1  # micro-batches per optimizer step; the global batch stays batch_size
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
@@ -178,20 +180,25 @@ class RunConfig:
                 raise ConfigError("fault.at_iter", fault.at_iter, f"1 to iterations ({cfg['iterations']})")
         report = ReportConfig(**check_record("report", cfg.get("report") or {}, ReportConfig))
         parity = check_parity(cfg.get("parity"))
+        compile_ = cfg.get("compile", False)
+        if not isinstance(compile_, bool):
+            raise ConfigError("compile", compile_, "true or false")
+        grad_accum = cfg.get("grad_accum", 1)
+        _positive_int("grad_accum", grad_accum)
 
         return cls(
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
             model=dict(cfg["model"]), optim=dict(cfg["optim"]), data=data, gpus=gpus, nprocs=cfg["nprocs"],
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat", 1), memory=memory,
-            dist=dist, fault=fault, launcher=launcher, timing=timing, report=report,
-            parity=parity,
+            dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, parity=parity,
+            compile=compile_, grad_accum=grad_accum,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "memory", "dist",
-                            "fault", "launcher", "timing", "report", "parity"})
+                            "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum"})
 
 
 def check_gpus(gpus: Any) -> tuple[int, ...] | None:

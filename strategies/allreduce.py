@@ -16,7 +16,9 @@ so the broadcast does not reach them (nor does DDP's): the shared seed keeps the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,7 @@ class ManualAllReduce(ProcessGroupStrategy):
         self._params: list[nn.Parameter] = []
         self._handles: list[RemovableHandle] = []
         self._queued = False
+        self._sync = True  # False inside no_sync (grad_accum): gradients only accumulate locally
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Same weights everywhere, then gradients averaged after every backward: replicas stay equal."""
@@ -47,7 +50,7 @@ class ManualAllReduce(ProcessGroupStrategy):
         return model
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if not self._queued:
+        if self._sync and not self._queued:
             self._queued = True
             Variable._execution_engine.queue_callback(self._reduce_gradients)
 
@@ -61,6 +64,17 @@ class ManualAllReduce(ProcessGroupStrategy):
             all_reduce_mean_bucketed(grads)
         else:
             all_reduce_mean(grads)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return self._accumulate_only()
+
+    @contextlib.contextmanager
+    def _accumulate_only(self) -> Iterator[None]:
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def teardown(self) -> None:
         for handle in self._handles:

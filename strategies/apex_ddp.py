@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from amp import AmpSpec
+from harness.config import RunConfig
 from harness.errors import Incompatible
 from harness.optional import apex_missing
 from harness.rank.devices import Placement
@@ -28,6 +29,15 @@ class ApexDDP(ProcessGroupStrategy):
             raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {amp.level} "
                                "(apex DDP reduces only half, float and double gradients; bfloat16 weights would "
                                "fail or go unreduced)")
+
+    @classmethod
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        super().check_run(cfg, placement, amp)
+        grad_accum = cfg.grad_accum
+        if grad_accum > 1:  # torch DDP's no_sync has no counterpart the harness could test against apex here
+            raise Incompatible("grad_accum", grad_accum, "1 with strategy=apex_ddp (apex's DDP has no no_sync; "
+                               "every micro-batch would be all-reduced, which is not gradient accumulation as "
+                               "the DDP-family strategies do it)")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

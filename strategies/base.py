@@ -4,10 +4,11 @@ which the model is converted, moved, cast, wrapped and given its optimizer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,8 @@ class Strategy:
     one_process_per_device: ClassVar[bool] = False  # True: the launcher starts a worker per device
     drives_all_devices: ClassVar[bool] = False  # True: one process uses every chosen GPU
     needs_cuda: ClassVar[bool] = False
+    # Which of parameters, gradients and optimizer state each rank holds only 1/world_size of (theory).
+    shards: ClassVar[tuple[bool, bool, bool]] = (False, False, False)
 
     def __init__(self) -> None:
         self._ops: DeviceOps | None = None
@@ -53,10 +56,16 @@ class Strategy:
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        """The strategy's options (`cfg.strategy`, types already checked) against the rest of the run, before
-        anything starts: ConfigError for a value its type allows but no run can use (a range, a relation
-        with the global batch), Incompatible for one this machine, this torch or the run's other settings
-        cannot honour (e.g. a communication backend it lacks)."""
+        """The strategy's options (`cfg.strategy`, types already checked) against the rest of the run (compile,
+        grad_accum, the global batch), before anything starts: ConfigError for a value its type allows but no
+        run can use, Incompatible for one this machine, this torch or the run's other settings cannot honour
+        (e.g. a communication backend it lacks)."""
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> str:
+        """The options that make this run a different combination from the strategy's plain one, for the
+        report's label (e.g. `comm_hook=bf16`); empty when there are none."""
+        return ""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -105,6 +114,16 @@ class Strategy:
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
+    def compile(self, model: nn.Module) -> nn.Module:
+        """compile=true: the wrapped model compiled (DDP's graph is split at its buckets by dynamo's
+        DDPOptimizer; FSDP2's hooks are traced). Compilation itself happens at the first call."""
+        return torch.compile(model)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """grad_accum: entered around every micro-batch but the last of a step, so that gradients only
+        accumulate locally and are communicated once per optimizer step. One process: nothing to skip."""
+        return contextlib.nullcontext()
+
     def synchronize(self) -> None:
         self.ops.synchronize()
 
@@ -116,8 +135,7 @@ class Strategy:
         """The trained parameters as one device would hold them, by the unwrapped model's names, on the CPU
         in float32: what numerical parity compares across strategies and between replicas. A strategy that
         shards parameters overrides this to gather them first (every rank must call it)."""
-        inner = getattr(model, "module", model)
-        return {name: p.detach().float().cpu().clone() for name, p in inner.named_parameters()}
+        return {name: p.detach().float().cpu().clone() for name, p in unwrap(model).named_parameters()}
 
     def barrier(self) -> None:
         """Line ranks up before the clock starts."""
@@ -147,6 +165,13 @@ def check_backend(backend: str, accelerator: str) -> None:
                                "published wheel; MPI needs torch built from source against an MPI library)")
         raise Incompatible("strategy.backend", backend, "auto, gloo or nccl: this torch has MPI, but MPI ranks are "
                            "assigned by mpirun and the harness starts its workers itself (not wired yet)")
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside its wrappers: torch.compile's OptimizedModule keeps it as `_orig_mod`;
+    DDP, DataParallel and the amp plugin's CastingModule as `module`."""
+    inner = getattr(model, "_orig_mod", model)
+    while isinstance(getattr(inner, "module", None), nn.Module):
+        inner = inner.module
+    return inner
 
 
 class ProcessGroupStrategy(Strategy):

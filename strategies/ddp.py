@@ -1,21 +1,72 @@
-"""torch.nn.parallel.DistributedDataParallel, one process per device."""
+"""torch.nn.parallel.DistributedDataParallel, one process per device, with torch's communication hooks."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Literal
+
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from amp import AmpSpec
+from harness.config import RunConfig
+from harness.errors import ConfigError
+from harness.rank.devices import Placement
 from strategies.base import Backend, ProcessGroupStrategy
+
+CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 
 
 class TorchDDP(ProcessGroupStrategy):
+    """`comm_hook`: how DDP's buckets are communicated. `fp16`/`bf16` cast each bucket to half before the
+    all-reduce and back after (half the bytes on the wire); `powersgd` sends a rank-`powersgd_rank`
+    approximation of each gradient matrix with error feedback, after `powersgd_start_iter` iterations of
+    plain all-reduce (PowerSGD's own warm-up; torch's default is 1,000, longer than a benchmark run)."""
+
     def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
-                 gradient_as_bucket_view: bool = False, backend: Backend = "auto") -> None:
+                 gradient_as_bucket_view: bool = False, comm_hook: CommHook = "none", powersgd_rank: int = 1,
+                 powersgd_start_iter: int = 2, backend: Backend = "auto") -> None:
         super().__init__()
         self.backend = backend
         self.options = dict(find_unused_parameters=find_unused_parameters, bucket_cap_mb=bucket_cap_mb,
                             gradient_as_bucket_view=gradient_as_bucket_view)
+        self.comm_hook, self.powersgd_rank, self.powersgd_start_iter = comm_hook, powersgd_rank, powersgd_start_iter
+
+    @classmethod
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        super().check_run(cfg, placement, amp)
+        options = cfg.strategy
+        if options.get("powersgd_rank", 1) < 1:
+            raise ConfigError("strategy.powersgd_rank", options["powersgd_rank"], "an integer >= 1")
+        if options.get("powersgd_start_iter", 2) < 2:
+            # torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py refuses less with error feedback:
+            # "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled"
+            raise ConfigError("strategy.powersgd_start_iter", options["powersgd_start_iter"], "an integer >= 2")
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> str:
+        hook = options.get("comm_hook", "none")
+        if hook == "powersgd":
+            return f"comm_hook=powersgd(rank {options.get('powersgd_rank', 1)})"
+        return "" if hook == "none" else f"comm_hook={hook}"
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.options)
+        ddp = DistributedDataParallel(model, device_ids=device_ids, **self.options)
+        self.register_hook(ddp)
+        return ddp
+
+    def register_hook(self, ddp: DistributedDataParallel) -> None:
+        if self.comm_hook == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif self.comm_hook == "bf16":
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        elif self.comm_hook == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
+                                                start_powerSGD_iter=self.powersgd_start_iter)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return model.no_sync()  # torch.compile's OptimizedModule passes attributes through to the DDP module

@@ -16,6 +16,7 @@ this machine's packages.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import Any, Literal
@@ -101,6 +102,11 @@ class IgniteStrategy(Strategy):
         if _idist().get_world_size() > 1:  # DDP's options; auto_model returns a lone process's model as is
             kwargs["find_unused_parameters"] = self.find_unused_parameters
         return _idist().auto_model(model, sync_bn=self.sync_bn, **kwargs)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """auto_model's DDP has no_sync; a lone process's plain model has nothing to skip."""
+        sync = getattr(model, "no_sync", None)
+        return sync() if callable(sync) else contextlib.nullcontext()
 
     def barrier(self) -> None:
         _idist().barrier()

@@ -18,7 +18,8 @@ from torch import nn
 
 from harness.errors import ConfigError
 from harness.launch.parity import batchnorm_groups, run_parity
-from harness.rank.devices import Placement
+from harness.launch.runner import plan
+from harness.rank.devices import Placement, probe_hardware
 from harness.rank.models import TinyCNN
 from harness.rank.parity import batchnorm_layout, digest
 from harness.report import build_report, build_rows, find_results
@@ -86,8 +87,10 @@ def test_parity_options_are_checked_before_anything_starts():
         run_config(parity="yes")
     with pytest.raises(ConfigError, match="strategy.batchnorm_shards=5 is not allowed: an integer >= 1 that "
                                           r"divides batch_size \(12\)"):
-        run_config(strategy={"_target_": "strategies.single.SingleDevice", "batchnorm_shards": 5})
-    assert run_config(strategy={"_target_": "strategies.single.SingleDevice", "batchnorm_shards": 3})
+        plan(run_config(strategy={"_target_": "strategies.single.SingleDevice", "batchnorm_shards": 5}),
+             probe_hardware())
+    assert plan(run_config(strategy={"_target_": "strategies.single.SingleDevice", "batchnorm_shards": 3}),
+                probe_hardware())
 
 
 # ---- the report's verdicts, on parameters worked by hand ----

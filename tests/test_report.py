@@ -227,7 +227,7 @@ def test_report_csv_holds_plain_numbers(sweep):
     from harness.report.tables import CSV_TEXT
 
     text = set(CSV_TEXT)  # the text columns; every other one holds a number
-    assert {"combination", "strategy", "amp", "model", "devices", "status", "reason"} <= text
+    assert {"combination", "strategy", "amp", "model", "devices", "status", "reason", "variant"} <= text
     numbers = [{k: float(v) for k, v in row.items() if k not in text} for row in table]
     ddp = numbers[[row["combination"] for row in table].index("ddp O0")]
     assert ddp["img_s"] == 1280.0 and ddp["speedup"] == 2.0 and ddp["efficiency"] == 1.0

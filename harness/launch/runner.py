@@ -20,7 +20,7 @@ from hydra.utils import get_class
 
 from amp import AmpSpec, plugin_class, resolve
 from harness.config import RunConfig
-from harness.errors import Incompatible
+from harness.errors import ConfigError, Incompatible
 from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.launch.parity import run_parity
@@ -63,6 +63,9 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
                       strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
     amp = resolve(cfg.amp, placement.accelerator)
+    if placement.local_batch % cfg.grad_accum:
+        raise ConfigError("grad_accum", cfg.grad_accum, f"a divisor of each process's batch of {placement.local_batch} "
+                          f"(batch_size {cfg.batch_size} over {placement.world_size} process(es))")
     strategy_cls.check_compatible(placement, amp)
     strategy_cls.check_run(cfg, placement, amp)
     if placement.accelerator == "cuda" and launched and torchrun is None \
@@ -221,8 +224,18 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "compile_seconds": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
         "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
-        "env": {}, "started_at": time.time(),
+        "env": {}, "started_at": time.time(), **variant_fields(cfg),
     }
+
+
+def variant_fields(cfg: RunConfig) -> dict[str, Any]:
+    """What sets this run apart from its strategy's plain form: the strategy's options, compile, grad_accum,
+    and the short `variant` the report puts in the row's label (e.g. `comm_hook=bf16 compile grad_accum=4`)."""
+    parts = [get_class(cfg.strategy["_target_"]).variant(cfg.strategy), "compile" if cfg.compile else "",
+             f"grad_accum={cfg.grad_accum}" if cfg.grad_accum > 1 else ""]
+    return {"strategy_options": {k: v for k, v in cfg.strategy.items() if k != "_target_"},
+            "variant": " ".join(p for p in parts if p), "compile": cfg.compile, "grad_accum": cfg.grad_accum,
+            "compile_seconds": None, "memory_theory": None}
 
 
 def _amp_record(amp: AmpSpec) -> dict[str, Any]:
@@ -269,10 +282,14 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
     per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
     firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
-    compiled = [r["compile_seconds"] for r in records if r.get("compile_seconds") is not None]
+    # XLA compiles its graphs as the first iterations run: inside the warm-up windows, not in start-up
+    in_windows = [r["window_compile_seconds"] for r in records if r.get("window_compile_seconds") is not None]
     state = next((r["amp_state"] for r in records if r["rank"] == 0 and r["amp_state"]), {})
     precision = {**_amp_record(resolve(cfg.amp, placement.accelerator)),
                  "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
+    compiled = [r["compile_seconds"] for r in records if r.get("compile_seconds") is not None]
+    compile_seconds = max(compiled) if compiled else None  # the ranks compile side by side: the slowest's
+    theory = next((r.get("memory_theory") for r in records if r["rank"] == 0 and r.get("memory_theory")), None)
     done: dict[str, Any] = {}
     if cfg.iterations is None:  # iterations=auto: how many the ranks ran, and why they stopped (together)
         done = {"iterations": windows[-1].end_iter if windows else None,
@@ -282,9 +299,10 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "windows": [w.as_dict() for w in windows],
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
         "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
-        "startup_seconds": (max(firsts) - started) if firsts else None,
-        "compile_seconds": max(compiled) if compiled else None,
-        "command_startup_seconds": (max(firsts) - command_start_time()) if firsts else None,
+        "startup_seconds": (max(firsts) - started - (compile_seconds or 0)) if firsts else None,
+        "command_startup_seconds": (max(firsts) - command_start_time() - (compile_seconds or 0)) if firsts else None,
+        "compile_seconds": compile_seconds if compile_seconds is not None else (max(in_windows) if in_windows else None),
+        "memory_theory": theory,
         "precision": precision,
         "parity": run_parity(cfg, placement, records),
         "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",

@@ -6,8 +6,10 @@ synchronized and the loss is read only at window edges, by the WindowClock.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,26 +18,38 @@ from torch import nn
 from amp import Amp
 from harness.rank.timing import Window, WindowClock
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+NoSync = Callable[[], contextlib.AbstractContextManager[Any]]
+_NO_CONTEXT = contextlib.nullcontext()
+
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
-          batches: Sequence[tuple[torch.Tensor, torch.Tensor]], clock: WindowClock, iterations: int | None, log_every: int,
+          batches: Sequence[Batch], clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
           on_window: Callable[[Window], None] = lambda w: None,
           decide: Callable[[Window], bool] | None = None,
+          grad_accum: int = 1, no_sync: NoSync = contextlib.nullcontext,
           losses: list[torch.Tensor] | None = None) -> list[Window]:
     """`iterations` iterations, or (None) until `decide` stops the run at a window edge; iteration `it`
-    trains on `batches[it % len(batches)]`. `losses` (numerical parity only) gets every iteration's loss
+    trains on `batches[it % len(batches)]`. With `grad_accum` N > 1 an iteration is one optimizer step
+    over the same batch cut into N micro-batches (cut before the clock starts), every micro-batch but the
+    last inside the strategy's `no_sync()`; each micro-batch's loss is divided by N, so the gradient is the
+    batch's mean as without accumulation. `losses` (numerical parity only) gets every iteration's loss
     as a detached device tensor, read after the loop: keeping it waits for nothing."""
+    micro = [split(batch, grad_accum) for batch in batches] if grad_accum > 1 else None
     model.train()
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
-        images, labels = batches[it % len(batches)]
-        with amp.forward_context():
-            loss = F.cross_entropy(model(images), labels)
+        if micro is None:
+            images, labels = batches[it % len(batches)]
+            with amp.forward_context():
+                loss = F.cross_entropy(model(images), labels)
+            amp.backward(loss)
+        else:
+            loss = accumulate(model, amp, micro[it % len(micro)], no_sync)
         if losses is not None:
             losses.append(loss.detach())
-        amp.backward(loss)
         amp.step(optimizer)
         amp.zero_grad(optimizer)
         if it % log_every == 0:
@@ -43,3 +57,42 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
             if clock.stop:
                 break
     return clock.windows
+
+
+def split(batch: Batch, parts: int) -> list[Batch]:
+    """Consecutive slices of equal size (views: nothing is copied)."""
+    images, labels = batch
+    if images.shape[0] % parts:
+        raise ValueError(f"grad_accum={parts} does not divide this rank's batch of {images.shape[0]}")
+    return list(zip(images.chunk(parts), labels.chunk(parts), strict=True))
+
+
+def accumulate(model: nn.Module, amp: Amp, micro: Sequence[Batch], no_sync: NoSync) -> torch.Tensor:
+    """Forward and backward over the micro-batches; the batch's mean loss (a tensor: nothing waits)."""
+    last = len(micro) - 1
+    total: torch.Tensor | None = None
+    for k, (images, labels) in enumerate(micro):
+        with no_sync() if k < last else _NO_CONTEXT:
+            with amp.forward_context():
+                loss = F.cross_entropy(model(images), labels) / len(micro)
+            amp.backward(loss)
+        total = loss.detach() if total is None else total + loss.detach()
+    assert total is not None
+    return total
+
+
+def compile_pass(model: nn.Module, amp: Amp, optimizer: torch.optim.Optimizer, batch: Batch, grad_accum: int,
+                 no_sync: NoSync) -> None:
+    """compile=true: one forward and backward before the clock, so torch.compile traces and compiles the
+    model (forward and backward graphs) outside every timed window. The gradients are dropped without a
+    step: the weights the timed run starts from are those of an uncompiled run (batch-norm's running
+    statistics, which training never reads, have seen one batch more)."""
+    model.train()
+    if grad_accum > 1:
+        accumulate(model, amp, split(batch, grad_accum), no_sync)
+    else:
+        with amp.forward_context():
+            loss = F.cross_entropy(model(batch[0]), batch[1])
+        amp.backward(loss)
+    amp.zero_grad(optimizer)
+    model.zero_grad(set_to_none=True)  # O2: the optimizer's are the fp32 masters; the model's own go too

@@ -7,6 +7,7 @@ fails, so whatever was measured survives a failing neighbour.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -29,10 +30,11 @@ from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
 from harness.rank.data import synthetic_batches
 from harness.rank.devices import DeviceOps, Placement
+from harness.rank.footprint import footprint, per_rank
 from harness.rank.parity import rank_parity
 from harness.rank.timing import AutoStop, Window, WindowClock
-from harness.rank.trainer import train
-from strategies.base import RankEnv
+from harness.rank.trainer import compile_pass, train
+from strategies.base import RankEnv, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,8 @@ def run_rank(spec: dict[str, Any],
                               "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
-                              "amp_state": {}, "first_iter_time": None, "backend": None}
+                              "amp_state": {}, "first_iter_time": None, "backend": None, "compile_seconds": None,
+                              "memory_theory": None}
     clock: WindowClock | None = None
     strategy = None
     try:
@@ -143,6 +146,14 @@ def run_rank(spec: dict[str, Any],
         batches = synthetic_batches(cfg.data.pool, cfg.batch_size, placement.local_batch,
                                     rank if placement.one_process_per_device else 0, cfg.data.image_size,
                                     cfg.data.num_classes, strategy.device, cfg.seed)
+        no_sync = functools.partial(strategy.no_sync, model)
+        if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
+            model = strategy.compile(model)
+            no_sync = functools.partial(strategy.no_sync, model)
+            started_compile = time.perf_counter()
+            compile_pass(model, amp, optimizer, batches[0], cfg.grad_accum, no_sync)
+            strategy.synchronize()
+            record["compile_seconds"] = time.perf_counter() - started_compile
         strategy.ops.reset_peaks()
         clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
         strategy.barrier()
@@ -160,14 +171,15 @@ def run_rank(spec: dict[str, Any],
         losses: list[torch.Tensor] | None = [] if cfg.parity.enabled else None
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto,
-              losses=losses)
+              grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
+        record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer), world_size, strategy.shards)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
             path = spec.get("parameters_path")
             record["parity"] = rank_parity(strategy.full_parameters(model), losses, model, rank,
                                            Path(path) if path else None)
         record["stopped_by"] = auto.reason if auto else None
         record["amp_state"] = amp.state()
-        record["compile_seconds"] = strategy.compile_seconds()
+        record["window_compile_seconds"] = strategy.compile_seconds()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
         return record

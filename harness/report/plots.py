@@ -149,6 +149,7 @@ def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, foote
     bars = sum(len(r.memory_per_device) for r in rows)
     fig, ax = plt.subplots(figsize=(min(26, max(9, 0.6 * bars + 0.6 * len(rows))), 6))
     x, ticks, tick_labels, device_ticks, device_labels = 0.0, [], [], [], []
+    theory_drawn = False
     top = max(d["used_mib"] for r in rows for d in r.memory_per_device) or 1.0
     for r in rows:
         s = style(r, colours)
@@ -161,6 +162,9 @@ def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, foote
             device_ticks.append(x)
             device_labels.append(d["device"].rpartition("/")[2] if "/" in d["device"] else d["device"])
             x += 1
+        if r.theory_mib is not None:  # what parameters, gradients and optimizer state take per rank in theory
+            ax.hlines(r.theory_mib, start - 0.4, x - 0.6, colors="black", linestyles=":", linewidth=1.5)
+            theory_drawn = True
         ticks.append((start + x - 1) / 2)
         tick_labels.append(r.label)
         x += 0.8
@@ -172,6 +176,11 @@ def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, foote
     sources = {r.memory_source for r in rows}
     ylabel = MEMORY_AXIS.get(next(iter(sources)), "memory (MiB)") if len(sources) == 1 else "memory (MiB; mixed sources)"
     ax.set(ylabel=ylabel, title="Memory per device (PIDs in the bars)")
+    if theory_drawn:
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], color="black", linestyle=":", label="params + grads + optimizer state "
+                                  "per rank, in theory")], fontsize=8, loc="upper right")
     ax.margins(y=0.25 if len(rows) > 8 else 0.1)
     return _save(fig, path, footer)
 

@@ -54,7 +54,9 @@ class Row:
     losses: list[tuple[int, float]] = field(default_factory=list)
     final_loss: float | None = None
     startup_s: float | None = None
-    compile_s: float | None = None  # median over repeats: compiling (XLA), inside warm-up, apart from steady time
+    compile_s: float | None = None  # median over repeats: torch.compile's pass (apart from start-up) or XLA's graph compiles (in warm-up)
+    variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
+    theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
     sources: list[str] = field(default_factory=list)
     parity: str | None = None  # numerical parity verdict (harness.report.parity); None: the row ran without it
     parity_reference: str | None = None  # the row compared with
@@ -91,7 +93,10 @@ def _key(results: dict[str, Any]) -> tuple[Any, ...]:
     return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
             results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
             results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
-            results.get("launcher"), _options(results))
+            results.get("launcher"), results.get("variant") or "", _options(results))
+
+
+VARIANT, OPTIONS = 10, 11  # _key's indices: the variant is always in the label when set; options when they vary
 
 
 def _options(results: dict[str, Any]) -> tuple[str, ...]:
@@ -105,11 +110,12 @@ def _options(results: dict[str, Any]) -> tuple[str, ...]:
 
 def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset[str] = frozenset()) -> str:
     key = _key(group[0])
-    parts = [f"{key[0]} {key[1]}"]
+    parts = [f"{key[0]} {key[1]}", *([key[VARIANT]] if key[VARIANT] else [])]
     names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
-    for index in sorted(varying):
-        if index == 10:  # options: only those its peers do not all share
-            parts += [o.replace("._target_=", "=") for o in key[10] if o not in common]
+    for index in sorted(varying - {VARIANT}):
+        if index == OPTIONS:  # options: only those its peers do not all share, and not said by the variant
+            parts += [o.replace("._target_=", "=") for o in key[OPTIONS] if o not in common
+                      and o.partition("=")[0].rpartition(".")[2] + "=" not in key[VARIANT]]
             continue
         value = ",".join(key[index]) if index == 5 else key[index]
         parts.append(f"{names[index]}={value}")
@@ -138,7 +144,8 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
               model=first.get("model", "?"), devices=list(first.get("devices") or []),
               processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.get("global_batch"),
-              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok))
+              status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok),
+              variant=first.get("variant") or "")
     if not ok:
         return row
 
@@ -174,6 +181,8 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     row.startup_s = statistics.median(startups) if startups else None
     compiles = [r["compile_seconds"] for r in ok if r.get("compile_seconds") is not None]
     row.compile_s = statistics.median(compiles) if compiles else None
+    theories = [r["memory_theory"]["total_mib"] for r in ok if r.get("memory_theory")]
+    row.theory_mib = statistics.median(theories) if theories else None
     _pool_memory(row, ok)
     return row
 
@@ -239,7 +248,7 @@ def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | Non
 
 def _common_options(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[str]:
     """The options every row with this strategy and amp level shares (left out of its label)."""
-    peers = [set(k[10]) for k in keys if k[:2] == key[:2]]
+    peers = [set(k[OPTIONS]) for k in keys if k[:2] == key[:2]]
     return frozenset(set.intersection(*peers)) if peers else frozenset()
 
 

@@ -21,8 +21,8 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """The pretty table (report.md, index.html): formatted cells, units in the cells."""
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
-              "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "imbalance", "final loss", "startup s",
-              "compile s", "status"]
+              "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "theory MiB/rank", "imbalance", "final loss",
+              "startup s", "compile s", "status"]
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
@@ -37,8 +37,9 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         body.append([r.label, ",".join(r.devices) or "—", str(r.processes or "—"), str(r.global_batch or "—"),
                      _fmt(r.s_per_20, 3) + spread, *[_fmt(cumulative.get(it), 1) for it in edges],
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
-                     _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
-                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), _fmt(r.compile_s, 1), status])
+                     _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.theory_mib, 1),
+                     _fmt(r.mem_imbalance_pct, 0, "%"), _fmt(r.final_loss, 4), _fmt(r.startup_s, 1),
+                     _fmt(r.compile_s, 1), status])
     if any(r.parity is not None for r in rows):  # numerical parity (parity=true): before the status
         header[-1:-1] = ["parity (max rel Δ)", "max loss Δ"]
         for r, cells in zip(rows, body, strict=True):
@@ -47,7 +48,8 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
 
 
 # report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
-CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason", "parity", "parity_reference")
+CSV_TEXT = ("combination", "strategy", "amp", "model", "devices", "status", "reason", "variant", "parity",
+            "parity_reference")
 CSV_NUMBERS = (
     ("n_devices", lambda r: r.n_devices), ("processes", lambda r: r.processes),
     ("global_batch", lambda r: r.global_batch), ("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
@@ -59,9 +61,9 @@ CSV_NUMBERS = (
     ("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
     ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
     ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
-    ("startup_s", lambda r: r.startup_s), ("compile_s", lambda r: r.compile_s),
-    ("parity_max_abs", lambda r: r.parity_max_abs), ("parity_max_rel", lambda r: r.parity_max_rel),
-    ("parity_loss_diff", lambda r: r.parity_loss_diff),
+    ("startup_s", lambda r: r.startup_s), ("theory_mib", lambda r: r.theory_mib),
+    ("compile_s", lambda r: r.compile_s), ("parity_max_abs", lambda r: r.parity_max_abs),
+    ("parity_max_rel", lambda r: r.parity_max_rel), ("parity_loss_diff", lambda r: r.parity_loss_diff),
 )
 
 
@@ -72,7 +74,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(header)
         for r in rows:
-            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or "",
+            text = [r.label, r.strategy, r.amp, r.model, " ".join(r.devices), r.status, r.reason or "", r.variant,
                     r.parity or "", r.parity_reference or ""]
             cumulative = dict(r.cumulative)
             numbers = [get(r) for _, get in CSV_NUMBERS] + [cumulative.get(it) for it in edges]
@@ -87,7 +89,10 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
              f"(warm-up excluded), normalised to {PER} iterations; the cumulative columns are the time at each "
              "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
              "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
-             "the one-device row at the same amp level, divided by its devices.", "",
+             "the one-device row at the same amp level, divided by its devices. Theory MiB/rank: parameters, "
+             "gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all three "
+             "/ N; activations and buffers not included), beside the measured peak. Compile s: torch.compile's "
+             "time (compile=true), before the clock and outside start-up.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
     won = winners(rows)

@@ -1,0 +1,67 @@
+"""What parameters, gradients and optimizer state take per rank in theory, beside the measured peak.
+
+The whole model's figures are read off the objects as trained (element sizes as the amp level left them;
+DTensors report their global size), then divided by the world size for what the strategy shards: DDP
+keeps everything on every rank; ZeRO (stage 1) shards the optimizer state; FSDP all three. Activations,
+buffers, communication buffers and the framework's own memory are not in the theory: the measured peak
+minus the theory is roughly what they took."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes for the whole (unsharded) model."""
+
+    params: int  # the model's parameters, in the dtype they are stored in
+    grads: int  # one gradient per parameter, same dtype
+    optimizer_state: int  # the optimizer's per-parameter state (momentum: 1 copy; Adam: 2)
+    master_weights: int  # fp32 copies the optimizer steps instead of the model's half weights (O2)
+
+
+def footprint(model: nn.Module, optimizer: torch.optim.Optimizer) -> Footprint:
+    """After at least one step (optimizer state is created lazily)."""
+    params = [p for p in model.parameters()]
+    model_ids = {id(p) for p in params}
+    stepped = [p for group in optimizer.param_groups for p in group["params"]]
+    size = sum(_bytes(p) for p in params)
+    masters = sum(_bytes(p) for p in stepped if id(p) not in model_ids)
+    per_element = _state_bytes_per_element(getattr(optimizer, "optim", optimizer))  # ZeRO: its local optimizer
+    state = sum(p.numel() for p in stepped) * per_element
+    return Footprint(params=size, grads=size, optimizer_state=state, master_weights=masters)
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _state_bytes_per_element(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of state per parameter element: the state tensors shaped like their parameter (SGD's
+    momentum buffer, Adam's two moments; Adam's scalar step count is left out)."""
+    for param, state in optimizer.state.items():
+        tensors = [t for t in state.values() if isinstance(t, torch.Tensor) and t.shape == param.shape]
+        if tensors:
+            return sum(t.element_size() for t in tensors)
+    return 0
+
+
+def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool]) -> dict[str, Any]:
+    """MiB each rank holds: a sharded part is 1/world_size of the whole. O2's master weights are parameters
+    too: sharded only where the parameters are (torch's ZeRO keeps every parameter on every rank and shards
+    the state alone; FSDP's fp32 shards are its master weights already, counted as parameters)."""
+    params, grads, state = shards
+    figures = {"params": whole.params / (world_size if params else 1),
+               "grads": whole.grads / (world_size if grads else 1),
+               "optimizer_state": whole.optimizer_state / (world_size if state else 1),
+               "master_weights": whole.master_weights / (world_size if params else 1)}
+    mib = {f"{k}_mib": v / MIB for k, v in figures.items()}
+    return {**mib, "total_mib": sum(mib.values()), "world_size": world_size,
+            "sharded": {"params": params, "grads": grads, "optimizer_state": state}, "whole_bytes": asdict(whole)}

@@ -1,0 +1,150 @@
+"""FSDP2: `torch.distributed.fsdp.fully_shard` on each block and on the root, one process per device.
+
+Parameters, gradients and optimizer state are sharded across ranks (each rank keeps 1/N of each, as
+DTensors); a block's parameters are all-gathered before its forward and again before its backward
+(`reshard_after_forward=true`; false keeps them gathered from forward to backward: more memory, one
+all-gather less), and its gradients are reduce-scattered after its backward. The optimizer is built
+after sharding, over the sharded parameters, which is why this strategy owns the set-up order.
+
+Precision: FSDP2's `MixedPrecisionPolicy` replaces the amp plugin's casting where a faithful mapping of
+apex's level exists (torch's own gradient scaler is kept, and works on DTensor gradients: DTensor's
+dispatcher all-reduces its overflow flag, torch/distributed/tensor/_dispatch.py
+`aten._amp_foreach_non_finite_check_and_unscale_.default: found_inf_reduce_handler`):
+
+- O0: no policy; fp32 everywhere.
+- O1: fp32 sharded parameters, gathered and reduced in fp32; the amp plugin's `torch.autocast` casts per
+  op, exactly as under DDP. (`param_dtype` half would cast every weight, batch-norm's included, for the
+  whole forward: that is O2/O3's model cast, not O1's per-op casting.)
+- O2: `param_dtype` half (gathered and computed in half), `reduce_dtype` fp32, `output_dtype` fp32. The
+  fp32 sharded parameters the optimizer steps are O2's master weights. Batch-norm is kept fp32
+  (`keep_batchnorm_fp32`) by making each batch-norm a unit of its own with an fp32 policy that leaves its
+  half input as it is: FSDP2's units share one `param_dtype`, so this costs an all-gather and a
+  reduce-scatter per batch-norm layer, which is what keeping them fp32 costs here.
+- O3 (and O2 with `amp.master_weights=false`): the model is cast to half before sharding, as the amp
+  plugin does; no policy: parameters, gradients, their reduction and the optimizer are all half.
+
+`comm_hook=fp16|bf16` is DDP's gradient compression in FSDP2's terms: `reduce_dtype` half, so the
+reduce-scatter moves half the bytes. PowerSGD has no FSDP2 counterpart (fully_shard takes no
+communication hook) and is refused. apex's amp (`amp.impl=apex`) patches the model it is given and
+cannot be combined with DTensor parameters: refused."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from amp import Amp, AmpSpec
+from harness.config import RunConfig
+from harness.errors import Incompatible
+from harness.rank.devices import Placement
+from strategies.base import OptimizerFactory, ProcessGroupStrategy, unwrap
+from strategies.ddp import CommHook
+
+_BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class FSDP2(ProcessGroupStrategy):
+    shards = (True, True, True)
+
+    def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
+                 comm_hook: CommHook = "none") -> None:
+        super().__init__()
+        self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
+        self._root: FSDPModule | None = None
+
+    @classmethod
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
+        if amp.impl == "apex":
+            raise Incompatible("amp.impl", "apex", "native with strategy=fsdp (apex's amp.initialize patches the "
+                               "model and its optimizer, which FSDP2 replaces with sharded DTensor parameters)")
+
+    @classmethod
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        super().check_run(cfg, placement, amp)
+        if cfg.strategy.get("comm_hook") == "powersgd":
+            raise Incompatible("strategy.comm_hook", "powersgd", "none, fp16 or bf16 with strategy=fsdp (FSDP2's "
+                               "fully_shard takes no communication hook; fp16/bf16 set its reduce_dtype)")
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> str:
+        parts = [f"comm_hook={options['comm_hook']}" if options.get("comm_hook", "none") != "none" else "",
+                 "reshard_after_forward=false" if options.get("reshard_after_forward") is False else "",
+                 f"blocks={','.join(options['blocks'])}" if options.get("blocks") is not None else ""]
+        return " ".join(p for p in parts if p)
+
+    def setup_module(self, model: nn.Module, amp: Amp,
+                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Cast (O3), shard bottom-up (batch-norm units, then blocks, then the root), then the optimizer over
+        the sharded parameters; the amp plugin's per-forward casting (O1's autocast) goes outside."""
+        model = self.convert_module(model).to(self.device)
+        spec = amp.spec
+        reduce = _HALF.get(self.comm_hook)
+        policy, norm_policy = MixedPrecisionPolicy(reduce_dtype=reduce), None
+        root_policy = policy
+        if spec.cast_model and not spec.master_weights:
+            model, _ = amp.prepare(model, make_optimizer)  # the cast alone; its optimizer (unsharded) is dropped
+        elif spec.cast_model:
+            half = getattr(torch, spec.dtype)
+            policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce or torch.float32)
+            root_policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce or torch.float32,
+                                               output_dtype=torch.float32)  # the loss in fp32, as apex O2
+            if spec.keep_batchnorm_fp32:
+                norm_policy = MixedPrecisionPolicy(reduce_dtype=reduce or torch.float32, cast_forward_inputs=False)
+        units = dict.fromkeys(self._block_names(model))
+        if norm_policy is not None:
+            units.update(dict.fromkeys(n for n, m in model.named_modules() if isinstance(m, _BATCHNORM)))
+        modules = dict(model.named_modules())
+        for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents
+            module = modules[name]
+            fully_shard(module, mp_policy=norm_policy if isinstance(module, _BATCHNORM) and norm_policy else policy,
+                        reshard_after_forward=self.reshard_after_forward)
+        self._root = fully_shard(model, mp_policy=root_policy, reshard_after_forward=self.reshard_after_forward)
+        optimizer = make_optimizer(model.parameters())
+        return amp.wrap_module(model), optimizer
+
+    def _block_names(self, model: nn.Module) -> list[str]:
+        """`blocks` as given, or (null) every child of the model's top-level Sequential containers that holds
+        parameters: a torchvision ResNet's residual blocks (layer1.0, ...), tiny_cnn's layers."""
+        modules = dict(model.named_modules())
+        if self.blocks is not None:
+            unknown = [b for b in self.blocks if b not in modules or b == ""]
+            if unknown:
+                raise ValueError(f"strategy.blocks: {unknown[0]} is not a submodule of the model; e.g. "
+                                 + ", ".join(n for n, _ in model.named_children()))
+            return list(self.blocks)
+        return [f"{name}.{child}" for name, container in model.named_children()
+                if isinstance(container, nn.Sequential | nn.ModuleList)
+                for child, module in container.named_children() if any(True for _ in module.parameters())]
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return self._gradient_sync_off()
+
+    @contextlib.contextmanager
+    def _gradient_sync_off(self) -> Iterator[None]:
+        """FSDP2's no_sync: gradients stay unsharded and accumulate; reduce-scatter at the last micro-batch."""
+        assert self._root is not None
+        self._root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._root.set_requires_gradient_sync(True)
+
+    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order)."""
+        return {name: _full(p).detach().float().cpu().clone() for name, p in unwrap(model).named_parameters()}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def sharded_units(model: nn.Module) -> Sequence[str]:
+    """The names of the modules fully_shard made units of (for tests and logs)."""
+    return [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]

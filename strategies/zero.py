@@ -1,0 +1,47 @@
+"""ZeRO stage 1: DDP, with the optimizer state sharded across ranks by torch's ZeroRedundancyOptimizer.
+
+Every rank keeps every parameter and gradient (DDP all-reduces them as usual) but steps, and holds the
+optimizer state of, only its own share of the parameters; after its step it broadcasts the updated share
+to the others. Against DDP it saves optimizer-state memory (momentum, Adam's two moments) and costs those
+broadcasts. The optimizer the config names (`optim=...`) is the one ZeRO shards. Under O2 the parameters
+it steps are the amp plugin's fp32 master weights, as DDP's optimizer does."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from amp import Amp
+from strategies.base import OptimizerFactory
+from strategies.ddp import CommHook, TorchDDP
+
+
+class ZeroDDP(TorchDDP):
+    shards = (False, False, True)
+
+    def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
+                 gradient_as_bucket_view: bool = False, comm_hook: CommHook = "none", powersgd_rank: int = 1,
+                 powersgd_start_iter: int = 2, parameters_as_bucket_view: bool = False) -> None:
+        super().__init__(find_unused_parameters, bucket_cap_mb, gradient_as_bucket_view, comm_hook, powersgd_rank,
+                         powersgd_start_iter)
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+
+    def setup_module(self, model: nn.Module, amp: Amp,
+                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return super().setup_module(model, amp, self._sharded(make_optimizer))
+
+    def _sharded(self, make_optimizer: OptimizerFactory) -> OptimizerFactory:
+        """The configured optimizer (a functools.partial: Hydra's `_partial_: true`) inside ZeRO."""
+        if not isinstance(make_optimizer, functools.partial):
+            raise TypeError("strategy=zero needs the optimizer as a class and its keywords (optim: _partial_: true)")
+        optimizer_class, keywords = make_optimizer.func, dict(make_optimizer.keywords)
+
+        def build(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+            return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class,
+                                           parameters_as_bucket_view=self.parameters_as_bucket_view, **keywords)
+
+        return build

@@ -1,0 +1,238 @@
+"""FSDP2, ZeRO, DDP communication hooks, gradient accumulation and torch.compile, on CPU with gloo."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import TINY, describe, run_cli, run_config
+from torch import nn
+
+from amp import resolve
+from amp.levels import AmpConfig
+from amp.native import NativeAmp
+from harness.config import RunConfig
+from harness.errors import ConfigError, Incompatible
+from harness.rank.data import synthetic_batches
+from harness.rank.devices import Placement
+from harness.rank.footprint import Footprint, footprint, per_rank
+from harness.rank.timing import WindowClock
+from harness.rank.trainer import train
+from strategies.base import RankEnv
+
+WORLD, GLOBAL_BATCH, ITERATIONS, SIZE = 2, 8, 6, 8
+
+# (name, strategy class, options, grad_accum): trained by the same two processes one after another
+CASES = [
+    ("ddp", "strategies.ddp.TorchDDP", {}, 1),
+    ("zero", "strategies.zero.ZeroDDP", {}, 1),
+    ("fsdp", "strategies.fsdp.FSDP2", {}, 1),
+    ("ddp_accum", "strategies.ddp.TorchDDP", {}, 2),
+    ("fsdp_accum", "strategies.fsdp.FSDP2", {"blocks": ["features"]}, 2),
+    ("allreduce_accum", "strategies.allreduce.ManualAllReduce", {}, 2),
+]
+
+
+class NoNorm(nn.Module):
+    """No batch-norm: a rank's shard of the batch then gives exactly its share of the full batch's
+    gradient, so every data-parallel run must match one process trained on the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1),
+                                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+# as Hydra builds them from conf/optim/ (`_partial_: true`): ZeRO takes the class and keywords apart
+sgd = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+adamw = functools.partial(torch.optim.AdamW, lr=0.01)
+
+
+def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer: Any = sgd) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    amp = NativeAmp(resolve(AmpConfig("O0"), "cpu"), torch.device("cpu"))
+    model, opt = strategy.setup_module(NoNorm(), amp, optimizer)
+    batches = synthetic_batches(2, GLOBAL_BATCH, local, shard, SIZE, 10, torch.device("cpu"), 0)
+    train(model, opt, amp, batches, WindowClock(strategy.synchronize, 0), ITERATIONS, 3, grad_accum=grad_accum,
+          no_sync=functools.partial(strategy.no_sync, model))
+    return model, opt
+
+
+def rank_main(rank: int, ports: list[int], out: str) -> None:
+    from hydra.utils import get_class
+
+    torch.set_num_threads(1)
+    placement = Placement("cpu", (), (), WORLD, True, ("cpu:0", "cpu:1"), 1, GLOBAL_BATCH)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    for (name, target, options, accum), port in zip(CASES, ports, strict=True):
+        os.environ["MASTER_PORT"] = str(port)
+        strategy = get_class(target)(**options)
+        strategy.setup(RankEnv(rank, rank, WORLD, placement, 60))
+        try:
+            optimizer = adamw if name == "zero" else sgd
+            model, opt = train_here(strategy, GLOBAL_BATCH // WORLD, rank, accum, optimizer)
+            theory = per_rank(footprint(model, opt), WORLD, strategy.shards)
+            torch.save({"params": strategy.full_parameters(model), "theory": theory}, Path(out) / f"{name}{rank}.pt")
+        finally:
+            strategy.teardown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("modern")
+    mp.start_processes(rank_main, args=([free_port() for _ in CASES], str(out)), nprocs=WORLD, start_method="spawn")
+    from strategies.single import SingleDevice
+
+    single = SingleDevice()
+    single.setup(RankEnv(0, 0, 1, Placement("cpu", (), (), 1, False, ("cpu",), 1, GLOBAL_BATCH), 60))
+    results = {"reference": single.full_parameters(train_here(single, GLOBAL_BATCH, 0, 1)[0]),
+               "reference_adamw": single.full_parameters(train_here(single, GLOBAL_BATCH, 0, 1, adamw)[0])}
+    for name, *_ in CASES:
+        for rank in range(WORLD):
+            results[f"{name}{rank}"] = torch.load(out / f"{name}{rank}.pt")
+    return results
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_replicas_agree_and_match_one_process_on_the_whole_batch(trained, name):
+    """Sharded parameters are gathered whole (a rank's local shard would have half the rows); ZeRO's ranks
+    each stepped half the parameters, so without its broadcast the replicas would differ; accumulating
+    without dividing the loss by N, or without the final all-reduce, would move away from the reference."""
+    reference = trained["reference_adamw" if name == "zero" else "reference"]
+    first, second = trained[f"{name}0"]["params"], trained[f"{name}1"]["params"]
+    assert list(first) == list(reference)  # the user's model's names, whatever wraps it
+    start = NoNorm().state_dict()
+    for key, value in reference.items():
+        assert first[key].shape == value.shape
+        torch.testing.assert_close(first[key], second[key], rtol=0, atol=0)
+        torch.testing.assert_close(first[key], value, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(value, start[key])  # training moved it: agreement is not agreement at the start
+
+
+def test_theory_divides_what_each_strategy_shards(trained):
+    # 4*3*9+4 + 6*4*9+6 + 6*10+10 = 112 + 222 + 70 = 404 fp32 parameters = 1616 bytes
+    whole = 404 * 4
+    ddp, zero, fsdp = (trained[f"{n}0"]["theory"] for n in ("ddp", "zero", "fsdp"))
+    assert ddp["whole_bytes"] == {"params": whole, "grads": whole, "optimizer_state": whole, "master_weights": 0}
+    assert zero["whole_bytes"]["optimizer_state"] == 2 * whole  # AdamW: two moments per element
+    mib = 2**20
+    assert ddp["total_mib"] * mib == pytest.approx(3 * whole)
+    assert zero["total_mib"] * mib == pytest.approx(2 * whole + 2 * whole / 2)
+    assert fsdp["total_mib"] * mib == pytest.approx(3 * whole / 2)
+
+
+def test_o2_master_weights_are_replicated_unless_parameters_are_sharded():
+    whole = Footprint(params=200, grads=200, optimizer_state=400, master_weights=400)
+    zero, fsdp = per_rank(whole, 4, (False, False, True)), per_rank(whole, 4, (True, True, True))
+    assert zero["total_mib"] * 2**20 == pytest.approx(200 + 200 + 100 + 400)
+    assert fsdp["total_mib"] * 2**20 == pytest.approx((200 + 200 + 400 + 400) / 4)
+
+
+def run_cfg(name: str, options: dict, **values: object) -> RunConfig:
+    """The run's config as check_run sees it: `name`'s yaml with `options` over it."""
+    cfg = run_config(name)
+    return dataclasses.replace(cfg, strategy={**cfg.strategy, **options}, **values)
+
+
+def placement() -> Placement:
+    return Placement("cpu", (), (), WORLD, True, ("cpu:0", "cpu:1"), 1, GLOBAL_BATCH)
+
+
+def test_fsdp_refuses_what_it_has_no_faithful_form_for():
+    from strategies.fsdp import FSDP2
+
+    o0 = resolve(AmpConfig("O0"), "cpu")
+    with pytest.raises(Incompatible, match="no communication hook"):
+        FSDP2.check_run(run_cfg("fsdp", {"comm_hook": "powersgd"}), placement(), o0)
+    with pytest.raises(Incompatible, match="apex"):
+        FSDP2.check_compatible(placement(), resolve(AmpConfig("O2", impl="apex"), "cpu"))
+    FSDP2.check_run(run_cfg("fsdp", {"comm_hook": "bf16"}, compile=True, grad_accum=2), placement(), o0)  # allowed
+
+
+def test_powersgd_start_iteration_below_torchs_minimum_is_refused():
+    from strategies.ddp import TorchDDP
+
+    with pytest.raises(ConfigError, match="powersgd_start_iter=1 is not allowed"):
+        TorchDDP.check_run(run_cfg("ddp", {"comm_hook": "powersgd", "powersgd_start_iter": 1}), placement(),
+                           resolve(AmpConfig("O0"), "cpu"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("strategy.comm_hook=nosuch", "strategy.comm_hook=nosuch is not allowed: one of none, fp16, bf16, powersgd"),
+    ("grad_accum=0", "grad_accum=0 is not allowed: an integer >= 1"),
+    ("compile=maybe", "compile=maybe is not allowed: true or false"),
+    ("grad_accum=3", "grad_accum=3 is not allowed: a divisor of each process's batch of 4"),
+])
+def test_bad_values_are_refused_in_one_line(override, message, capsys):
+    from harness import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.precheck(["strategy=ddp", *TINY, override])
+    assert info.value.code == cli.EXIT_BAD_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_the_modern_sweep_has_every_combination_and_skips_only_fsdp_with_powersgd(capsys):
+    from harness.compose import combinations, compose_one, hydra_context
+    from harness.launch.runner import plan
+    from harness.rank.devices import probe_hardware
+
+    refused = []
+    with hydra_context():  # what `run.py -m sweep=modern` composes and checks before it starts
+        runs = combinations(["sweep=modern", *TINY], multirun=True)
+        for run in runs:
+            try:
+                plan(compose_one(run).run_config(), probe_hardware(), in_sweep=True)
+            except Incompatible:
+                refused.append(" ".join(sorted(o for o in run if o.startswith(("strategy", "compile", "amp")))))
+    assert len(runs) == 3 * 4 * 2 * 2  # strategy x comm_hook x compile x amp
+    assert sorted(refused) == sorted(f"amp={a} compile={c} strategy.comm_hook=powersgd strategy=fsdp"
+                                     for a in ("O0", "O1") for c in ("False", "True"))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    proc, results = run_cli("strategy=fsdp", "compile=true", "grad_accum=2", "strategy.comm_hook=bf16", *TINY,
+                            "iterations=20", "log_every=10", tmp_path=tmp_path_factory.mktemp("compiled"))
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    return results
+
+
+def test_compiled_run_times_compilation_apart(compiled):
+    windows = compiled["windows"]
+    assert compiled["status"] == "ok" and compiled["compile"] is True and compiled["grad_accum"] == 2
+    # compiling took longer than every timed window together: it cannot have been inside one
+    assert compiled["compile_seconds"] > windows[-1]["cumulative_seconds"]
+    assert compiled["startup_seconds"] < compiled["command_startup_seconds"]
+    assert compiled["variant"] == "comm_hook=bf16 compile grad_accum=2"
+    # throughput counts images: global batch x steady iterations / steady seconds, whatever grad_accum
+    steady = [w for w in windows if not w["warmup"]]
+    assert compiled["throughput_img_s"] == pytest.approx(8 * 10 * len(steady) / sum(w["seconds"] for w in steady))
+    assert compiled["memory_theory"]["sharded"] == {"params": True, "grads": True, "optimizer_state": True}
+
+
+def test_the_report_labels_the_variant(compiled, tmp_path):
+    from harness.report.rows import build_rows
+
+    rows, _ = build_rows([(tmp_path / "results.json", compiled)])
+    assert rows[0].label == "fsdp O0 comm_hook=bf16 compile grad_accum=2"
+    assert rows[0].compile_s == compiled["compile_seconds"]
+    assert rows[0].theory_mib == compiled["memory_theory"]["total_mib"]
