@@ -35,7 +35,40 @@ class FakeMemoryInfo:
 
 
 class NVMLError(Exception):
-    """pynvml.NVMLError: `str()` is NVML's message, e.g. "Insufficient Permissions"."""
+    """pynvml.NVMLError: made from NVML's return code, `str()` is NVML's message for it (pynvml.py:
+    `_errcode_to_string = {... NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NO_PERMISSION: "Insufficient
+    Permissions", ...}`), and each code has its subclass (`_extractNVMLErrorsAsClasses`: "NVML_ERROR_NOT_SUPPORTED
+    will be turned into NVMLError_NotSupported")."""
+
+    MESSAGES = {3: "Not Supported", 4: "Insufficient Permissions", 13: "Function Not Found"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self.MESSAGES.get(self.value, f"NVML Error with code {self.value}")
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+    def __init__(self) -> None:
+        super().__init__(3)  # NVML_ERROR_NOT_SUPPORTED: e.g. the energy counter before Volta
+
+
+class NVMLError_NoPermission(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(4)  # NVML_ERROR_NO_PERMISSION
+
+
+class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(13)  # `_nvmlGetFunctionPointer`: the driver's library lacks the function
+
+
+@dataclass
+class FakeUtilization:
+    gpu: int  # c_nvmlUtilization_t's fields: percent of time a kernel ran, memory controller busy
+    memory: int
 
 
 class NVMLLibraryMismatchError(Exception):
@@ -49,22 +82,52 @@ class FakeNvml:
     Tests change `used` and `procs` between reads, as the GPUs would change under a real run.
     `uuids` maps UUID/MIG names to indices (nvmlDeviceGetHandleByUUID); `old_driver` makes the
     unversioned process query fail as pynvml 13 does on a driver without `_v3`; `deny` names the calls
-    that raise NVMLError("Insufficient Permissions"), as MIG without privileges does.
+    that raise NVMLError_NoPermission ("Insufficient Permissions"), as MIG without privileges does.
+    `activity[index]` holds what the activity queries return, in NVML's units (utilisation %, SM clock MHz,
+    power mW, energy mJ since the driver loaded); `unsupported[index]` names the queries that raise
+    NVMLError_NotSupported on that GPU, `missing` those the driver's library lacks (NVMLError_FunctionNotFound).
     """
 
     NVMLError = NVMLError
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
+    NVML_CLOCK_SM = 1  # pynvml.py: `NVML_CLOCK_SM        = 1`
 
     def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]],
-                 uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = ()) -> None:
+                 uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = (),
+                 activity: dict[int, dict[str, int]] | None = None,
+                 unsupported: dict[int, tuple[str, ...]] | None = None, missing: tuple[str, ...] = ()) -> None:
         self.used, self.procs = used, procs
         self.uuids, self.old_driver, self.deny = uuids or {}, old_driver, deny
+        self.activity = activity or {}
+        self.unsupported, self.missing = unsupported or {}, missing
         self.initialised = self.shut_down = 0
         self.handles_asked: list[int | str] = []
+        self.asked: list[tuple[str, int]] = []
 
     def _check(self, call: str) -> None:
         if call in self.deny:
-            raise NVMLError("Insufficient Permissions")
+            raise NVMLError_NoPermission()
+
+    def _figure(self, query: str, handle: tuple[str, int]) -> int:
+        self.asked.append((query, handle[1]))
+        if query in self.missing:
+            raise NVMLError_FunctionNotFound()
+        if query in self.unsupported.get(handle[1], ()):
+            raise NVMLError_NotSupported()
+        return self.activity.get(handle[1], {}).get(query, 0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: tuple[str, int]) -> FakeUtilization:  # noqa: N802
+        return FakeUtilization(gpu=self._figure("utilization", handle), memory=0)
+
+    def nvmlDeviceGetClockInfo(self, handle: tuple[str, int], clock_type: int) -> int:  # noqa: N802
+        assert clock_type == self.NVML_CLOCK_SM
+        return self._figure("sm_clock", handle)
+
+    def nvmlDeviceGetPowerUsage(self, handle: tuple[str, int]) -> int:  # noqa: N802
+        return self._figure("power", handle)  # milliwatts
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: tuple[str, int]) -> int:  # noqa: N802
+        return self._figure("energy", handle)  # millijoules
 
     def nvmlInit(self) -> None:  # noqa: N802
         self.initialised += 1
@@ -250,7 +313,7 @@ def test_open_source_picks_psutil_on_cpu_and_reports_missing_nvml():
     source, warning = open_source("cpu", (), os.getpid())
     assert isinstance(source, PsutilSource) and warning is None
 
-    def broken(ids, tokens=()):
+    def broken(ids, tokens=(), host=None):
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     source, warning = open_source("cuda", (0,), os.getpid(), nvml_factory=broken)

@@ -27,8 +27,10 @@ from amp import AmpSpec, build_amp
 from harness.config import FaultConfig, RunConfig
 from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
-from harness.rank.data import synthetic_batches
+from harness.rank.breakdown import breakdown
+from harness.rank.data import BatchSource, batch_source
 from harness.rank.devices import DeviceOps, Placement
+from harness.rank.profiling import WindowProfiler, at_edges
 from harness.rank.timing import AutoStop, Window, WindowClock
 from harness.rank.trainer import train
 from strategies.base import RankEnv
@@ -103,7 +105,9 @@ def progress_logger(label: str, global_batch: int, log_every: int, iterations: i
     """One line per window, logged after the window closed (the clock has been read)."""
     def show(w: Window) -> None:
         rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
-        tag = "  (warm-up)" if w.warmup else ""
+        tag = "  (warm-up)" if w.warmup else "  (profiled)" if w.profiled else ""
+        if w.data_wait_s is not None and w.seconds > 0 and w.data_wait_s >= 0.01 * w.seconds:
+            tag = f"  data wait {100 * w.data_wait_s / w.seconds:.0f} %{tag}"
         log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss %.4f%s", label, w.end_iter,
                  iterations or "auto", w.seconds, w.cumulative_seconds, rate, w.loss, tag)
 
@@ -130,6 +134,7 @@ def run_rank(spec: dict[str, Any],
                               "amp_state": {}, "first_iter_time": None, "backend": None}
     clock: WindowClock | None = None
     strategy = None
+    batches: BatchSource | None = None
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
@@ -139,11 +144,13 @@ def run_rank(spec: dict[str, Any],
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
         model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
-        batches = synthetic_batches(cfg.data.pool, cfg.batch_size, placement.local_batch,
-                                    rank if placement.one_process_per_device else 0, cfg.data.image_size,
-                                    cfg.data.num_classes, strategy.device, cfg.seed)
+        shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
+        batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed)
+        profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         strategy.ops.reset_peaks()
-        clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
+        source = batches
+        clock = WindowClock(strategy.synchronize, cfg.warmup_windows, data_wait=lambda: source.waited,
+                            profiled_window=profiler.window_index if profiler else None)
         strategy.barrier()
         stop.check()
         record["first_iter_time"] = time.time()
@@ -157,8 +164,11 @@ def run_rank(spec: dict[str, Any],
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
-              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto)
+              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
+              decide=at_edges(profiler, auto))
         record["stopped_by"] = auto.reason if auto else None
+        if profiler is not None:
+            record["profile"] = profile_record(profiler, Path(spec["record_dir"]).parent / "traces" / f"rank{rank}.json")
         record["amp_state"] = amp.state()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
@@ -176,6 +186,9 @@ def run_rank(spec: dict[str, Any],
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
+            record["window_spans"] = clock.spans
+        if batches is not None:
+            batches.close()
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
         try:
             if before_teardown is not None and record["status"] == "ok":
@@ -184,6 +197,15 @@ def run_rank(spec: dict[str, Any],
             if strategy is not None:
                 strategy.teardown()
             stop.restore()
+
+
+def profile_record(profiler: WindowProfiler, trace: Path) -> dict[str, Any] | None:
+    """The profiled window's trace, written, and where its time went (None: the run stopped before it closed)."""
+    written = profiler.finish(trace)
+    if written is None or profiler.window is None:
+        return None
+    return {"trace": str(written), "end_iter": profiler.window.end_iter, "window_s": profiler.window.seconds,
+            **breakdown(written)}
 
 
 def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -129,9 +129,9 @@ def test_nvml_agrees_with_the_allocator(tmp_path, record_property):
 def test_window_times_agree_with_cuda_events(record_property):
     """The harness's window clock (perf_counter between device syncs) against CUDA events recorded at the
     same edges: within 2 %."""
-    from precision import build_precision
-
-    from harness.config import AmpConfig, resolve_precision
+    from amp import build_amp
+    from amp.levels import AmpConfig, plugin_path, resolve
+    from harness.rank.data import SyntheticSource
     from harness.rank.models import torchvision_model
     from harness.rank.timing import WindowClock
     from harness.rank.trainer import train
@@ -139,7 +139,8 @@ def test_window_times_agree_with_cuda_events(record_property):
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
     model = torchvision_model("resnet50", num_classes=100).to(device)
-    precision = build_precision(resolve_precision(AmpConfig(level="O0"), "cuda"), device)
+    spec = resolve(AmpConfig(level="O0"), "cuda")
+    precision = build_amp(plugin_path(spec.impl), spec, device)
     model, optimizer = precision.prepare(model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
     batch = (torch.randn(64, 3, 128, 128, device=device), torch.randint(0, 100, (64,), device=device))
     events: list[torch.cuda.Event] = []
@@ -151,7 +152,7 @@ def test_window_times_agree_with_cuda_events(record_property):
         torch.cuda.synchronize(device)
 
     clock = WindowClock(sync_with_event, warmup_windows=1)
-    train(model, optimizer, precision, batch, clock, iterations=120, log_every=20)
+    train(model, optimizer, precision, SyntheticSource([batch]), clock, iterations=120, log_every=20)
     host = [w.seconds for w in clock.windows[1:]]
     gpu = [events[i].elapsed_time(events[i + 1]) / 1000 for i in range(1, len(events) - 1)]
     worst = max(abs(h - g) / g for h, g in zip(host, gpu, strict=True))
