@@ -158,14 +158,16 @@ def breakdown_of_events(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     points += [(span[0], 0, ""), (span[1], 0, "")]
     points.sort(key=lambda p: (p[0], p[1]))
     parts = dict.fromkeys(PARTS, 0.0)
-    comm_total = 0.0
+    comm_total = 0.0  # a collective in flight (on the device, in the device view), or the thread blocked in one
+    comm_lanes = ("dev:comm",) if device_view else ("host:comm", "bg:comm")
     active: Counter[str] = Counter()
     previous = span[0]
     for t, step, lane in points:
         if t > previous:
             seconds = (t - previous) / 1e6
-            parts[classify(active, device_view)] += seconds
-            if any(active[k] > 0 for k in ("host:comm", "bg:comm", "dev:comm")):
+            part = classify(active, device_view)
+            parts[part] += seconds
+            if part == "communication" or any(active[k] > 0 for k in comm_lanes):
                 comm_total += seconds
             previous = t
         if step:

@@ -10,6 +10,7 @@ the window in the trace: the breakdown classifies exactly that span."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ SPAN = "harness.window"
 class WindowProfiler:
     def __init__(self, window_index: int, accelerator: str, barrier: Callable[[], None]) -> None:
         self.window_index, self._barrier = window_index, barrier
+        if accelerator != "cuda":  # kineto would log that it found no GPU, once per rank, as an ERROR line
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if accelerator == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)

@@ -21,7 +21,7 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
               "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "imbalance", "final loss", "startup s",
-              "status"]
+              "data wait", f"profiled: {BREAKDOWN_HEAD}", "comm overlapped", "J/image", "status"]
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
@@ -37,8 +37,24 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                      _fmt(r.s_per_20, 3) + spread, *[_fmt(cumulative.get(it), 1) for it in edges],
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                      _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.mem_imbalance_pct, 0, "%"),
-                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), status])
+                     _fmt(r.final_loss, 4), _fmt(r.startup_s, 1), _pct(r.data_wait_share), breakdown_cell(r),
+                     _pct(r.comm_overlapped_share), _fmt(r.energy_j_per_image, 3), status])
     return header, body
+
+
+BREAKDOWN_HEAD = "compute/comm/data/optim/other %"
+
+
+def _pct(share: float | None) -> str:
+    return _fmt(100 * share, 0, "%") if share is not None else "—"
+
+
+def breakdown_cell(row: Row) -> str:
+    """'41/35/19/2/3': the profiled window's shares in percent, in BREAKDOWN_HEAD's order."""
+    if not row.breakdown:
+        return "—"
+    return "/".join(f"{100 * row.breakdown[p]:.0f}" for p in ("compute", "communication", "data_wait", "optimizer",
+                                                              "other"))
 
 
 # report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
@@ -54,7 +70,13 @@ CSV_NUMBERS = (
     ("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
     ("mem_max_hi_mib", lambda r: r.mem_max_hi), ("mem_min_mib", lambda r: r.mem_min_mib),
     ("mem_imbalance_pct", lambda r: r.mem_imbalance_pct), ("final_loss", lambda r: r.final_loss),
-    ("startup_s", lambda r: r.startup_s),
+    ("startup_s", lambda r: r.startup_s), ("data_wait_share", lambda r: r.data_wait_share),
+    ("profiled_compute_share", lambda r: r.breakdown.get("compute")),
+    ("profiled_communication_share", lambda r: r.breakdown.get("communication")),
+    ("profiled_data_wait_share", lambda r: r.breakdown.get("data_wait")),
+    ("profiled_optimizer_share", lambda r: r.breakdown.get("optimizer")),
+    ("profiled_other_share", lambda r: r.breakdown.get("other")),
+    ("comm_overlapped_share", lambda r: r.comm_overlapped_share), ("energy_j_per_image", lambda r: r.energy_j_per_image),
 )
 
 
@@ -79,7 +101,10 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
              f"(warm-up excluded), normalised to {PER} iterations; the cumulative columns are the time at each "
              "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
              "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
-             "the one-device row at the same amp level, divided by its devices.", "",
+             "the one-device row at the same amp level, divided by its devices. Data wait: the share of the steady "
+             "windows the loop waited for its next batch. With profile=true, the profiled window's time split into "
+             f"{BREAKDOWN_HEAD} (the slowest rank's), and the share of communication that overlapped other work.",
+             "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
     won = winners(rows)
