@@ -15,8 +15,9 @@ span. Which part, by priority:
   thread waits for it); in no op at all -> other (Python, idle).
 
 Communication that ran while something else was being done is overlapped (DDP's all-reduce under backward):
-`communication_total_s` is all the time a collective was in flight, `communication_overlapped_s` the part of
-it classified as something else."""
+`communication_total_s` is all the time a collective was in flight (in the device view: a communication kernel
+running) or the thread was blocked in one, `communication_overlapped_s` the part of it classified as something
+else."""
 
 from __future__ import annotations
 
