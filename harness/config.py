@@ -26,12 +26,30 @@ START_METHODS = ("spawn", "fork", "forkserver")
 OVERSUBSCRIBE_FACTOR = 4  # nprocs beyond this many per core is refused as a typo, not a benchmark
 
 
+DATA_SOURCES = ("synthetic", "loader")
+
+
 @dataclass(frozen=True)
 class DataConfig:
+    """`synthetic`: a pool of batches made once on the device (`pool`). `loader`: a DataLoader decoding and
+    transforming images on the CPU every step (torchvision FakeData, or an ImageFolder at `root`)."""
+
     name: str
     image_size: int
     num_classes: int
-    pool: int = 8  # distinct global batches, cycled
+    pool: int = 8  # synthetic: distinct global batches, cycled
+    root: str | None = None  # loader: an ImageFolder; null = torchvision FakeData
+    size: int = 2048  # loader, FakeData: images in an epoch
+    num_workers: int = 2
+    pin_memory: bool = False
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    item_delay_ms: float = 0.0  # loader, debugging aid: sleep this long per image (a slow disk or decoder)
+
+
+# keys that mean something to one source only: given to the other, they would be silently ignored
+DATA_ONLY = {"synthetic": ("pool",), "loader": ("root", "size", "num_workers", "pin_memory", "prefetch_factor",
+                                                 "persistent_workers", "item_delay_ms")}
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,7 @@ class RunConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
+    profile: bool = False  # torch.profiler over the first window after warm-up (excluded from steady figures)
 
     @property
     def model_name(self) -> str:
@@ -137,10 +156,7 @@ class RunConfig:
             raise ConfigError("amp._target_", amp_plugin, "the amp plugin class (conf/amp/_common.yaml)")
         amp = AmpConfig(**check_record("amp", amp_section, AmpConfig))
 
-        data = DataConfig(**check_record("data", cfg["data"], DataConfig))
-        _positive_int("data.image_size", data.image_size)
-        _positive_int("data.num_classes", data.num_classes)
-        _positive_int("data.pool", data.pool)
+        data = check_data(cfg["data"], cfg["batch_size"])
 
         gpus = check_gpus(cfg.get("gpus"))
         check_nprocs(cfg["nprocs"])
@@ -150,13 +166,22 @@ class RunConfig:
         if isinstance(cfg["warmup_windows"], bool) or not isinstance(cfg["warmup_windows"], int) \
                 or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
+        profile = cfg.get("profile", False)
+        if not isinstance(profile, bool):
+            raise ConfigError("profile", profile, "true or false")
+        if profile and cfg["warmup_windows"] < 1:
+            raise ConfigError("warmup_windows", cfg["warmup_windows"], "at least 1 with profile=true (the "
+                              "profiled window is the first after warm-up)")
         iterations = None if cfg["iterations"] == "auto" else cfg["iterations"]
         if iterations is not None:
-            every, least = cfg["log_every"], (cfg["warmup_windows"] + 1) * cfg["log_every"]
+            every, extra = cfg["log_every"], (2 if profile else 1)
+            least = (cfg["warmup_windows"] + extra) * every
+            why = ("(warmup_windows + 2) x log_every with profile=true, so that one window besides the profiled one "
+                   "is steady") if profile else "(warmup_windows + 1) x log_every, so that one window is steady"
             if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < least \
                     or iterations % every:
                 raise ConfigError("iterations", iterations, f"auto, or a multiple of log_every ({every}) of at least "
-                                  f"{least}: (warmup_windows + 1) x log_every, so that one window is steady")
+                                  f"{least}: {why}")
         timing = TimingConfig(**check_record("timing", cfg.get("timing") or {}, TimingConfig))
         for key in ("precision_pct", "max_seconds"):
             if not 0 < getattr(timing, key) < math.inf:
@@ -192,13 +217,37 @@ class RunConfig:
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat", 1), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, parity=parity,
-            compile=compile_, grad_accum=grad_accum,
+            compile=compile_, grad_accum=grad_accum, profile=profile,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "memory", "dist",
-                            "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum"})
+                            "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum",
+                            "profile"})
+
+
+def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
+    data = DataConfig(**check_record("data", section, DataConfig))
+    _one_of("data.name", data.name, DATA_SOURCES)
+    for name, keys in DATA_ONLY.items():
+        stray = [k for k in keys if k in section and name != data.name]
+        if stray:
+            raise ConfigError(f"data.{stray[0]}", section[stray[0]], f"a key of data={name} only (this run has "
+                              f"data={data.name})")
+    for key in ("image_size", "num_classes", "pool", "size", "prefetch_factor"):
+        _positive_int(f"data.{key}", getattr(data, key))
+    if isinstance(data.num_workers, bool) or data.num_workers < 0:
+        raise ConfigError("data.num_workers", data.num_workers, "an integer >= 0 (0: load in the training process)")
+    if not 0 <= data.item_delay_ms < math.inf:
+        raise ConfigError("data.item_delay_ms", data.item_delay_ms, "a number of milliseconds >= 0")
+    if data.root is not None and not Path(data.root).is_dir():
+        raise ConfigError("data.root", data.root, "a folder of class sub-folders (torchvision ImageFolder), or null "
+                          "for FakeData")
+    if data.name == "loader" and data.root is None and isinstance(batch_size, int) and data.size < batch_size:
+        raise ConfigError("data.size", data.size, f"at least batch_size ({batch_size}) images: an epoch must hold "
+                          "one global batch")
+    return data
 
 
 def check_gpus(gpus: Any) -> tuple[int, ...] | None:

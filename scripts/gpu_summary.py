@@ -26,6 +26,7 @@ def machine() -> dict[str, str]:
 
         pynvml.nvmlInit()
         info["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        info["NVML activity (GPU 0)"] = nvml_activity(pynvml)
         pynvml.nvmlShutdown()
     except Exception as error:  # the summary says what it could not read
         info["driver"] = f"unknown ({error})"
@@ -36,6 +37,22 @@ def machine() -> dict[str, str]:
     except ImportError as error:
         info["NVIDIA apex"] = f"not available ({error})"
     return info
+
+
+def nvml_activity(pynvml: Any) -> str:
+    """Which of the activity queries the harness samples this GPU answers (the rest are recorded as unavailable)."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    queries = {"utilisation": lambda: f"{pynvml.nvmlDeviceGetUtilizationRates(handle).gpu} %",
+               "SM clock": lambda: f"{pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)} MHz",
+               "power": lambda: f"{pynvml.nvmlDeviceGetPowerUsage(handle) / 1000:.0f} W",
+               "energy counter": lambda: f"{pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000:.0f} J"}
+    parts = []
+    for name, query in queries.items():
+        try:
+            parts.append(f"{name} {query()}")
+        except pynvml.NVMLError as error:
+            parts.append(f"{name} unavailable ({error})")
+    return ", ".join(parts)
 
 
 def outcomes(junit: Path) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from conftest import REPO, TINY, amp_plugin, describe, run_cli
 from amp import Amp
 from amp.levels import AmpConfig, AmpSpec, resolve
 from harness.launch.launcher import loopback_interface
+from harness.rank.data import SyntheticSource
 from harness.rank.devices import Placement
 from harness.rank.models import TinyCNN
 from harness.rank.timing import WindowClock
@@ -97,7 +98,7 @@ def _check_scenario(strategy: ManualAllReduce, rank: int, spec: AmpSpec) -> None
         p.grad = None
 
     # A few steps through the common trainer loop: replicas stay bit-identical.
-    train(model, optimizer, precision, [(images, labels)], WindowClock(lambda: None, 0), STEPS, STEPS)
+    train(model, optimizer, precision, SyntheticSource([(images, labels)]), WindowClock(lambda: None, 0), STEPS, STEPS)
     mine = flat_params(model)
     gathered = [torch.empty_like(mine) for _ in range(WORLD)]
     dist.all_gather(gathered, mine)

@@ -26,6 +26,7 @@ SCRIPTS = {
     "hook_cost.py": ["== the trainer's calls, per call"],
     "main_job.py": ["== the main job from a fresh clone"],
     "modern.py": ["== tiny_cnn, global batch 8, 2 workers"],
+    "profile_cost.py": ["== tiny_cnn, DDP 2 workers: profile=true against profile=false"],
 }
 
 

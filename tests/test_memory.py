@@ -35,7 +35,40 @@ class FakeMemoryInfo:
 
 
 class NVMLError(Exception):
-    """pynvml.NVMLError: `str()` is NVML's message, e.g. "Insufficient Permissions"."""
+    """pynvml.NVMLError: made from NVML's return code, `str()` is NVML's message for it (pynvml.py:
+    `_errcode_to_string = {... NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NO_PERMISSION: "Insufficient
+    Permissions", ...}`), and each code has its subclass (`_extractNVMLErrorsAsClasses`: "NVML_ERROR_NOT_SUPPORTED
+    will be turned into NVMLError_NotSupported")."""
+
+    MESSAGES = {3: "Not Supported", 4: "Insufficient Permissions", 13: "Function Not Found"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self.MESSAGES.get(self.value, f"NVML Error with code {self.value}")
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+    def __init__(self) -> None:
+        super().__init__(3)  # NVML_ERROR_NOT_SUPPORTED: e.g. the energy counter before Volta
+
+
+class NVMLError_NoPermission(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(4)  # NVML_ERROR_NO_PERMISSION
+
+
+class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(13)  # `_nvmlGetFunctionPointer`: the driver's library lacks the function
+
+
+@dataclass
+class FakeUtilization:
+    gpu: int  # c_nvmlUtilization_t's fields: percent of time a kernel ran, memory controller busy
+    memory: int
 
 
 class NVMLLibraryMismatchError(Exception):
@@ -49,22 +82,52 @@ class FakeNvml:
     Tests change `used` and `procs` between reads, as the GPUs would change under a real run.
     `uuids` maps UUID/MIG names to indices (nvmlDeviceGetHandleByUUID); `old_driver` makes the
     unversioned process query fail as pynvml 13 does on a driver without `_v3`; `deny` names the calls
-    that raise NVMLError("Insufficient Permissions"), as MIG without privileges does.
+    that raise NVMLError_NoPermission ("Insufficient Permissions"), as MIG without privileges does.
+    `activity[index]` holds what the activity queries return, in NVML's units (utilisation %, SM clock MHz,
+    power mW, energy mJ since the driver loaded); `unsupported[index]` names the queries that raise
+    NVMLError_NotSupported on that GPU, `missing` those the driver's library lacks (NVMLError_FunctionNotFound).
     """
 
     NVMLError = NVMLError
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
+    NVML_CLOCK_SM = 1  # pynvml.py: `NVML_CLOCK_SM        = 1`
 
     def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]],
-                 uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = ()) -> None:
+                 uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = (),
+                 activity: dict[int, dict[str, int]] | None = None,
+                 unsupported: dict[int, tuple[str, ...]] | None = None, missing: tuple[str, ...] = ()) -> None:
         self.used, self.procs = used, procs
         self.uuids, self.old_driver, self.deny = uuids or {}, old_driver, deny
+        self.activity = activity or {}
+        self.unsupported, self.missing = unsupported or {}, missing
         self.initialised = self.shut_down = 0
         self.handles_asked: list[int | str] = []
+        self.asked: list[tuple[str, int]] = []
 
     def _check(self, call: str) -> None:
         if call in self.deny:
-            raise NVMLError("Insufficient Permissions")
+            raise NVMLError_NoPermission()
+
+    def _figure(self, query: str, handle: tuple[str, int]) -> int:
+        self.asked.append((query, handle[1]))
+        if query in self.missing:
+            raise NVMLError_FunctionNotFound()
+        if query in self.unsupported.get(handle[1], ()):
+            raise NVMLError_NotSupported()
+        return self.activity.get(handle[1], {}).get(query, 0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: tuple[str, int]) -> FakeUtilization:  # noqa: N802
+        return FakeUtilization(gpu=self._figure("utilization", handle), memory=0)
+
+    def nvmlDeviceGetClockInfo(self, handle: tuple[str, int], clock_type: int) -> int:  # noqa: N802
+        assert clock_type == self.NVML_CLOCK_SM
+        return self._figure("sm_clock", handle)
+
+    def nvmlDeviceGetPowerUsage(self, handle: tuple[str, int]) -> int:  # noqa: N802
+        return self._figure("power", handle)  # milliwatts
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: tuple[str, int]) -> int:  # noqa: N802
+        return self._figure("energy", handle)  # millijoules
 
     def nvmlInit(self) -> None:  # noqa: N802
         self.initialised += 1
@@ -250,7 +313,7 @@ def test_open_source_picks_psutil_on_cpu_and_reports_missing_nvml():
     source, warning = open_source("cpu", (), os.getpid())
     assert isinstance(source, PsutilSource) and warning is None
 
-    def broken(ids, tokens=()):
+    def broken(ids, tokens=(), host=None):
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     source, warning = open_source("cuda", (0,), os.getpid(), nvml_factory=broken)
@@ -391,3 +454,123 @@ def test_cpu_baseline_is_the_ranks_own_start_whether_inline_or_launched():
     memory = summarize(tracker, "psutil", ["cpu:0", "cpu:1"], ranks, launcher_pid=1)
     assert memory["per_device"] == [{"device": "cpu:0", "peak_mib": 950.0, "baseline_mib": 720.0},
                                     {"device": "cpu:1", "peak_mib": 800.0, "baseline_mib": 500.0}]
+
+
+# --- DataLoader workers: children of a rank, counted as `role: data` ------------------------------------------
+
+DATA0, DATA1 = 2001, 2002
+
+
+def test_psutil_counts_a_ranks_dataloader_workers_on_its_device():
+    tracker = MemoryTracker()
+    tracker.add(Sample(per_process={(LAUNCHER, "cpu"): 500.0}, parents={}))  # baseline: no worker yet
+    tracker.add(Sample(per_process={(LAUNCHER, "cpu"): 510.0, (RANK0, "cpu"): 900.0, (RANK1, "cpu"): 880.0,
+                                    (DATA0, "cpu"): 150.0, (DATA1, "cpu"): 140.0, (STRANGER, "cpu"): 77.0},
+                       parents={RANK0: LAUNCHER, RANK1: LAUNCHER, DATA0: RANK0, DATA1: RANK0, STRANGER: LAUNCHER}))
+    ranks = [RankProcess(0, RANK0, "cpu:0", "h", rss_at_start_mib=400.0),
+             RankProcess(1, RANK1, "cpu:1", "h", rss_at_start_mib=410.0)]
+    memory = summarize(tracker, "psutil", ["cpu:0", "cpu:1"], ranks, launcher_pid=LAUNCHER)
+    rows = {p["pid"]: p for p in memory["per_process"]}
+    assert set(rows) == {RANK0, RANK1, DATA0, DATA1}  # the launcher's other child is not the run's
+    assert rows[DATA0] == {"pid": DATA0, "rank": 0, "device": "cpu:0", "peak_mib": 150.0, "role": "data", "host": "h"}
+    assert (rows[DATA1]["role"], rows[DATA1]["rank"]) == ("data", 0)
+    # cpu:0 is rank 0 and its two workers: 900 + 150 + 140; its baseline the rank's own start
+    assert memory["per_device"] == [{"device": "cpu:0", "peak_mib": 1190.0, "baseline_mib": 400.0},
+                                    {"device": "cpu:1", "peak_mib": 880.0, "baseline_mib": 410.0}]
+    from harness.output import imbalance
+
+    balance = imbalance.analyze({"memory": memory, "world_size": 2})
+    assert [d["pids"] for d in balance.devices] == [[RANK0], [RANK1]]  # devices list the processes driving them
+
+
+def test_nvml_runs_read_the_data_workers_host_memory_beside_the_gpus():
+    fake = FakeNvml(used={0: mib(100)}, procs={})
+    host = FakeHost()
+    source = NvmlSource([0], nvml=fake, host=host, clock=lambda: 5.0)
+    tracker = MemoryTracker()
+    tracker.add(source.read())
+    fake.procs = {0: [(RANK0, mib(900))]}
+    host.rss = {LAUNCHER: 300.0, RANK0: 700.0, DATA0: 120.0}
+    tracker.add(source.read())
+    memory = summarize(tracker, "nvml", ["cuda:0"], [RankProcess(0, RANK0, "cuda:0", "h")], launcher_pid=LAUNCHER)
+    rows = {p["pid"]: p for p in memory["per_process"]}
+    assert set(rows) == {RANK0, DATA0}  # host memory of the rank and launcher is not GPU memory: not listed
+    assert rows[RANK0]["peak_mib"] == 900.0 and rows[RANK0]["role"] == "rank"
+    assert rows[DATA0] == {"pid": DATA0, "rank": 0, "device": "cuda:0", "peak_mib": 120.0, "role": "data", "host": "h"}
+    assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 100.0, "baseline_mib": 100.0}]
+
+
+class FakeHost:
+    """PsutilSource's reads: the launcher's process tree, resident MiB by pid, with parents."""
+
+    name = "psutil"
+
+    def __init__(self) -> None:
+        self.rss: dict[int, float] = {LAUNCHER: 300.0}
+
+    def read(self) -> Sample:
+        parents = {RANK0: LAUNCHER, DATA0: RANK0}
+        return Sample(per_process={(pid, "cpu"): mib for pid, mib in self.rss.items()},
+                      parents={pid: parents[pid] for pid in self.rss if pid in parents})
+
+    def close(self) -> None:
+        pass
+
+
+# --- GPU activity and energy through NVML -------------------------------------------------------------------
+
+def test_nvml_activity_in_plain_units_and_unsupported_figures_are_none_never_asked_again():
+    fake = FakeNvml(used={0: mib(1), 1: mib(1)}, procs={},
+                    activity={0: {"utilization": 87, "sm_clock": 1980, "power": 312_500, "energy": 4_000_000},
+                              1: {"utilization": 40, "sm_clock": 1410, "power": 90_000}},
+                    unsupported={1: ("energy",)})
+    source = NvmlSource([0, 1], nvml=fake, clock=lambda: 7.0)
+    first = source.read()
+    assert first.at == 7.0
+    assert first.activity["cuda:0"] == {"utilization_pct": 87.0, "sm_clock_mhz": 1980.0, "power_w": 312.5,
+                                        "energy_j": 4000.0}
+    assert first.activity["cuda:1"]["energy_j"] is None  # NVMLError_NotSupported: unavailable, not 0
+    assert first.activity["cuda:1"]["power_w"] == 90.0
+    assert source.unsupported == {"cuda:1 energy_j": "Not Supported"}
+    source.read()
+    assert fake.asked.count(("energy", 1)) == 1  # refused once, never asked again
+    assert fake.asked.count(("energy", 0)) == 2
+
+
+def test_an_old_driver_without_the_energy_call_is_unavailable_too():
+    fake = FakeNvml(used={0: mib(1)}, procs={}, activity={0: {"utilization": 5}}, missing=("energy", "power"))
+    sampler = MemorySampler(NvmlSource([0], nvml=fake), interval_s=3600).start()
+    sampler.stop()
+    assert sampler.warning is None  # memory figures go on
+    assert sampler.unsupported == {"cuda:0 power_w": "Function Not Found", "cuda:0 energy_j": "Function Not Found"}
+    assert [per["cuda:0"]["utilization_pct"] for _, per in sampler.tracker.activity] == [5.0, 5.0]
+
+
+def test_energy_per_image_over_the_steady_windows_by_hand():
+    from harness.output.activity import activity_section, counter_at
+
+    # readings every second; GPU 0's counter rises 100 J/s, GPU 1's 50 J/s; utilisation 10 % then 90 %
+    readings = [(float(t), {"cuda:0": {"utilization_pct": 10.0 if t < 3 else 90.0, "sm_clock_mhz": 1500.0,
+                                       "power_w": 100.0, "energy_j": 1000.0 + 100 * t},
+                            "cuda:1": {"utilization_pct": 50.0, "sm_clock_mhz": None, "power_w": 50.0,
+                                       "energy_j": 50.0 * t}}) for t in range(0, 8)]
+    assert counter_at([(0.0, 0.0), (1.0, 10.0)], 0.25) == 2.5 and counter_at([(0.0, 0.0)], 3.0) is None
+    # steady windows 3.5-5.0 and 5.0-6.5 (3 s in all) trained 2 x 200 images
+    activity, per_image = activity_section(readings, [(3.5, 5.0), (5.0, 6.5)], 400, {})
+    gpu0, gpu1 = activity["per_device"]
+    assert gpu0["energy_j"] == pytest.approx(300.0) and gpu1["energy_j"] == pytest.approx(150.0)
+    assert per_image == pytest.approx(450.0 / 400)
+    assert gpu0["utilization_pct"] == 90.0  # readings at 4, 5 and 6 s only: the warm-up's 10 % left out
+    assert gpu1["sm_clock_mhz"] is None and activity["readings"] == 3
+
+
+def test_energy_per_image_is_none_when_a_gpu_has_no_counter():
+    from harness.output.activity import activity_section
+
+    readings = [(float(t), {"cuda:0": {"utilization_pct": 1.0, "sm_clock_mhz": 1.0, "power_w": 1.0, "energy_j": 10.0 * t},
+                            "cuda:1": {"utilization_pct": 1.0, "sm_clock_mhz": 1.0, "power_w": 1.0, "energy_j": None}})
+                for t in range(5)]
+    activity, per_image = activity_section(readings, [(1.0, 3.0)], 100, {"cuda:1 energy_j": "Not Supported"})
+    assert per_image is None  # one GPU's energy unknown: the run's is unknown, never a partial sum
+    assert activity["per_device"][1]["energy_j"] is None and activity["per_device"][0]["energy_j"] == 20.0
+    assert activity["unavailable"] == {"cuda:1 energy_j": "Not Supported"}

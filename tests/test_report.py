@@ -314,3 +314,45 @@ def test_plots_encode_strategy_by_colour_and_amp_by_style(sweep):
     assert style(by["ddp O0"], colours)["color"] == style(by["ddp O1"], colours)["color"]
     assert style(by["ddp O1"], colours)["linestyle"] == AMP_STYLE["O1"][0] != AMP_STYLE["O0"][0]
     assert strategy_colours(rows[:1])["single"] == colours["single"]  # stable across reports
+
+
+def with_profile(data: dict, shares: dict, overlapped: float, total: float, *, wait: float, energy: float | None) -> dict:
+    run = {"rank": 1, "view": "host", "span_s": 1.0, "end_iter": 40, "window_s": 1.0, "shares": shares,
+           "parts_s": dict(shares), "communication_total_s": total, "communication_overlapped_s": overlapped}
+    data["windows"][1]["profiled"] = True  # the first steady window was profiled: out of the steady figures
+    return {**data, "data_wait_share": wait, "energy_j_per_image": energy,
+            "profile": {"run": run, "per_rank": {"1": run}, "traces": ["traces/rank0.json"], "slowdown": 1.5}}
+
+
+def test_breakdown_shares_per_row_and_its_plot_in_the_page(tmp_path):
+    ddp = {"compute": 0.40, "communication": 0.30, "data_wait": 0.20, "optimizer": 0.05, "other": 0.05}
+    single = {"compute": 0.90, "communication": 0.0, "data_wait": 0.05, "optimizer": 0.03, "other": 0.02}
+    # windows: warm-up 2.0, profiled 9.0 (left out), then 1.0 and 3.0: median 2.0 s per 20 iterations
+    write(tmp_path, "0_ddp_O0", with_profile(results("ddp", "O0", ["cpu:0", "cpu:1"], [2.0, 9.0, 1.0, 3.0], rate=320.0),
+                                             ddp, overlapped=0.1, total=0.4, wait=0.25, energy=None))
+    write(tmp_path, "1_single_O0", with_profile(results("single", "O0", ["cpu"], [2.0, 9.0, 1.0, 3.0], rate=320.0),
+                                                single, overlapped=0.0, total=0.0, wait=0.04, energy=1.5))
+    out = report.build_report([tmp_path], tmp_path / "out", quiet=True)
+    by = {r.label: r for r in out.rows}
+    assert by["ddp O0"].s_per_20 == pytest.approx(2.0) and by["ddp O0"].steady_windows == 2
+    assert by["ddp O0"].breakdown == ddp and by["ddp O0"].comm_overlapped_share == pytest.approx(0.25)
+    assert by["single O0"].comm_overlapped_share is None  # no communication at all: nothing to overlap
+    header, body = report.table_rows(out.rows)
+    cells = dict(zip(header, body[[r.label for r in out.rows].index("ddp O0")], strict=True))
+    assert cells["profiled: compute/comm/data/optim/other %"] == "40/30/20/5/5"
+    assert (cells["data wait"], cells["comm overlapped"], cells["J/image"]) == ("25%", "25%", "—")
+    single_cells = dict(zip(header, body[[r.label for r in out.rows].index("single O0")], strict=True))
+    assert single_cells["J/image"] == "1.500"
+    assert (tmp_path / "out" / "breakdown.png").exists()
+    assert 'src="breakdown.png"' in (tmp_path / "out" / "index.html").read_text()
+    import csv
+
+    with open(tmp_path / "out" / "report.csv") as handle:
+        rows = {r["combination"]: r for r in csv.DictReader(handle)}
+    assert float(rows["ddp O0"]["profiled_communication_share"]) == 0.3
+    assert float(rows["ddp O0"]["data_wait_share"]) == 0.25 and rows["ddp O0"]["energy_j_per_image"] == "nan"
+
+
+def test_no_breakdown_plot_without_a_profiled_run(sweep):
+    out = report.build_report([sweep], sweep / "out", quiet=True)
+    assert not (sweep / "out" / "breakdown.png").exists() and all(not r.breakdown for r in out.rows)

@@ -7,6 +7,7 @@ import torch
 from conftest import amp_plugin, tiny_batch
 
 from amp.levels import AmpConfig, resolve
+from harness.rank.data import SyntheticSource
 from harness.rank.models import TinyCNN
 from harness.rank.timing import (
     AutoStop,
@@ -148,7 +149,7 @@ def test_trainer_syncs_only_at_window_edges(level):
                                          lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
     model = precision.wrap_module(model)
     seen: list[Window] = []
-    result = train(model, optimizer, precision, [tiny_batch()], clock, iterations, log_every,
+    result = train(model, optimizer, precision, SyntheticSource([tiny_batch()]), clock, iterations, log_every,
                    before_step=lambda it: events.append(("step", it)), on_window=seen.append)
 
     assert fake.syncs == iterations // log_every + 1
@@ -220,6 +221,6 @@ def test_trainer_with_auto_iterations_stops_where_decide_says():
     torch.manual_seed(0)
     model, optimizer = precision.prepare(TinyCNN(num_classes=10), lambda p: torch.optim.SGD(p, lr=0.1))
     clock = WindowClock(lambda: None, warmup_windows=0)
-    windows = train(model, optimizer, precision, [tiny_batch()], clock, None, 5,
+    windows = train(model, optimizer, precision, SyntheticSource([tiny_batch()]), clock, None, 5,
                     decide=lambda w: w.end_iter == 15)
     assert [w.end_iter for w in windows] == [5, 10, 15]

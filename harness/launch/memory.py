@@ -1,7 +1,10 @@
 """Memory per device and per process, sampled from the parent on a thread of its own.
 
 GPUs are read through NVML (what nvidia-smi shows, other users' processes included, hence the
-baseline taken before the run); CPU workers through psutil's resident set size.
+baseline taken before the run); CPU workers through psutil's resident set size. DataLoader workers
+(children of a rank) are read through psutil on either, as host memory (`role: data`). On GPUs the same reads
+take utilisation, SM clock, power and the energy counter, each recorded as unavailable (None) where the GPU or
+driver does not support it, never as 0.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ class Sample:
     # (pid, device) -> MiB; None where the driver hides a process's figure (MIG without privileges, some
     # containers): known to be there, amount unknown, never 0
     per_process: dict[tuple[int, str], float | None] = field(default_factory=dict)
+    parents: dict[int, int] = field(default_factory=dict)  # pid -> parent pid (psutil's processes)
+    at: float = 0.0  # Unix time of the read
+    # device label -> {"utilization_pct", "sm_clock_mhz", "power_w", "energy_j"}: None where unsupported
+    activity: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
 class MemorySource(Protocol):
@@ -45,7 +52,8 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, physical_ids: Sequence[int], nvml: ModuleType | None = None,
-                 tokens: Sequence[str] | None = None) -> None:
+                 tokens: Sequence[str] | None = None, host: PsutilSource | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if nvml is None:
             import pynvml as nvml  # lazy: optional at run time, absent data just means no NVML figures
         self._nvml = nvml
@@ -54,6 +62,10 @@ class NvmlSource:
         self._handles = {f"cuda:{i}": self._open(token) for i, token in zip(physical_ids, tokens, strict=True)}
         self._query_processes = nvml.nvmlDeviceGetComputeRunningProcesses
         self.process_warning: str | None = None
+        self._host, self._clock = host, clock
+        self.unsupported: dict[str, str] = {}  # "cuda:0 energy_j" -> NVML's reason; not asked again
+
+    ACTIVITY = ("utilization_pct", "sm_clock_mhz", "power_w", "energy_j")
 
     def _open(self, token: str) -> Any:
         if token.isdigit():
@@ -61,13 +73,34 @@ class NvmlSource:
         return self._nvml.nvmlDeviceGetHandleByUUID(token)
 
     def read(self) -> Sample:
-        sample = Sample()
+        sample = self._host.read() if self._host is not None else Sample()  # host memory: data workers
+        sample.per_process = {(pid, "host"): mib for (pid, _), mib in sample.per_process.items()}
+        sample.at = self._clock()
         for label, handle in self._handles.items():
             sample.per_device[label] = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
             for proc in self._processes(handle):
                 used = proc.usedGpuMemory  # None where the driver hides it (pynvml maps NOT_AVAILABLE to None)
                 sample.per_process[(proc.pid, label)] = None if used is None else used / MIB
+            sample.activity[label] = {key: self._activity(label, key, handle) for key in self.ACTIVITY}
         return sample
+
+    def _activity(self, label: str, key: str, handle: Any) -> float | None:
+        """One activity figure in plain units; None (and never asked again) where NVML says it cannot give it
+        (NVMLError_NotSupported on GPUs without the counter, FunctionNotFound on old drivers, NoPermission)."""
+        if f"{label} {key}" in self.unsupported:
+            return None
+        nvml = self._nvml
+        try:
+            if key == "utilization_pct":
+                return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            if key == "sm_clock_mhz":
+                return float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+            if key == "power_w":
+                return nvml.nvmlDeviceGetPowerUsage(handle) / 1000  # milliwatts
+            return nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000  # millijoules since the driver loaded
+        except nvml.NVMLError as error:
+            self.unsupported[f"{label} {key}"] = str(error)
+            return None
 
     def _processes(self, handle: Any) -> list[Any]:
         if self.process_warning is not None:
@@ -108,13 +141,20 @@ class PsutilSource:
         self._root = psutil.Process(root_pid)
         self._clock = clock
         self._procs: list[psutil.Process] = []
+        self._parents: dict[int, int] = {}
         self._listed_at = float("-inf")
 
     def read(self) -> Sample:
         if self._clock() - self._listed_at >= self.RELIST_S:
             self._procs = [self._root, *self._root.children(recursive=True)]
+            self._parents = {}
+            for proc in self._procs:
+                try:
+                    self._parents[proc.pid] = proc.ppid()
+                except psutil.Error:
+                    continue
             self._listed_at = self._clock()
-        sample = Sample()
+        sample = Sample(parents=dict(self._parents))
         for proc in self._procs:
             try:
                 sample.per_process[(proc.pid, "cpu")] = proc.memory_info().rss / MIB
@@ -133,9 +173,14 @@ class MemoryTracker:
         self.baseline: Sample | None = None
         self.peak_device: dict[str, float] = {}
         self.peak_process: dict[tuple[int, str], float | None] = {}
+        self.parents: dict[int, int] = {}
+        self.activity: list[tuple[float, dict[str, dict[str, float | None]]]] = []  # (Unix time, per device)
         self.samples = 0
 
     def add(self, sample: Sample) -> None:
+        self.parents.update(sample.parents)
+        if sample.activity:
+            self.activity.append((sample.at, sample.activity))
         if self.baseline is None:
             self.baseline = sample
             return
@@ -155,6 +200,7 @@ class MemorySampler:
         self.source_name = source.name
         self.tracker = MemoryTracker()
         self.warning: str | None = None
+        self.unsupported: dict[str, str] = {}  # NVML activity figures the GPUs could not give, and why
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
 
@@ -171,6 +217,7 @@ class MemorySampler:
         process_warning = getattr(self.source, "process_warning", None)
         if process_warning and self.warning is None:
             self.warning = process_warning
+        self.unsupported = dict(getattr(self.source, "unsupported", {}))
         return self.tracker
 
     def findings(self) -> SamplerFindings:
@@ -211,7 +258,9 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
     """The results file's `memory` section: peaks per device and per PID, with ranks attached.
 
     NVML: PIDs already on a GPU before the run are other users' and are left out. psutil: only the
-    worker processes count (the launcher too for one-process strategies, which run inside it).
+    worker processes count (the launcher too for one-process strategies, which run inside it). On either, a
+    child process of a rank is its DataLoader worker (`role: data`, the rank's device, host memory); on CPU
+    its memory counts towards the rank's device.
     """
     rank_of_pid = {r.pid: r for r in ranks}
     baseline = tracker.baseline or Sample()
@@ -219,6 +268,14 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
     per_process = []
     for (pid, device), peak in sorted(tracker.peak_process.items()):
         rank = rank_of_pid.get(pid)
+        parent = rank_of_pid.get(tracker.parents.get(pid, -1))
+        if rank is None and parent is not None and device in ("cpu", "host"):
+            per_process.append({"pid": pid, "rank": parent.rank, "device": parent.device,
+                                "peak_mib": None if peak is None else round(peak, 1), "role": "data",
+                                "host": parent.host})
+            continue
+        if device == "host":  # NVML runs: host memory is read for the data workers only
+            continue
         if source == "psutil":
             if rank is None:
                 continue
@@ -264,6 +321,6 @@ def open_source(accelerator: str, physical_ids: Sequence[int], launcher_pid: int
     if accelerator != "cuda":
         return PsutilSource(launcher_pid), None
     try:
-        return nvml_factory(physical_ids, tokens=tokens), None
+        return nvml_factory(physical_ids, tokens=tokens, host=PsutilSource(launcher_pid)), None
     except Exception as error:  # missing package, no driver, permissions
         return None, f"NVML unavailable ({error}); GPU memory falls back to torch's allocator peaks"

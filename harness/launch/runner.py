@@ -25,9 +25,11 @@ from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.launch.parity import run_parity
 from harness.output import imbalance
+from harness.output.activity import activity_section, steady_spans
+from harness.output.profile import profile_section
 from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
 from harness.rank.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
-from harness.rank.timing import Window, merge_ranks, steady_throughput
+from harness.rank.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.rank.worker import Interrupted, caused_by, last_line, run_rank
 
 log = logging.getLogger(__name__)
@@ -144,9 +146,10 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
 
     records = read_records(record_dir)
     status, error = run_status(records, failures, interrupted)
-    results = {**base, **measurements(cfg, placement, records, started), "status": status, "error": error,
+    results = {**base, **measurements(cfg, placement, records, started, run_dir), "status": status, "error": error,
                "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
                                         launcher_pid, warning),
+               **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
                "env": environment(env_extra), "finished_at": time.time()}
     publish(run_dir, results)
     if interrupted:
@@ -175,6 +178,17 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
     if sampler.warning:
         memory["warning"] = sampler.warning
     return memory
+
+
+def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], images_per_window: int) -> dict[str, Any]:
+    """NVML's utilisation, clock, power and energy over rank 0's steady windows (nothing where NVML read none)."""
+    reference = next((r for r in records if r["rank"] == 0 and r.get("window_spans")), None)
+    if sampler is None or not sampler.tracker.activity or reference is None:
+        return {}
+    spans = steady_spans([Window(**w) for w in reference["windows"]], reference["window_spans"])
+    activity, per_image = activity_section(sampler.tracker.activity, spans, images_per_window * len(spans),
+                                           sampler.unsupported)
+    return {"gpu_activity": activity, "energy_j_per_image": per_image}
 
 
 def publish(run_dir: Path, results: dict[str, Any]) -> None:
@@ -220,8 +234,9 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
         "precision": {**_amp_record(amp), "final_loss_scale": None, "skipped_steps": None},
-        "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "startup_seconds": None,
-        "compile_seconds": None,
+        "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "data_wait_share": None, "profile": None,
+        "gpu_activity": None, "energy_j_per_image": None,
+        "startup_seconds": None, "compile_seconds": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
         "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
         "env": {}, "started_at": time.time(), **variant_fields(cfg),
@@ -278,7 +293,7 @@ def run_status(records: list[dict[str, Any]], failures: list[WorkerFailure], int
 
 
 def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, Any]],
-                  started: float) -> dict[str, Any]:
+                 started: float, run_dir: Path = Path()) -> dict[str, Any]:
     per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
     firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
@@ -299,6 +314,8 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "windows": [w.as_dict() for w in windows],
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
         "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
+        "data_wait_share": data_wait_share(windows),
+        "profile": profile_section(records, windows, run_dir) if cfg.profile else None,
         "startup_seconds": (max(firsts) - started - (compile_seconds or 0)) if firsts else None,
         "command_startup_seconds": (max(firsts) - command_start_time() - (compile_seconds or 0)) if firsts else None,
         "compile_seconds": compile_seconds if compile_seconds is not None else (max(in_windows) if in_windows else None),

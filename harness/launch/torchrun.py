@@ -179,7 +179,7 @@ def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, prec
         per_process += [{**p, "node": node["node_rank"]} for p in section["per_process"]]
         sources.add(section["source"])
     results = {**base_results(cfg, cfg_dict, placement, precision, overrides),
-               **measurements(cfg, placement, records, started), "status": status, "error": error,
+               **measurements(cfg, placement, records, started, out_dir), "status": status, "error": error,
                "devices": devices, "nodes": placement.nodes,
                "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
                           "per_process": per_process},

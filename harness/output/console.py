@@ -41,7 +41,7 @@ def run_summary(results: dict[str, Any]) -> list[RenderableType]:
         rate = per_window / w["seconds"] if w["seconds"] > 0 else float("nan")
         loss = "" if w.get("loss") is None else f"{w['loss']:.4f}"
         windows.add_row(str(w["end_iter"]), f"{w['seconds']:.3f}", f"{w['cumulative_seconds']:.3f}",
-                        f"{rate:.1f}", loss, "warm-up" if w["warmup"] else "")
+                        f"{rate:.1f}", loss, "warm-up" if w["warmup"] else "profiled" if w.get("profiled") else "")
     shown: list[RenderableType] = [windows]
     memory = results.get("memory") or {}
     if memory.get("per_device"):
@@ -49,17 +49,27 @@ def run_summary(results: dict[str, Any]) -> list[RenderableType]:
         for column in ("device", "peak MiB", "baseline MiB", "PIDs (rank)"):
             table.add_column(column, justify="right")
         for dev in memory["per_device"]:
-            pids = [f"{p['pid']} ({p['rank'] if p['rank'] is not None else p.get('role', '?')})"
-                    for p in memory.get("per_process", []) if p["device"] == dev["device"]]
+            pids = [f"{p['pid']} ({_who(p)})" for p in memory.get("per_process", []) if p["device"] == dev["device"]]
             table.add_row(dev["device"], f"{dev['peak_mib']:.1f}", f"{dev['baseline_mib']:.1f}", ", ".join(pids))
         shown.append(table)
     return shown
+
+
+def _who(process: dict[str, Any]) -> str:
+    """'0' for rank 0, 'data of 0' for its DataLoader worker, else the role."""
+    if process.get("role") == "data":
+        return f"data of {process['rank']}"
+    return str(process["rank"]) if process["rank"] is not None else str(process.get("role", "?"))
 
 
 def status_line(results: dict[str, Any]) -> str:
     line = f"status {results['status']}"
     if results.get("throughput_img_s"):
         line += f" · steady-state {results['throughput_img_s']:.1f} img/s"
+    if results.get("data_wait_share") is not None and results["data_wait_share"] >= 0.005:
+        line += f" · data wait {100 * results['data_wait_share']:.0f} % of steady time"
+    if results.get("energy_j_per_image") is not None:
+        line += f" · {results['energy_j_per_image']:.3g} J/image"
     if results.get("startup_seconds") is not None:
         line += f" · startup {results['startup_seconds']:.1f} s"
     if results.get("error"):
@@ -70,4 +80,21 @@ def status_line(results: dict[str, Any]) -> str:
 def log_run_summary(results: dict[str, Any], run_dir: Path) -> None:
     log.info("%s", render(*run_summary(results)))
     log.info("%s", status_line(results))
+    breakdown = breakdown_line(results)
+    if breakdown:
+        log.info("%s", breakdown)
     log.info("results: %s", run_dir / "results.json")
+
+
+def breakdown_line(results: dict[str, Any]) -> str | None:
+    """The profiled window in one line: where the slowest rank's time went."""
+    run = (results.get("profile") or {}).get("run")
+    if not run:
+        return None
+    shares = ", ".join(f"{part.replace('_', ' ')} {100 * share:.0f} %" for part, share in run["shares"].items())
+    overlapped = run["communication_overlapped_s"]
+    total = run["communication_total_s"]
+    overlap = f"; communication overlapped with other work: {1000 * overlapped:.1f} of {1000 * total:.1f} ms" \
+        if total > 0 else ""
+    return (f"profiled window (iterations to {run['end_iter']}, rank {run['rank']}, {run['view']} view, "
+            f"{run['span_s']:.3f} s): {shares}{overlap}; traces: {', '.join(results['profile']['traces'])}")

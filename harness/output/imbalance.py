@@ -34,7 +34,8 @@ def analyze(results: dict[str, Any]) -> Imbalance:
     per_device = memory.get("per_device") or []
     processes = memory.get("per_process") or []
     rows = [{"device": d["device"], "used_mib": max(0.0, d["peak_mib"] - d.get("baseline_mib", 0.0)),
-             "pids": sorted({p["pid"] for p in processes if p["device"] == d["device"]})} for d in per_device]
+             "pids": sorted({p["pid"] for p in processes if p["device"] == d["device"] and p.get("role") != "data"})}
+            for d in per_device]
     report = Imbalance(devices=rows)
     if not rows:
         report.verdict = f"no per-device memory data (source: {memory.get('source')}): nothing to compare"

@@ -1,18 +1,43 @@
-"""Synthetic data: a small pool of global batches made once, on the device, before the clock starts.
+"""What the trainer trains on: a batch source whose `next()` the loop calls once per iteration, and which
+counts the seconds the loop spent waiting in it (host time, no device sync).
 
-Every strategy trains on the same global batches in the same order: each is drawn from the run's seed
-on the CPU (so the same whatever the device), and a process keeps its shard of it, consecutive slices by
-rank (DataParallel, one process, keeps the whole batch and splits it itself). Cycling through several
-batches, rather than one, keeps the loss curve informative (a single batch is memorised within a few
-windows); nothing but an index into a list happens inside the timed loop. The task can be learnt: each
-image is its class's fixed random pattern plus noise, so the loss falls over fresh batches as it would on
-real data, and amp levels can be compared by it."""
+`data=synthetic` (default): a small pool of global batches made once, on the device, before the clock starts.
+Every strategy trains on the same global batches in the same order: each is drawn from the run's seed on the
+CPU (so the same whatever the device), and a process keeps its shard of it, consecutive slices by rank
+(DataParallel, one process, keeps the whole batch and splits it itself). Cycling through several batches,
+rather than one, keeps the loss curve informative (a single batch is memorised within a few windows); nothing
+but an index into a list happens inside the timed loop. The task can be learnt: each image is its class's fixed
+random pattern plus noise, so the loss falls over fresh batches as it would on real data, and amp levels can
+be compared by it.
+
+`data=loader`: a DataLoader that decodes and transforms images on the CPU every step, as real training does.
+The global batch means the same: DistributedSampler shards every epoch's shuffled order, and the k-th batches
+of the ranks together are the k-th global batch a single process would read (DataParallel's one process
+reads the whole global batch)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+from typing import Any, Protocol
+
 import torch
 
+from harness.config import DataConfig
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class BatchSource(Protocol):
+    waited: float  # seconds the training loop spent in next(), so far
+
+    def next(self) -> Batch: ...
+
+    def first(self) -> Batch:
+        """The batch the first next() will return, without taking it (compile=true's pass before the clock)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def synthetic_batches(pool: int, global_batch: int, local_batch: int, shard: int, image_size: int,
@@ -27,3 +52,122 @@ def synthetic_batches(pool: int, global_batch: int, local_batch: int, shard: int
         batches.append((images[start:start + local_batch].to(device, copy=True),
                         labels[start:start + local_batch].to(device, copy=True)))
     return batches
+
+
+class SyntheticSource:
+    """Iteration `it` (from 1) trains on `batches[it % len(batches)]`."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self._batches, self._count, self.waited = batches, 0, 0.0
+
+    def next(self) -> Batch:
+        start = time.perf_counter()
+        self._count += 1
+        batch = self._batches[self._count % len(self._batches)]
+        self.waited += time.perf_counter() - start
+        return batch
+
+    def first(self) -> Batch:
+        return self._batches[(self._count + 1) % len(self._batches)]
+
+    def close(self) -> None:
+        pass
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """`data.item_delay_ms`: every item takes this much longer, as from a slow disk or decoder."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(self.delay_s)
+        return self.inner[index]
+
+
+def image_dataset(data: DataConfig) -> torch.utils.data.Dataset:
+    """PIL images through the usual training transforms; FakeData (no download) unless `root` is given."""
+    import torchvision
+    from torchvision import transforms
+
+    transform = transforms.Compose([
+        transforms.RandomResizedCrop(data.image_size), transforms.ToTensor(),
+        transforms.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))])
+    if data.root is not None:
+        dataset: Any = torchvision.datasets.ImageFolder(data.root, transform=transform)
+    else:
+        dataset = torchvision.datasets.FakeData(size=data.size, image_size=(3, data.image_size, data.image_size),
+                                                num_classes=data.num_classes, transform=transform)
+    return SlowDataset(dataset, data.item_delay_ms / 1000) if data.item_delay_ms > 0 else dataset
+
+
+def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int, shard: int,
+                   seed: int) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DistributedSampler]:
+    """Shard `shard` of `shards` of every epoch's shuffled order, in batches of `local_batch`."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    if len(dataset) < local_batch * shards:
+        raise ValueError(f"data.root={data.root} holds {len(dataset)} images, fewer than one global batch "
+                         f"({local_batch * shards})")
+    sampler = DistributedSampler(dataset, num_replicas=shards, rank=shard, shuffle=True, seed=seed, drop_last=True)
+    workers = data.num_workers
+    # Forked, as from a plain training script on Linux: a rank started by spawn would otherwise spawn its workers
+    # too, and each would re-import the harness and torch (seconds each) before loading anything.
+    context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
+    loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True, num_workers=workers,
+                        pin_memory=data.pin_memory, prefetch_factor=data.prefetch_factor if workers else None,
+                        persistent_workers=data.persistent_workers and workers > 0, multiprocessing_context=context)
+    return loader, sampler
+
+
+class LoaderSource:
+    """Batches from a DataLoader, moved to the device; a new epoch (reshuffled) whenever one ends."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, sampler: torch.utils.data.DistributedSampler,
+                 device: torch.device) -> None:
+        self._loader, self._sampler, self._device = loader, sampler, device
+        self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
+        self._epoch = 0
+        self._iterator: Any = iter(loader)  # workers start now, before the clock
+        self._held: Batch | None = None  # fetched by first(), handed out by the next next()
+        self.waited = 0.0
+
+    def first(self) -> Batch:
+        if self._held is None:
+            self._held = self._fetch()
+        return self._held
+
+    def next(self) -> Batch:
+        start = time.perf_counter()
+        batch, self._held = (self._held, None) if self._held is not None else (self._fetch(), None)
+        self.waited += time.perf_counter() - start
+        return batch
+
+    def _fetch(self) -> Batch:
+        try:
+            images, labels = next(self._iterator)
+        except StopIteration:
+            self._epoch += 1
+            self._sampler.set_epoch(self._epoch)
+            self._iterator = iter(self._loader)
+            images, labels = next(self._iterator)
+        return (images.to(self._device, non_blocking=self._non_blocking),
+                labels.to(self._device, non_blocking=self._non_blocking))
+
+    def close(self) -> None:
+        self._iterator = None  # its workers end with it (persistent ones when the loader is dropped)
+        self._loader = None  # type: ignore[assignment]
+
+
+def batch_source(data: DataConfig, global_batch: int, shards: int, shard: int, device: torch.device,
+                 seed: int) -> BatchSource:
+    """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch)."""
+    local_batch = global_batch // shards
+    if data.name == "loader":
+        loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed)
+        return LoaderSource(loader, sampler, device)
+    return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, data.image_size,
+                                             data.num_classes, device, seed))

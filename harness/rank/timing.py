@@ -17,6 +17,8 @@ class Window:
     cumulative_seconds: float
     warmup: bool
     loss: float | None = None
+    data_wait_s: float | None = None  # time the loop spent getting its batches (host clock)
+    profiled: bool = False  # under torch.profiler: its time is the profiler's too, so it is not steady
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -26,36 +28,56 @@ class WindowClock:
     """Marks window edges. `sync` waits for the devices; `clock` is injectable for tests.
 
     `decide(window) -> bool`, given to `edge`, runs after the window is closed and before the next one
-    opens (iterations=auto asks the ranks whether to stop there): its time is excluded from the windows
-    and from the cumulative time alike, so that the windows always add up to the cumulative time."""
+    opens (iterations=auto asks the ranks whether to stop there; profile=true starts and stops the profiler
+    there): its time is excluded from the windows and from the cumulative time alike, so that the windows
+    always add up to the cumulative time.
+
+    `data_wait()` is the seconds the loop has waited for data so far (the batch source counts them); a
+    window's share is the difference across it. `profiled_window` (0-based) is marked `profiled`.
+    `spans` holds each window's (start, end) in Unix time, to line windows up with the sampler's readings."""
 
     def __init__(self, sync: Callable[[], None], warmup_windows: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, data_wait: Callable[[], float] | None = None,
+                 profiled_window: int | None = None, unix: Callable[[], float] = time.time) -> None:
         self._sync, self._clock, self._warmup_windows = sync, clock, warmup_windows
+        self._data_wait, self._profiled, self._unix = data_wait, profiled_window, unix
         self._start = self._last = 0.0
         self._excluded = 0.0
+        self._waited = 0.0
+        self._opened_unix = 0.0
         self.windows: list[Window] = []
+        self.spans: list[tuple[float, float]] = []
         self.stop = False  # a `decide` said so
 
     def start(self) -> None:
         self._sync()
         self._start = self._last = self._clock()
+        self._opened_unix = self._unix()
+        self._waited = self._data_wait() if self._data_wait else 0.0
 
     def edge(self, end_iter: int, loss: Callable[[], float] | None = None,
              decide: Callable[[Window], bool] | None = None) -> Window:
         """Close the window ending at `end_iter`; `loss` is read only after the sync."""
         self._sync()
         now = self._clock()
+        closed_unix = self._unix()
+        waited = None
+        if self._data_wait is not None:
+            total = self._data_wait()
+            waited, self._waited = total - self._waited, total
         window = Window(end_iter=end_iter, seconds=now - self._last,
                         cumulative_seconds=now - self._start - self._excluded,
                         warmup=len(self.windows) < self._warmup_windows,
-                        loss=None if loss is None else float(loss()))
+                        loss=None if loss is None else float(loss()), data_wait_s=waited,
+                        profiled=len(self.windows) == self._profiled)
         self.windows.append(window)
+        self.spans.append((self._opened_unix, closed_unix))
         self._last = now
         if decide is not None:
             self.stop = decide(window)
             self._last = self._clock()
             self._excluded += self._last - now
+        self._opened_unix = self._unix()
         return window
 
 
@@ -79,7 +101,7 @@ class AutoStop:
     def __call__(self, window: Window) -> bool:
         cumulative = self._slowest(window.cumulative_seconds)
         seconds, self._previous = cumulative - self._previous, cumulative
-        if not window.warmup:
+        if not window.warmup and not window.profiled:
             self.steady.append(seconds)
         if len(self.steady) >= self.MIN_WINDOWS and relative_half_width(self.steady) * 100 <= self.precision_pct:
             self.reason = "precision"
@@ -110,7 +132,8 @@ def merge_ranks(per_rank: Sequence[Sequence[Window]], warmup_windows: int) -> li
     """The run's clock is its slowest rank: cumulative time at each edge is the max over ranks.
 
     Ranks start together (a barrier precedes `start`), so max-of-cumulative is the wall time at which
-    the last rank finished that many iterations. Only edges every rank with windows reached are kept;
+    the last rank finished that many iterations. The run's data wait in a window is the longest any rank
+    waited (in a collective strategy the others wait for that rank too). Only edges every rank with windows reached are kept;
     a rank that failed before its first edge has none and is left out, so a failed run keeps what the
     others measured.
     """
@@ -123,15 +146,27 @@ def merge_ranks(per_rank: Sequence[Sequence[Window]], warmup_windows: int) -> li
     for i in range(count):
         cumulative = max(w[i].cumulative_seconds for w in ranks)
         losses = [w[i].loss for w in ranks if w[i].loss is not None]
+        waits = [w[i].data_wait_s for w in ranks if w[i].data_wait_s is not None]
         merged.append(Window(end_iter=ranks[0][i].end_iter, seconds=cumulative - previous,
                              cumulative_seconds=cumulative, warmup=i < warmup_windows,
-                             loss=statistics.fmean(losses) if losses else None))
+                             loss=statistics.fmean(losses) if losses else None,
+                             data_wait_s=max(waits) if waits else None, profiled=any(w[i].profiled for w in ranks)))
         previous = cumulative
     return merged
 
 
 def steady_windows(windows: Sequence[Window]) -> list[Window]:
-    return [w for w in windows if not w.warmup]
+    """After warm-up, and not profiled (the profiler's own cost is in a profiled window's time)."""
+    return [w for w in windows if not w.warmup and not w.profiled]
+
+
+def data_wait_share(windows: Sequence[Window]) -> float | None:
+    """The share of the steady windows' time the loop spent waiting for data; None where it was not measured."""
+    steady = steady_windows(windows)
+    seconds = sum(w.seconds for w in steady)
+    if not steady or seconds <= 0 or any(w.data_wait_s is None for w in steady):
+        return None
+    return sum(w.data_wait_s or 0.0 for w in steady) / seconds
 
 
 def steady_throughput(windows: Sequence[Window], global_batch: int, log_every: int) -> float | None:

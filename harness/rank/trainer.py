@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from amp import Amp
+from harness.rank.data import BatchSource
 from harness.rank.timing import Window, WindowClock
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -24,30 +25,29 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
-          batches: Sequence[Batch], clock: WindowClock, iterations: int | None, log_every: int,
+          batches: BatchSource, clock: WindowClock, iterations: int | None, log_every: int,
           before_step: Callable[[int], None] = lambda it: None,
           on_window: Callable[[Window], None] = lambda w: None,
           decide: Callable[[Window], bool] | None = None,
           grad_accum: int = 1, no_sync: NoSync = contextlib.nullcontext,
           losses: list[torch.Tensor] | None = None) -> list[Window]:
-    """`iterations` iterations, or (None) until `decide` stops the run at a window edge; iteration `it`
-    trains on `batches[it % len(batches)]`. With `grad_accum` N > 1 an iteration is one optimizer step
-    over the same batch cut into N micro-batches (cut before the clock starts), every micro-batch but the
-    last inside the strategy's `no_sync()`; each micro-batch's loss is divided by N, so the gradient is the
-    batch's mean as without accumulation. `losses` (numerical parity only) gets every iteration's loss
-    as a detached device tensor, read after the loop: keeping it waits for nothing."""
-    micro = [split(batch, grad_accum) for batch in batches] if grad_accum > 1 else None
+    """`iterations` iterations, or (None) until `decide` stops the run at a window edge; each iteration trains
+    on `batches.next()` (which counts how long the loop waited for it). With `grad_accum` N > 1 an
+    iteration is one optimizer step over that batch cut into N micro-batches (views: nothing is copied),
+    every micro-batch but the last inside the strategy's `no_sync()`; each micro-batch's loss is divided by
+    N, so the gradient is the batch's mean as without accumulation. `losses` (numerical parity only) gets
+    every iteration's loss as a detached device tensor, read after the loop: keeping it waits for nothing."""
     model.train()
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
-        if micro is None:
-            images, labels = batches[it % len(batches)]
+        if grad_accum == 1:
+            images, labels = batches.next()
             with amp.forward_context():
                 loss = F.cross_entropy(model(images), labels)
             amp.backward(loss)
         else:
-            loss = accumulate(model, amp, micro[it % len(micro)], no_sync)
+            loss = accumulate(model, amp, split(batches.next(), grad_accum), no_sync)
         if losses is not None:
             losses.append(loss.detach())
         amp.step(optimizer)

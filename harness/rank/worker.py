@@ -28,10 +28,12 @@ from amp import AmpSpec, build_amp
 from harness.config import FaultConfig, RunConfig
 from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
-from harness.rank.data import synthetic_batches
+from harness.rank.breakdown import breakdown
+from harness.rank.data import BatchSource, batch_source
 from harness.rank.devices import DeviceOps, Placement
 from harness.rank.footprint import footprint, per_rank
 from harness.rank.parity import rank_parity
+from harness.rank.profiling import WindowProfiler, at_edges
 from harness.rank.timing import AutoStop, Window, WindowClock
 from harness.rank.trainer import compile_pass, train
 from strategies.base import RankEnv, unwrap
@@ -106,7 +108,9 @@ def progress_logger(label: str, global_batch: int, log_every: int, iterations: i
     """One line per window, logged after the window closed (the clock has been read)."""
     def show(w: Window) -> None:
         rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
-        tag = "  (warm-up)" if w.warmup else ""
+        tag = "  (warm-up)" if w.warmup else "  (profiled)" if w.profiled else ""
+        if w.data_wait_s is not None and w.seconds > 0 and w.data_wait_s >= 0.01 * w.seconds:
+            tag = f"  data wait {100 * w.data_wait_s / w.seconds:.0f} %{tag}"
         log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss %.4f%s", label, w.end_iter,
                  iterations or "auto", w.seconds, w.cumulative_seconds, rate, w.loss, tag)
 
@@ -134,6 +138,7 @@ def run_rank(spec: dict[str, Any],
                               "memory_theory": None}
     clock: WindowClock | None = None
     strategy = None
+    batches: BatchSource | None = None
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
@@ -143,19 +148,21 @@ def run_rank(spec: dict[str, Any],
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
         model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
-        batches = synthetic_batches(cfg.data.pool, cfg.batch_size, placement.local_batch,
-                                    rank if placement.one_process_per_device else 0, cfg.data.image_size,
-                                    cfg.data.num_classes, strategy.device, cfg.seed)
+        shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
+        batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed)
+        profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(strategy.no_sync, model)
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
             model = strategy.compile(model)
             no_sync = functools.partial(strategy.no_sync, model)
             started_compile = time.perf_counter()
-            compile_pass(model, amp, optimizer, batches[0], cfg.grad_accum, no_sync)
+            compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync)
             strategy.synchronize()
             record["compile_seconds"] = time.perf_counter() - started_compile
         strategy.ops.reset_peaks()
-        clock = WindowClock(strategy.synchronize, cfg.warmup_windows)
+        source = batches
+        clock = WindowClock(strategy.synchronize, cfg.warmup_windows, data_wait=lambda: source.waited,
+                            profiled_window=profiler.window_index if profiler else None)
         strategy.barrier()
         stop.check()
         record["first_iter_time"] = time.time()
@@ -170,14 +177,16 @@ def run_rank(spec: dict[str, Any],
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
         losses: list[torch.Tensor] | None = [] if cfg.parity.enabled else None
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
-              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations), decide=auto,
-              grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
+              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
+              decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
         record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer), world_size, strategy.shards)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
             path = spec.get("parameters_path")
             record["parity"] = rank_parity(strategy.full_parameters(model), losses, model, rank,
                                            Path(path) if path else None)
         record["stopped_by"] = auto.reason if auto else None
+        if profiler is not None:
+            record["profile"] = profile_record(profiler, Path(spec["record_dir"]).parent / "traces" / f"rank{rank}.json")
         record["amp_state"] = amp.state()
         record["window_compile_seconds"] = strategy.compile_seconds()
         record["allocator"] = strategy.ops.allocator_peaks()
@@ -196,6 +205,9 @@ def run_rank(spec: dict[str, Any],
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
+            record["window_spans"] = clock.spans
+        if batches is not None:
+            batches.close()
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
         try:
             if before_teardown is not None and record["status"] == "ok":
@@ -204,6 +216,15 @@ def run_rank(spec: dict[str, Any],
             if strategy is not None:
                 strategy.teardown()
             stop.restore()
+
+
+def profile_record(profiler: WindowProfiler, trace: Path) -> dict[str, Any] | None:
+    """The profiled window's trace, written, and where its time went (None: the run stopped before it closed)."""
+    written = profiler.finish(trace)
+    if written is None or profiler.window is None:
+        return None
+    return {"trace": str(written), "end_iter": profiler.window.end_iter, "window_s": profiler.window.seconds,
+            **breakdown(written)}
 
 
 def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

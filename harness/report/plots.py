@@ -132,7 +132,45 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
         ax.grid(alpha=0.3)
         legends(ax, lossy, colours, bars=False)
         written.append(_save(fig, out_dir / "loss.png", footer))
+
+    profiled = [r for r in ran if r.breakdown]
+    if profiled:
+        written.append(_breakdown_plot(profiled, colours, out_dir / "breakdown.png", footer))
     return written
+
+
+PART_COLOURS = {"compute": "#4c72b0", "communication": "#dd8452", "data_wait": "#c44e52", "optimizer": "#55a868",
+                "other": "#bbbbbb"}
+
+
+def _breakdown_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, footer: str) -> Path:
+    """One stacked bar per combination: where its profiled window's time went (shares of the window, the
+    slowest rank's), with the communication that overlapped other work noted beside it."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 2.0))
+    for y, r in enumerate(rows):
+        left = 0.0
+        for part, colour in PART_COLOURS.items():
+            share = 100 * r.breakdown.get(part, 0.0)
+            ax.barh(y, share, left=left, color=colour, edgecolor="white", linewidth=0.5)
+            if share >= 6:
+                ax.text(left + share / 2, y, f"{share:.0f}", ha="center", va="center", fontsize=7, color="white")
+            left += share
+        if r.comm_overlapped_share is not None:
+            ax.text(101, y, f"comm overlapped {100 * r.comm_overlapped_share:.0f} %", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=8)
+    for tick, r in zip(ax.get_yticklabels(), rows, strict=True):
+        tick.set_color(colours[r.strategy])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 135)
+    views = sorted({r.breakdown_view or "?" for r in rows})
+    ax.set(xlabel=f"share of the profiled window (%; {'/'.join(views)} view; the slowest rank)",
+           title="Where the time goes (profile=true)")
+    ax.legend(handles=[Patch(color=c, label=p.replace("_", " ")) for p, c in PART_COLOURS.items()], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path, footer)
 
 
 MEMORY_AXIS = {

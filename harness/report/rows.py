@@ -64,6 +64,12 @@ class Row:
     parity_max_rel: float | None = None  # the same over the tensor's largest |reference value|
     parity_loss_diff: float | None = None  # largest |loss - reference's loss| at the same iteration
     parity_note: str | None = None  # what the verdict means for this row, in words
+    data_wait_share: float | None = None  # of the steady windows' time (median over repeats)
+    # profile=true: the profiled window's parts as shares of it (median over repeats), the slowest rank's
+    breakdown: dict[str, float] = field(default_factory=dict)
+    comm_overlapped_share: float | None = None  # of all the time a collective was in flight
+    breakdown_view: str | None = None  # host or device
+    energy_j_per_image: float | None = None
 
     @property
     def n_devices(self) -> int:
@@ -149,7 +155,7 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     if not ok:
         return row
 
-    steady = [w["seconds"] * PER / r["log_every"] for r in ok for w in r["windows"] if not w["warmup"]]
+    steady = [w["seconds"] * PER / r["log_every"] for r in ok for w in r["windows"] if _steady(w)]
     row.steady_windows = len(steady)
     if steady:
         row.s_per_20 = statistics.median(steady)
@@ -173,7 +179,7 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
             row.throughput_lo, row.throughput_hi = min(rates), max(rates)
         else:
             per_window = [ok[0]["global_batch"] * ok[0]["log_every"] / w["seconds"]
-                          for w in ok[0]["windows"] if not w["warmup"] and w["seconds"] > 0]
+                          for w in ok[0]["windows"] if _steady(w) and w["seconds"] > 0]
             if per_window:  # the run's rate lies within its windows' range; keep the spread around it
                 row.throughput_lo = min(percentile(per_window, 10), row.throughput)
                 row.throughput_hi = max(percentile(per_window, 90), row.throughput)
@@ -184,7 +190,31 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     theories = [r["memory_theory"]["total_mib"] for r in ok if r.get("memory_theory")]
     row.theory_mib = statistics.median(theories) if theories else None
     _pool_memory(row, ok)
+    _pool_breakdown(row, ok)
     return row
+
+
+def _steady(window: dict[str, Any]) -> bool:
+    return not window["warmup"] and not window.get("profiled")
+
+
+def _median_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _pool_breakdown(row: Row, ok: Sequence[dict[str, Any]]) -> None:
+    """Data wait, the profiled window's parts (the slowest rank's) and energy, each the median over repeats."""
+    row.data_wait_share = _median_of([r.get("data_wait_share") for r in ok])
+    row.energy_j_per_image = _median_of([r.get("energy_j_per_image") for r in ok])
+    runs = [((r.get("profile") or {}).get("run")) for r in ok]
+    runs = [run for run in runs if run]
+    if not runs:
+        return
+    row.breakdown = {part: statistics.median(run["shares"][part] for run in runs) for part in runs[0]["shares"]}
+    row.comm_overlapped_share = _median_of([run["communication_overlapped_s"] / run["communication_total_s"]
+                                            if run["communication_total_s"] > 0 else None for run in runs])
+    row.breakdown_view = runs[0]["view"]
 
 
 def _rank_pids(results: dict[str, Any]) -> int:

@@ -22,7 +22,7 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     edges = sorted({it for r in rows for it, _ in r.cumulative})
     header = ["combination", "devices", "procs", "batch", f"s/{PER} it (p10–p90)", *[f"{it} it" for it in edges],
               "img/s", "speedup", "efficiency", "mem max MiB", "mem min MiB", "theory MiB/rank", "imbalance", "final loss",
-              "startup s", "compile s", "status"]
+              "startup s", "compile s", "data wait", f"profiled: {BREAKDOWN_HEAD}", "comm overlapped", "J/image", "status"]
     body = []
     for r in rows:
         cumulative = dict(r.cumulative)
@@ -39,12 +39,28 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                      _fmt(r.throughput, 1), _fmt(r.speedup, 2, "×"), _fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                      _fmt(r.mem_max_mib, 0) + mem_spread, _fmt(r.mem_min_mib, 0), _fmt(r.theory_mib, 1),
                      _fmt(r.mem_imbalance_pct, 0, "%"), _fmt(r.final_loss, 4), _fmt(r.startup_s, 1),
-                     _fmt(r.compile_s, 1), status])
+                     _fmt(r.compile_s, 1), _pct(r.data_wait_share), breakdown_cell(r),
+                     _pct(r.comm_overlapped_share), _fmt(r.energy_j_per_image, 3), status])
     if any(r.parity is not None for r in rows):  # numerical parity (parity=true): before the status
         header[-1:-1] = ["parity (max rel Δ)", "max loss Δ"]
         for r, cells in zip(rows, body, strict=True):
             cells[-1:-1] = [parity.cell(r), "—" if r.parity_loss_diff is None else f"{r.parity_loss_diff:.1e}"]
     return header, body
+
+
+BREAKDOWN_HEAD = "compute/comm/data/optim/other %"
+
+
+def _pct(share: float | None) -> str:
+    return _fmt(100 * share, 0, "%") if share is not None else "—"
+
+
+def breakdown_cell(row: Row) -> str:
+    """'41/35/19/2/3': the profiled window's shares in percent, in BREAKDOWN_HEAD's order."""
+    if not row.breakdown:
+        return "—"
+    return "/".join(f"{100 * row.breakdown[p]:.0f}" for p in ("compute", "communication", "data_wait", "optimizer",
+                                                              "other"))
 
 
 # report.csv: one plain number per cell ("nan" where there is none), units in the header, for tools
@@ -64,6 +80,13 @@ CSV_NUMBERS = (
     ("startup_s", lambda r: r.startup_s), ("theory_mib", lambda r: r.theory_mib),
     ("compile_s", lambda r: r.compile_s), ("parity_max_abs", lambda r: r.parity_max_abs),
     ("parity_max_rel", lambda r: r.parity_max_rel), ("parity_loss_diff", lambda r: r.parity_loss_diff),
+    ("startup_s", lambda r: r.startup_s), ("data_wait_share", lambda r: r.data_wait_share),
+    ("profiled_compute_share", lambda r: r.breakdown.get("compute")),
+    ("profiled_communication_share", lambda r: r.breakdown.get("communication")),
+    ("profiled_data_wait_share", lambda r: r.breakdown.get("data_wait")),
+    ("profiled_optimizer_share", lambda r: r.breakdown.get("optimizer")),
+    ("profiled_other_share", lambda r: r.breakdown.get("other")),
+    ("comm_overlapped_share", lambda r: r.comm_overlapped_share), ("energy_j_per_image", lambda r: r.energy_j_per_image),
 )
 
 
@@ -92,7 +115,10 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
              "the one-device row at the same amp level, divided by its devices. Theory MiB/rank: parameters, "
              "gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all three "
              "/ N; activations and buffers not included), beside the measured peak. Compile s: torch.compile's "
-             "time (compile=true), before the clock and outside start-up.", "",
+             "time (compile=true), before the clock and outside start-up, or XLA's graph compiles (in warm-up). "
+             "Data wait: the share of the steady windows the loop waited for its next batch. With profile=true, "
+             f"the profiled window's time split into {BREAKDOWN_HEAD} (the slowest rank's), and the share of "
+             "communication that overlapped other work.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
     won = winners(rows)

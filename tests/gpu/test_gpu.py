@@ -129,9 +129,9 @@ def test_nvml_agrees_with_the_allocator(tmp_path, record_property):
 def test_window_times_agree_with_cuda_events(record_property):
     """The harness's window clock (perf_counter between device syncs) against CUDA events recorded at the
     same edges: within 2 %."""
-    from precision import build_precision
-
-    from harness.config import AmpConfig, resolve_precision
+    from amp import build_amp
+    from amp.levels import AmpConfig, plugin_path, resolve
+    from harness.rank.data import SyntheticSource
     from harness.rank.models import torchvision_model
     from harness.rank.timing import WindowClock
     from harness.rank.trainer import train
@@ -139,7 +139,8 @@ def test_window_times_agree_with_cuda_events(record_property):
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
     model = torchvision_model("resnet50", num_classes=100).to(device)
-    precision = build_precision(resolve_precision(AmpConfig(level="O0"), "cuda"), device)
+    spec = resolve(AmpConfig(level="O0"), "cuda")
+    precision = build_amp(plugin_path(spec.impl), spec, device)
     model, optimizer = precision.prepare(model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
     batch = (torch.randn(64, 3, 128, 128, device=device), torch.randint(0, 100, (64,), device=device))
     events: list[torch.cuda.Event] = []
@@ -151,7 +152,7 @@ def test_window_times_agree_with_cuda_events(record_property):
         torch.cuda.synchronize(device)
 
     clock = WindowClock(sync_with_event, warmup_windows=1)
-    train(model, optimizer, precision, batch, clock, iterations=120, log_every=20)
+    train(model, optimizer, precision, SyntheticSource([batch]), clock, iterations=120, log_every=20)
     host = [w.seconds for w in clock.windows[1:]]
     gpu = [events[i].elapsed_time(events[i + 1]) / 1000 for i in range(1, len(events) - 1)]
     worst = max(abs(h - g) / g for h, g in zip(host, gpu, strict=True))
@@ -253,3 +254,50 @@ def test_dataparallel_on_two_gpus_one_pid_on_both_and_a_heavier_base(tmp_path, r
     assert report.layout.startswith("one PID") and "every device" in report.layout
     record_property("base excess %", report.base_excess_pct)
     record_property("verdict", report.verdict)
+
+
+# ---- where the time goes, and what the GPU did (profile=true, data=loader, NVML activity) -------------------
+
+def check_breakdown(r: dict[str, Any], record_property: Any) -> dict[str, Any]:
+    """The device view's parts add up to the profiled window; NVML's activity is a figure or says why not."""
+    run = r["profile"]["run"]
+    own = next(w for w in r["per_rank_windows"][str(run["rank"])] if w["profiled"])
+    assert run["view"] == "device", "no GPU kernels in the trace: was CUDA activity recorded?"
+    assert sum(run["parts_s"].values()) == pytest.approx(run["span_s"], rel=1e-9)
+    assert run["span_s"] == pytest.approx(own["seconds"], rel=0.05)
+    assert run["parts_s"]["compute"] > 0
+    for device in r["gpu_activity"]["per_device"]:
+        for key in ("utilization_pct", "sm_clock_mhz", "power_w", "energy_j"):
+            assert device[key] is not None or f"{device['device']} {key}" in r["gpu_activity"]["unavailable"], key
+    record_property("shares", {k: round(v, 3) for k, v in run["shares"].items()})
+    record_property("communication total / overlapped ms", (round(1000 * run["communication_total_s"], 2),
+                                                            round(1000 * run["communication_overlapped_s"], 2)))
+    record_property("profiled window slowdown", r["profile"]["slowdown"])
+    record_property("gpu activity", r["gpu_activity"]["per_device"])
+    record_property("unavailable", r["gpu_activity"]["unavailable"])
+    record_property("J/image", r["energy_j_per_image"])
+    record_property("data wait share", r["data_wait_share"])
+    return run
+
+
+def test_profile_breakdown_energy_and_loader_on_one_gpu(tmp_path, record_property):
+    r = ok(*run("strategy=single", "data=loader", "data.num_workers=2", "profile=true", *WORK, tmp_path=tmp_path))
+    check_breakdown(r, record_property)
+    assert r["data_wait_share"] is not None
+    data = [p for p in r["memory"]["per_process"] if p["role"] == "data"]
+    assert len(data) == 2 and all(p["device"] == "cuda:0" and p["peak_mib"] > 0 for p in data)  # host memory
+    assert (tmp_path / "run" / "traces" / "rank0.json").exists()
+
+
+@needs_gpus(2)
+def test_profile_ddp_on_two_gpus_shows_nccl_communication(tmp_path, record_property):
+    r = ok(*run("strategy=ddp", "gpus=[0,1]", "profile=true", *WORK, tmp_path=tmp_path))
+    run_part = check_breakdown(r, record_property)
+    assert run_part["communication_total_s"] > 0  # NCCL kernels found and classified
+
+
+@needs_gpus(2)
+def test_profile_dataparallel_on_two_gpus_shows_its_copies_as_communication(tmp_path, record_property):
+    r = ok(*run("strategy=dp", "gpus=[0,1]", "profile=true", *WORK, tmp_path=tmp_path))
+    run_part = check_breakdown(r, record_property)
+    assert run_part["communication_total_s"] > 0  # Broadcast/Scatter/Gather's copies

@@ -1,0 +1,125 @@
+"""harness.rank.breakdown: profiled windows partitioned by hand-made traces whose answers are worked out by hand,
+in torch.profiler's Chrome-trace format (ph "X", ts/dur in microseconds, cat cpu_op / user_annotation / kernel /
+cuda_runtime, args.correlation linking a kernel to its launch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.output.profile import profile_section
+from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind
+from harness.rank.timing import Window
+
+MAIN, GLOO = 100, 200
+
+
+def ev(name: str, ts: float, dur: float, tid: int = MAIN, cat: str = "cpu_op", **args: object) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "args": args}
+
+
+def span(ts: float = 0.0, dur: float = 100.0) -> dict:
+    return ev("harness.window", ts, dur, cat="user_annotation")
+
+
+def test_names_torch_gives_are_classified():
+    assert host_kind("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__") == "data"
+    assert host_kind("Optimizer.step#SGD.step") == "optimizer"
+    assert host_kind("Optimizer.zero_grad#SGD.zero_grad") == "optimizer"
+    for comm in ("gloo:all_reduce", "c10d::allreduce_", "nccl:all_reduce", "record_param_comms", "Broadcast",
+                 "autograd::engine::evaluate_function: ReduceAddCoalescedBackward", "Gather", "Scatter"):
+        assert host_kind(comm) == "comm", comm
+    for compute in ("aten::convolution", "DistributedDataParallel.forward", "aten::gather", "aten::scatter_add_",
+                    "autograd::engine::evaluate_function: ConvolutionBackward0"):
+        assert host_kind(compute) == "compute", compute
+
+
+# A CPU DDP-like window, 100 µs:
+#   0-20  DataLoader next                       -> data wait 20
+#   20-50 forward (compute), inside it a broadcast 30-35 -> compute 25, communication 5
+#   50-60 the training thread in no op, gloo's all-reduce (45-70, its own thread) in flight -> communication 10
+#   60-80 an op while the all-reduce finishes   -> compute 20 (10 of them overlapping the all-reduce)
+#   80-90 optimizer step                        -> optimizer 10
+#   90-100 nothing                              -> other 10
+CPU_WINDOW = [span(), ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 20, cat="user_annotation"),
+              ev("DistributedDataParallel.forward", 20, 30, cat="user_annotation"), ev("aten::conv2d", 21, 8),
+              ev("c10d::broadcast_", 30, 5), ev("gloo:all_reduce", 45, 25, tid=GLOO, cat="user_annotation"),
+              ev("aten::add_", 60, 20), ev("Optimizer.step#SGD.step", 80, 10, cat="user_annotation"),
+              ev("aten::add_", 82, 5), ev("aten::mul", 150, 10)]  # the last one lies outside the window
+
+
+def test_host_view_partitions_the_window_by_hand():
+    b = breakdown_of_events(CPU_WINDOW)
+    assert b["view"] == "host"
+    assert b["span_s"] == pytest.approx(100e-6)
+    parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
+    assert parts == {"compute": 45.0, "communication": 15.0, "data_wait": 20.0, "optimizer": 10.0, "other": 10.0}
+    assert sum(b["parts_s"].values()) == pytest.approx(b["span_s"])
+    # in flight: the broadcast 30-35 and gloo's 45-70; exposed 15 (30-35, 50-60), overlapped 15 (45-50, 60-70)
+    assert b["communication_total_s"] == pytest.approx(30e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(15e-6)
+    assert b["shares"]["data_wait"] == pytest.approx(0.2)
+
+
+# A GPU window, 100 µs, kernels linked to their launches by correlation id:
+#   0-5   the batch's host-to-device copy                                      -> data wait 5
+#   5-8   device idle, host thread in no op                                    -> other 3
+#   8-10  device idle, host launching the convolution                          -> compute 2
+#   10-40 the convolution kernel (30-40: NCCL's all-reduce runs beside it)     -> compute 30
+#   40-60 NCCL's kernel alone                                                  -> communication 20
+#   60-68 device idle, host in the DataLoader's next                           -> data wait 8
+#   68-70 nothing                                                              -> other 2
+#   70-75 device idle, host in Optimizer.step; 75-85 the kernel it launched     -> optimizer 15
+#   85-100 nothing                                                             -> other 15
+GPU_WINDOW = [
+    span(),
+    ev("aten::copy_", 0, 2), ev("cudaMemcpyAsync", 0.5, 1, cat="cuda_runtime", correlation=1),
+    ev("Memcpy HtoD (Pinned -> Device)", 0, 5, tid=7, cat="gpu_memcpy", correlation=1),
+    ev("aten::conv2d", 8, 4), ev("cudaLaunchKernel", 9, 1, cat="cuda_runtime", correlation=2),
+    ev("void cudnn::conv_fwd(...)", 10, 30, tid=7, cat="kernel", correlation=2),
+    ev("nccl:all_reduce", 12, 2, cat="user_annotation"), ev("cudaLaunchKernel", 12.5, 1, cat="cuda_runtime", correlation=3),
+    ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)", 30, 30, tid=13, cat="kernel", correlation=3),
+    ev("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 60, 8, cat="user_annotation"),
+    ev("Optimizer.step#SGD.step", 70, 5, cat="user_annotation"),
+    ev("cudaLaunchKernel", 71, 1, cat="cuda_runtime", correlation=4),
+    ev("void multi_tensor_apply_kernel(...)", 75, 10, tid=7, cat="kernel", correlation=4),
+]
+
+
+def test_device_view_partitions_the_window_by_hand():
+    b = breakdown_of_events(GPU_WINDOW)
+    assert b["view"] == "device"
+    parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
+    assert parts == {"compute": 32.0, "communication": 20.0, "data_wait": 13.0, "optimizer": 15.0, "other": 20.0}
+    # in flight on the device: NCCL 30-60 (the host's 2 µs launch call is not communication on the device)
+    assert b["communication_total_s"] == pytest.approx(30e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(10e-6)  # under the convolution, 30-40
+
+
+def test_a_kernel_launched_from_dataparallel_broadcast_is_communication():
+    events = [span(), ev("Broadcast", 0, 10), ev("cudaMemcpyPeerAsync", 1, 1, cat="cuda_runtime", correlation=9),
+              ev("Memcpy PtoP (Device -> Device)", 10, 40, tid=7, cat="gpu_memcpy", correlation=9)]
+    b = breakdown_of_events(events)
+    # 0-10: the device idle, the host in Broadcast: communication; 10-50 the copy: communication; 50-100 other
+    assert b["parts_s"]["communication"] == pytest.approx(50e-6)
+    assert b["parts_s"]["other"] == pytest.approx(50e-6)
+
+
+def test_a_trace_without_the_window_annotation_is_refused(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [ev("aten::add", 0, 1)]}))
+    with pytest.raises(ValueError, match="harness.window"):
+        breakdown(path)
+
+
+def test_run_breakdown_is_the_slowest_ranks_and_profiling_cost_is_against_steady_windows(tmp_path):
+    b = breakdown_of_events(CPU_WINDOW)
+    records = [{"rank": 0, "profile": {"trace": str(tmp_path / "traces/rank0.json"), "end_iter": 20, "window_s": 0.5, **b}},
+               {"rank": 1, "profile": {"trace": str(tmp_path / "traces/rank1.json"), "end_iter": 20, "window_s": 0.7, **b}}]
+    windows = [Window(10, 2.0, 2.0, True), Window(20, 0.7, 2.7, False, profiled=True),
+               Window(30, 0.4, 3.1, False), Window(40, 0.6, 3.7, False)]
+    section = profile_section(records, windows, tmp_path)
+    assert section["run"]["rank"] == 1 and section["traces"] == ["traces/rank0.json", "traces/rank1.json"]
+    assert section["slowdown"] == pytest.approx(0.7 / 0.5)  # the profiled window over the steady median
+    assert "trace" not in section["run"] and set(section["per_rank"]) == {"0", "1"}
