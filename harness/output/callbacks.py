@@ -1,4 +1,5 @@
-"""Hydra callback: when a sweep ends, build the side-by-side report in the sweep folder."""
+"""Hydra callbacks of a sweep: before it starts, what its launcher would silently get wrong on this machine;
+when it ends, the side-by-side report in the sweep folder."""
 
 from __future__ import annotations
 
@@ -10,6 +11,25 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
+
+
+class LauncherCheck(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from harness.rank.devices import probe_hardware
+
+        warning = local_jobs_without_gpus(config.hydra.launcher, len(probe_hardware().visible_gpus))
+        if warning:
+            log.warning("%s", warning)
+
+
+def local_jobs_without_gpus(launcher: DictConfig, gpus: int) -> str | None:
+    """submitit's local executor gives each job `CUDA_VISIBLE_DEVICES` = the first `gpus_per_node` GPUs,
+    i.e. "" when it is unset: every job would run on CPU on a GPU machine."""
+    if not str(launcher.get("_target_", "")).endswith(".LocalLauncher") or gpus == 0 or launcher.get("gpus_per_node"):
+        return None
+    return (f"hydra/launcher=submitit_local gives its jobs no GPU unless hydra.launcher.gpus_per_node is set "
+            f"(now {launcher.get('gpus_per_node')}): this machine has {gpus}; add hydra.launcher.gpus_per_node={gpus} "
+            "or the jobs run on CPU")
 
 
 class ReportCallback(Callback):
