@@ -4,6 +4,7 @@ when it ends, the side-by-side report in the sweep folder."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +16,28 @@ log = logging.getLogger(__name__)
 
 class LauncherCheck(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from harness.rank.devices import probe_hardware
-
-        warning = local_jobs_without_gpus(config.hydra.launcher, len(probe_hardware().visible_gpus))
+        warning = local_jobs_without_gpus(config.hydra.launcher, gpu_count)
         if warning:
             log.warning("%s", warning)
 
 
-def local_jobs_without_gpus(launcher: DictConfig, gpus: int) -> str | None:
+def gpu_count() -> int:
+    from harness.rank.devices import probe_hardware
+
+    return len(probe_hardware().visible_gpus)
+
+
+def local_jobs_without_gpus(launcher: DictConfig, gpus: Callable[[], int]) -> str | None:
     """submitit's local executor gives each job `CUDA_VISIBLE_DEVICES` = the first `gpus_per_node` GPUs,
-    i.e. "" when it is unset: every job would run on CPU on a GPU machine."""
-    if not str(launcher.get("_target_", "")).endswith(".LocalLauncher") or gpus == 0 or launcher.get("gpus_per_node"):
+    i.e. "" when it is unset: on a GPU machine every job would run on CPU. (GPUs counted only for it.)"""
+    if not str(launcher.get("_target_", "")).endswith(".LocalLauncher") or launcher.get("gpus_per_node"):
+        return None
+    count = gpus()
+    if count == 0:
         return None
     return (f"hydra/launcher=submitit_local gives its jobs no GPU unless hydra.launcher.gpus_per_node is set "
-            f"(now {launcher.get('gpus_per_node')}): this machine has {gpus}; add hydra.launcher.gpus_per_node={gpus} "
-            "or the jobs run on CPU")
+            f"(now {launcher.get('gpus_per_node')}): this machine has {count}; add "
+            f"hydra.launcher.gpus_per_node={count} or the jobs run on CPU")
 
 
 class ReportCallback(Callback):
