@@ -221,3 +221,26 @@ def test_submitit_local_on_a_cpu_machine_is_not_warned(monkeypatch, caplog):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert launcher_warnings(caplog, "hydra/launcher=submitit_local") == []
+
+
+def test_a_stop_signal_before_the_run_starts_is_held_and_stops_the_run_at_once(monkeypatch):
+    """A SLURM job's process holds SIGTERM/SIGUSR2 from its start (the launcher's __call__): SLURM's warning
+    during start-up neither kills it (SIGUSR2's default action) nor is lost; the run stops as it starts."""
+    import os
+    import signal
+
+    from harness.launch import runner
+    from harness.rank.worker import Interrupted, StopRequest
+
+    held = StopRequest()
+    monkeypatch.setattr(runner, "_held", held)
+    before = {s: signal.getsignal(s) for s in runner.STOP_SIGNALS}
+    try:
+        runner.hold_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)  # noted, nothing raised
+        with pytest.raises(Interrupted, match="stopped by SIGUSR2, SLURM's warning that the job's time limit"):
+            with runner._signals_as_interrupt():
+                raise AssertionError("the run started although SLURM had asked it to stop")
+    finally:
+        held.restore()
+    assert {s: signal.getsignal(s) for s in runner.STOP_SIGNALS} == before
