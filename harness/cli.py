@@ -192,6 +192,8 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
         refuse(error)
     except KeyboardInterrupt:
         log.warning("interrupted: partial results written with status 'interrupted'")
+        if in_sweep and job_of_its_own():  # the signal ended this job, not the sweep: a row like any other
+            return None
         if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
             from harness.output.callbacks import report_sweep
 
@@ -202,15 +204,28 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
     return all_results[-1]
 
 
+def job_of_its_own() -> bool:
+    """This combination runs as a submitit job (SLURM or local), a process of its own that a signal can end
+    alone; the submitting process goes on with the sweep and builds its report."""
+    return "SUBMITIT_EXECUTOR" in os.environ
+
+
 def _record_refused(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
                     error: Exception) -> dict[str, Any]:
     """In a sweep a combination that cannot run is a row with its reason, not the end of the sweep."""
     from harness.launch.runner import Unavailable
-    from harness.output.results import SCHEMA, write_results
 
     status = "skipped" if isinstance(error, Unavailable | Incompatible) else "failed"
+    return record_not_run(cfg_dict, strategy_name, run_dir, overrides, status, str(error))
+
+
+def record_not_run(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
+                   status: str, error: str) -> dict[str, Any]:
+    """results.json for a combination that measured nothing (refused, or its job lost), from its config."""
+    from harness.output.results import SCHEMA, write_results
+
     model = cfg_dict["model"].get("name") or str(cfg_dict["model"].get("_target_", "?")).rpartition(".")[2]
-    results = {"schema": SCHEMA, "status": status, "error": str(error),
+    results = {"schema": SCHEMA, "status": status, "error": error,
                "strategy": strategy_name, "amp": cfg_dict["amp"]["level"], "model": model, "devices": [],
                "world_size": None, "nodes": 1, "global_batch": cfg_dict["batch_size"],
                "iterations": cfg_dict["iterations"], "iterations_requested": cfg_dict["iterations"],

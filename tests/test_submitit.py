@@ -134,6 +134,7 @@ def test_a_sweep_through_submitit_local_ends_with_the_report(tmp_path):
 
     # The callback built the report in the submitting process, after both jobs.
     assert f"report: {sweep / 'index.html'}" in proc.stdout and "report: " not in job_logs
+    assert "no GPU" not in proc.stderr  # a CPU machine: nothing to warn about
     report_md = sweep / "report.md"
     assert report_md.stat().st_mtime >= max(r["finished_at"] for r in results.values()) - 1
     rows = report_rows(report_md.read_text())
@@ -141,3 +142,105 @@ def test_a_sweep_through_submitit_local_ends_with_the_report(tmp_path):
     assert all(cells[-1] == "ok" for cells in rows.values()), report_md.read_text()
     for name in ("report.csv", "report.json", "index.html"):
         assert (sweep / name).exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Without a cluster: the parts of hydra/launcher=slurm that read SLURM's answers, and submitit_local's GPUs
+# (tests/test_slurm.py runs them against a real slurmctld)
+# ---------------------------------------------------------------------------------------------------
+
+def test_without_accounting_job_states_come_from_squeue_and_an_unlisted_job_has_ended(monkeypatch):
+    from harness.launch import submitit_jobs
+
+    asked: list[list[str]] = []
+
+    def sacct(command):  # sacct's own answer on a cluster without slurmdbd (stderr, exit code 1)
+        asked.append(list(command))
+        return "Slurm accounting storage is disabled"
+
+    monkeypatch.setattr(submitit_jobs, "sacct_answer", sacct)
+    watcher = submitit_jobs.AccountingFreeWatcher()
+    for job in ("12_0", "12_1", "12_2", "13"):
+        watcher.register_job(job)
+    command = watcher._make_command()
+    assert command[0] == "squeue" and watcher.squeue is True
+    assert watcher._make_command() == command and len(asked) == 1  # sacct asked once, not at every poll
+    # squeue's lines for an array with one task running and two pending behind a %1 limit; job 13 is gone.
+    info = watcher.read_info(b"12_[1-2%1]|PENDING|\n12_0|RUNNING|vm\n")
+    assert {job: info[job]["State"] for job in ("12_0", "12_1", "12_2", "13")} == {
+        "12_0": "RUNNING", "12_1": "PENDING", "12_2": "PENDING", "13": submitit_jobs.UNLISTED}
+    watcher._info_dict.update(info)
+    assert [watcher.is_done(job, mode="cache") for job in ("12_0", "12_1", "13")] == [False, False, True]
+
+
+@pytest.mark.parametrize("answer, uses", [(None, "sacct"), ("sacct: error: slurmdbd: connection refused", "sacct")])
+def test_a_cluster_whose_sacct_answers_or_fails_otherwise_keeps_sacct(monkeypatch, answer, uses):
+    """A real sacct error (slurmdbd down) stays submitit's to report: only "accounting is disabled" switches."""
+    from harness.launch import submitit_jobs
+
+    monkeypatch.setattr(submitit_jobs, "sacct_answer", lambda command: answer)
+    watcher = submitit_jobs.AccountingFreeWatcher()
+    watcher.register_job("7")
+    assert watcher._make_command()[0] == uses
+    assert watcher.read_info("JobID|State|NodeList\n7|COMPLETED|vm\n")["7"]["State"] == "COMPLETED"
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch):
+    """torch.cuda as on a machine with two GPUs: probe_hardware reads `torch.cuda.is_available()` and
+    `torch.cuda.device_count()` (harness/rank/devices.py), nothing else."""
+    import torch
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def launcher_warnings(caplog, *overrides):
+    from harness.output.callbacks import LauncherCheck
+
+    cfg = hydra_config(*overrides)
+    assert cfg.hydra.callbacks.launcher_check._target_.endswith("LauncherCheck")  # Hydra calls it
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="harness.output.callbacks"):
+        LauncherCheck().on_multirun_start(config=cfg)
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_submitit_local_on_a_gpu_machine_without_gpus_per_node_is_warned_once_naming_the_key(two_fake_gpus, caplog):
+    # submitit's local executor: `gpus = range(n_gpus) ...` then `CUDA_VISIBLE_DEVICES=cuda_devices`: "" for 0
+    warnings = launcher_warnings(caplog, "hydra/launcher=submitit_local")
+    assert len(warnings) == 1, warnings
+    assert "hydra.launcher.gpus_per_node=2" in warnings[0] and "no GPU" in warnings[0]
+    assert launcher_warnings(caplog, "hydra/launcher=submitit_local", "hydra.launcher.gpus_per_node=2") == []
+    assert launcher_warnings(caplog, "hydra/launcher=slurm") == []  # SLURM jobs ask for gpus_per_node: 4
+
+
+def test_submitit_local_on_a_cpu_machine_is_not_warned(monkeypatch, caplog):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launcher_warnings(caplog, "hydra/launcher=submitit_local") == []
+
+
+def test_a_stop_signal_before_the_run_starts_is_held_and_stops_the_run_at_once(monkeypatch):
+    """A SLURM job's process holds SIGTERM/SIGUSR2 from its start (the launcher's __call__): SLURM's warning
+    during start-up neither kills it (SIGUSR2's default action) nor is lost; the run stops as it starts."""
+    import os
+    import signal
+
+    from harness.launch import runner
+    from harness.rank.worker import Interrupted, StopRequest
+
+    held = StopRequest()
+    monkeypatch.setattr(runner, "_held", held)
+    before = {s: signal.getsignal(s) for s in runner.STOP_SIGNALS}
+    try:
+        runner.hold_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)  # noted, nothing raised
+        with pytest.raises(Interrupted, match="stopped by SIGUSR2, SLURM's warning that the job's time limit"):
+            with runner._signals_as_interrupt():
+                raise AssertionError("the run started although SLURM had asked it to stop")
+    finally:
+        held.restore()
+    assert {s: signal.getsignal(s) for s in runner.STOP_SIGNALS} == before

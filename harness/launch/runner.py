@@ -30,7 +30,15 @@ from harness.output.profile import profile_section
 from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
 from harness.rank.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
 from harness.rank.timing import Window, data_wait_share, merge_ranks, steady_throughput
-from harness.rank.worker import Interrupted, caused_by, last_line, run_rank
+from harness.rank.worker import (
+    STOP_SIGNALS,
+    Interrupted,
+    StopRequest,
+    caused_by,
+    last_line,
+    run_rank,
+    stopped_by,
+)
 
 log = logging.getLogger(__name__)
 
@@ -202,19 +210,31 @@ def publish(run_dir: Path, results: dict[str, Any]) -> None:
             log.info("  ! %s", flag)
 
 
+_held = StopRequest()  # stop signals that came before this process's run started: hold_stop_signals()
+
+
+def hold_stop_signals() -> None:
+    """For a process started to run one combination (a SLURM job), from its very start: a stop signal that
+    comes before the run starts (scancel's SIGTERM, the time-limit warning's SIGUSR2) is kept, and the run
+    then stops at once, on record, instead of the process dying unrecorded (SIGUSR2's default action) or
+    submitit ending the job with an error of its own."""
+    _held.install()
+
+
 @contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
-    """SIGINT/SIGTERM to the launcher end the run: workers stopped, partial results written.
+    """SIGINT/SIGTERM/SIGUSR2 to the launcher end the run: workers stopped, partial results written.
     Installed explicitly: a shell starting us in the background leaves SIGINT ignored."""
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+        raise Interrupted(stopped_by(signal.Signals(signum).name))
 
     try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread (e.g. a launcher plugin's thread): leave signals alone
         yield
         return
     try:
+        _held.check()
         yield
     finally:
         for sig, old in previous.items():

@@ -168,7 +168,8 @@ def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, prec
     records = sorted((g["record"] for g in gathered), key=lambda r: r["rank"])
     nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
     devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
-    status, error = run_status(records, [], None)
+    stopped = next((r["error"] for r in records if r["status"] == "interrupted"), None)  # SIGTERM: scancel
+    status, error = run_status(records, [], stopped)
     if status == "ok" and len(records) < placement.world_size:
         status, error = "failed", f"only {len(records)} of {placement.world_size} ranks reported"
     per_device, per_process, sources = [], [], set()

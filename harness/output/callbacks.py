@@ -1,8 +1,10 @@
-"""Hydra callback: when a sweep ends, build the side-by-side report in the sweep folder."""
+"""Hydra callbacks of a sweep: before it starts, what its launcher would silently get wrong on this machine;
+when it ends, the side-by-side report in the sweep folder."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,32 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
+
+
+class LauncherCheck(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        warning = local_jobs_without_gpus(config.hydra.launcher, gpu_count)
+        if warning:
+            log.warning("%s", warning)
+
+
+def gpu_count() -> int:
+    from harness.rank.devices import probe_hardware
+
+    return len(probe_hardware().visible_gpus)
+
+
+def local_jobs_without_gpus(launcher: DictConfig, gpus: Callable[[], int]) -> str | None:
+    """submitit's local executor gives each job `CUDA_VISIBLE_DEVICES` = the first `gpus_per_node` GPUs,
+    i.e. "" when it is unset: on a GPU machine every job would run on CPU. (GPUs counted only for it.)"""
+    if not str(launcher.get("_target_", "")).endswith(".LocalLauncher") or launcher.get("gpus_per_node"):
+        return None
+    count = gpus()
+    if count == 0:
+        return None
+    return (f"hydra/launcher=submitit_local gives its jobs no GPU unless hydra.launcher.gpus_per_node is set "
+            f"(now {launcher.get('gpus_per_node')}): this machine has {count}; add "
+            f"hydra.launcher.gpus_per_node={count} or the jobs run on CPU")
 
 
 class ReportCallback(Callback):

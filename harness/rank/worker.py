@@ -42,15 +42,26 @@ log = logging.getLogger(__name__)
 
 
 class Interrupted(Exception):
-    """SIGTERM/SIGINT reached this process: stop, and record what was measured."""
+    """SIGTERM/SIGINT/SIGUSR2 reached this process: stop, and record what was measured."""
+
+
+# SIGUSR2: what SLURM sends before a job's time limit (`--signal=USR2@N`, set by the submitit launcher).
+# Its default action kills a process outright, and SLURM signals every process of the job, workers included.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+WHY = {"SIGUSR2": "SIGUSR2, SLURM's warning that the job's time limit is near (or that it is preempted)"}
+
+
+def stopped_by(name: str) -> str:
+    """`stopped by SIGTERM`; what the signal means where that is not obvious."""
+    return f"stopped by {WHY.get(name, name)}"
 
 
 class StopRequest:
-    """SIGTERM/SIGINT are noted by the handler, never raised from it: the rank stops at its next iteration
-    (or before training starts). A signal can then never land inside the record's write, whatever the
-    timing, so what a rank measured survives the launcher stopping it."""
+    """SIGTERM/SIGINT/SIGUSR2 are noted by the handler, never raised from it: the rank stops at its next
+    iteration (or before training starts). A signal can then never land inside the record's write, whatever
+    the timing, so what a rank measured survives the launcher stopping it."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = STOP_SIGNALS
 
     def __init__(self) -> None:
         self.signal: str | None = None
@@ -72,7 +83,7 @@ class StopRequest:
 
     def check(self) -> None:
         if self.signal is not None:
-            raise Interrupted(f"stopped by {self.signal}")
+            raise Interrupted(stopped_by(self.signal))
 
 
 def rank_identity() -> tuple[int, int, int]:
