@@ -81,7 +81,8 @@ def sgd(lr: float = 0.1) -> Callable[[Any], torch.optim.Optimizer]:
 
 STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP",
                     "dp": "strategies.dp.DataParallelStrategy", "apex_ddp": "strategies.apex_ddp.ApexDDP",
-                    "allreduce": "strategies.allreduce.ManualAllReduce"}
+                    "allreduce": "strategies.allreduce.ManualAllReduce", "fsdp": "strategies.fsdp.FSDP2",
+                    "zero": "strategies.zero.ZeroDDP"}
 
 
 def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:

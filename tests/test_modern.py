@@ -20,7 +20,7 @@ from amp.levels import AmpConfig
 from amp.native import NativeAmp
 from harness.config import RunConfig
 from harness.errors import ConfigError, Incompatible
-from harness.rank.data import synthetic_batches
+from harness.rank.data import SyntheticSource, synthetic_batches
 from harness.rank.devices import Placement
 from harness.rank.footprint import Footprint, footprint, per_rank
 from harness.rank.timing import WindowClock
@@ -64,7 +64,7 @@ def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer
     amp = NativeAmp(resolve(AmpConfig("O0"), "cpu"), torch.device("cpu"))
     model, opt = strategy.setup_module(NoNorm(), amp, optimizer)
     batches = synthetic_batches(2, GLOBAL_BATCH, local, shard, SIZE, 10, torch.device("cpu"), 0)
-    train(model, opt, amp, batches, WindowClock(strategy.synchronize, 0), ITERATIONS, 3, grad_accum=grad_accum,
+    train(model, opt, amp, SyntheticSource(batches), WindowClock(strategy.synchronize, 0), ITERATIONS, 3, grad_accum=grad_accum,
           no_sync=functools.partial(strategy.no_sync, model))
     return model, opt
 
