@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import TINY, describe, run_cli
+from conftest import CLI_TIMEOUT_S, TINY, describe, run_cli
 from torch import nn
 
 from amp import resolve
@@ -203,7 +203,8 @@ def test_the_modern_sweep_has_every_combination_and_skips_only_fsdp_with_powersg
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     proc, results = run_cli("strategy=fsdp", "compile=true", "grad_accum=2", "strategy.comm_hook=bf16", *TINY,
-                            "iterations=20", "log_every=10", tmp_path=tmp_path_factory.mktemp("compiled"))
+                            "iterations=20", "log_every=10", tmp_path=tmp_path_factory.mktemp("compiled"),
+                            timeout=3 * CLI_TIMEOUT_S)  # torch.compile (inductor, gcc) on top of a normal run
     assert proc.returncode == 0 and results is not None, describe(proc)
     return results
 
