@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import TINY, describe, run_cli, run_config
+from conftest import CLI_TIMEOUT_S, TINY, describe, run_cli, run_config
 from torch import nn
 
 from amp import resolve
@@ -110,23 +110,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES])
-def test_replicas_agree_and_match_one_process_on_the_whole_batch(trained, name):
+# One test reads the trained cases (rather than one per case): pytest-xdist 3.8's loadgroup did not keep
+# xdist_group-marked tests on one worker here, and each worker would train every case again.
+def test_replicas_agree_match_one_process_and_the_theory_divides_what_is_sharded(trained):
     """Sharded parameters are gathered whole (a rank's local shard would have half the rows); ZeRO's ranks
     each stepped half the parameters, so without its broadcast the replicas would differ; accumulating
     without dividing the loss by N, or without the final all-reduce, would move away from the reference."""
-    reference = trained["reference_adamw" if name == "zero" else "reference"]
-    first, second = trained[f"{name}0"]["params"], trained[f"{name}1"]["params"]
-    assert list(first) == list(reference)  # the user's model's names, whatever wraps it
     start = NoNorm().state_dict()
-    for key, value in reference.items():
-        assert first[key].shape == value.shape
-        torch.testing.assert_close(first[key], second[key], rtol=0, atol=0)
-        torch.testing.assert_close(first[key], value, rtol=1e-5, atol=1e-6)
-        assert not torch.equal(value, start[key])  # training moved it: agreement is not agreement at the start
+    for name, *_ in CASES:
+        reference = trained["reference_adamw" if name == "zero" else "reference"]
+        first, second = trained[f"{name}0"]["params"], trained[f"{name}1"]["params"]
+        assert list(first) == list(reference), name  # the user's model's names, whatever wraps it
+        for key, value in reference.items():
+            assert first[key].shape == value.shape, (name, key)
+            torch.testing.assert_close(first[key], second[key], rtol=0, atol=0, msg=f"{name} {key}: replicas")
+            torch.testing.assert_close(first[key], value, rtol=1e-5, atol=1e-6, msg=f"{name} {key}: reference")
+            assert not torch.equal(value, start[key])  # training moved it: not agreement at the start
 
-
-def test_theory_divides_what_each_strategy_shards(trained):
+    # the memory theory of the same runs: what each strategy divides by the world size
     # 4*3*9+4 + 6*4*9+6 + 6*10+10 = 112 + 222 + 70 = 404 fp32 parameters = 1616 bytes
     whole = 404 * 4
     ddp, zero, fsdp = (trained[f"{n}0"]["theory"] for n in ("ddp", "zero", "fsdp"))
@@ -211,12 +212,15 @@ def test_the_modern_sweep_has_every_combination_and_skips_only_fsdp_with_powersg
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     proc, results = run_cli("strategy=fsdp", "compile=true", "grad_accum=2", "strategy.comm_hook=bf16", *TINY,
-                            "iterations=20", "log_every=10", tmp_path=tmp_path_factory.mktemp("compiled"))
+                            "iterations=20", "log_every=10", tmp_path=tmp_path_factory.mktemp("compiled"),
+                            timeout=3 * CLI_TIMEOUT_S)  # torch.compile (inductor, gcc) on top of a normal run
     assert proc.returncode == 0 and results is not None, describe(proc)
     return results
 
 
-def test_compiled_run_times_compilation_apart(compiled):
+def test_compiled_run_times_compilation_apart_and_the_report_labels_it(compiled, tmp_path):
+    from harness.report.rows import build_rows
+
     windows = compiled["windows"]
     assert compiled["status"] == "ok" and compiled["compile"] is True and compiled["grad_accum"] == 2
     # compiling took longer than every timed window together: it cannot have been inside one
@@ -227,11 +231,6 @@ def test_compiled_run_times_compilation_apart(compiled):
     steady = [w for w in windows if not w["warmup"]]
     assert compiled["throughput_img_s"] == pytest.approx(8 * 10 * len(steady) / sum(w["seconds"] for w in steady))
     assert compiled["memory_theory"]["sharded"] == {"params": True, "grads": True, "optimizer_state": True}
-
-
-def test_the_report_labels_the_variant(compiled, tmp_path):
-    from harness.report.rows import build_rows
-
     rows, _ = build_rows([(tmp_path / "results.json", compiled)])
     assert rows[0].label == "fsdp O0 comm_hook=bf16 compile grad_accum=2"
     assert rows[0].compile_s == compiled["compile_seconds"]
