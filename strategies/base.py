@@ -108,7 +108,9 @@ class Strategy:
         """The trained parameters as one device would hold them, by the unwrapped model's names, on the CPU
         in float32: what numerical parity compares across strategies and between replicas. A strategy that
         shards parameters overrides this to gather them first (every rank must call it)."""
-        inner = getattr(model, "module", model)
+        inner = model
+        while isinstance(getattr(inner, "module", None), nn.Module):  # DDP(amp's CastingModule(model)), ...
+            inner = inner.module
         return {name: p.detach().float().cpu().clone() for name, p in inner.named_parameters()}
 
     def barrier(self) -> None:
