@@ -38,6 +38,21 @@ def test_the_digest_is_exact_and_ignores_insertion_order():
     assert digest({}) is None  # a rank without a gathered copy: nothing to compare
 
 
+def test_full_parameters_unwraps_every_wrapper_so_names_match_one_device():
+    from amp.native import CastingModule
+    from strategies.base import Strategy
+
+    class Wrapper(nn.Module):  # what DDP and DataParallel look like from outside: the model as `.module`
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    model = TinyCNN(10)
+    wrapped = Wrapper(CastingModule(model, torch.bfloat16, None, "cpu"))  # ddp at O2: two layers deep
+    names = [n for n, _ in model.named_parameters()]
+    assert list(Strategy().full_parameters(wrapped)) == names == list(Strategy().full_parameters(model))
+
+
 def test_batchnorm_groups_count_the_pieces_of_each_global_batch():
     two_ranks = Placement("cpu", (), (), 2, True, ("cpu:0", "cpu:1"), 1, 8)
     one_process_three_gpus = Placement("cuda", (0, 1, 3), (0, 1, 2), 1, False, ("cuda:0", "cuda:1", "cuda:3"), 1, 8)
@@ -203,6 +218,7 @@ ALLREDUCE = "allreduce O0 strategy=strategies.allreduce.ManualAllReduce"  # name
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("parity")  # one worker runs the shared sweep
 def test_every_strategy_trains_the_model_one_device_trains(parity_sweep):
     sweep, by, text = parity_sweep
     assert by["single O0"].parity == verdicts.REFERENCE
@@ -219,6 +235,7 @@ def test_every_strategy_trains_the_model_one_device_trains(parity_sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("parity")  # one worker runs the shared sweep
 def test_the_parity_column_catches_a_strategy_that_does_not_average(parity_sweep):
     sweep, by, text = parity_sweep
     summed = by[f"allreduce O0 strategy={SUMMED}"]
