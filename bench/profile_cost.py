@@ -42,10 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     iterations, log_every = (30, 10) if args.quick else (args.iterations, args.log_every)
     rounds = 1 if args.quick else args.rounds
     cores = common.cores()
-    env = common.pinned_env(max(1, cores // args.nprocs))
-    settings = {"strategy": f"ddp, {args.nprocs} workers", "model": model, "global batch": batch, "image size": size,
+    threads = max(1, cores // args.nprocs)
+    settings = {"strategy": f"ddp, {args.nprocs} workers", "threads per process": threads,
+                "OMP_NUM_THREADS": threads, "model": model, "global batch": batch, "image size": size,
                 "iterations": f"{iterations} (windows of {log_every}: warm-up, profiled, then steady)",
                 "rounds": rounds, "order": "off on, on off, ...", "backend": "gloo on lo"}
+    env = common.pinned_env(threads)
     common.print_settings("What profile=true costs", settings)
     guard = common.guard_from(args)
     off_rates, on_rates, slowdowns, extra_gaps, trace_mib = [], [], [], [], []

@@ -27,6 +27,7 @@ def test_names_torch_gives_are_classified():
     assert host_kind("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__") == "data"
     assert host_kind("Optimizer.step#SGD.step") == "optimizer"
     assert host_kind("Optimizer.zero_grad#SGD.zero_grad") == "optimizer"
+    assert host_kind("aten::_pin_memory") == "data"  # the DataLoader's pinning thread: not training compute
     for comm in ("gloo:all_reduce", "c10d::allreduce_", "nccl:all_reduce", "record_param_comms", "Broadcast",
                  "autograd::engine::evaluate_function: ReduceAddCoalescedBackward", "Gather", "Scatter"):
         assert host_kind(comm) == "comm", comm

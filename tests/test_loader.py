@@ -94,6 +94,18 @@ def test_the_runs_wait_is_the_longest_any_rank_waited():
     assert [w.data_wait_s for w in merged] == [0.4, 0.3] and merged[1].profiled
 
 
+def test_dataloader_workers_note_their_pids_for_the_memory_figures(tmp_path):
+    import os
+
+    data = DataConfig(**LOADER, num_workers=2, persistent_workers=False)
+    source = LoaderSource(*sharded_loader(data, Indexed(), 12, 1, 0, seed=0, pid_dir=tmp_path / "pids"),
+                          torch.device("cpu"), tmp_path / "pids")
+    items(source, 6)  # 4 batches an epoch: the 5th and 6th come from a new epoch's two new workers (not persistent)
+    pids = source.worker_pids()
+    source.close()
+    assert len(pids) == 4 and os.getpid() not in pids
+
+
 def test_synthetic_source_keeps_the_pool_order_and_counts_its_wait():
     pool = [(torch.full((1,), float(i)), torch.tensor([i])) for i in range(3)]
     source = SyntheticSource(pool)

@@ -456,22 +456,22 @@ def test_cpu_baseline_is_the_ranks_own_start_whether_inline_or_launched():
                                     {"device": "cpu:1", "peak_mib": 800.0, "baseline_mib": 500.0}]
 
 
-# --- DataLoader workers: children of a rank, counted as `role: data` ------------------------------------------
+# --- DataLoader workers: the PIDs a rank's workers noted, counted as `role: data` ----------------------------
 
 DATA0, DATA1 = 2001, 2002
 
 
 def test_psutil_counts_a_ranks_dataloader_workers_on_its_device():
     tracker = MemoryTracker()
-    tracker.add(Sample(per_process={(LAUNCHER, "cpu"): 500.0}, parents={}))  # baseline: no worker yet
+    tracker.add(Sample(per_process={(LAUNCHER, "cpu"): 500.0}))  # baseline: no worker yet
+    # STRANGER is another process below the ranks (a compiler's worker, say): not the rank's data, not counted
     tracker.add(Sample(per_process={(LAUNCHER, "cpu"): 510.0, (RANK0, "cpu"): 900.0, (RANK1, "cpu"): 880.0,
-                                    (DATA0, "cpu"): 150.0, (DATA1, "cpu"): 140.0, (STRANGER, "cpu"): 77.0},
-                       parents={RANK0: LAUNCHER, RANK1: LAUNCHER, DATA0: RANK0, DATA1: RANK0, STRANGER: LAUNCHER}))
-    ranks = [RankProcess(0, RANK0, "cpu:0", "h", rss_at_start_mib=400.0),
+                                    (DATA0, "cpu"): 150.0, (DATA1, "cpu"): 140.0, (STRANGER, "cpu"): 77.0}))
+    ranks = [RankProcess(0, RANK0, "cpu:0", "h", rss_at_start_mib=400.0, data_pids=(DATA0, DATA1)),
              RankProcess(1, RANK1, "cpu:1", "h", rss_at_start_mib=410.0)]
     memory = summarize(tracker, "psutil", ["cpu:0", "cpu:1"], ranks, launcher_pid=LAUNCHER)
     rows = {p["pid"]: p for p in memory["per_process"]}
-    assert set(rows) == {RANK0, RANK1, DATA0, DATA1}  # the launcher's other child is not the run's
+    assert set(rows) == {RANK0, RANK1, DATA0, DATA1}
     assert rows[DATA0] == {"pid": DATA0, "rank": 0, "device": "cpu:0", "peak_mib": 150.0, "role": "data", "host": "h"}
     assert (rows[DATA1]["role"], rows[DATA1]["rank"]) == ("data", 0)
     # cpu:0 is rank 0 and its two workers: 900 + 150 + 140; its baseline the rank's own start
@@ -490,18 +490,19 @@ def test_nvml_runs_read_the_data_workers_host_memory_beside_the_gpus():
     tracker = MemoryTracker()
     tracker.add(source.read())
     fake.procs = {0: [(RANK0, mib(900))]}
-    host.rss = {LAUNCHER: 300.0, RANK0: 700.0, DATA0: 120.0}
+    host.rss = {LAUNCHER: 300.0, RANK0: 700.0, DATA0: 120.0, STRANGER: 50.0}
     tracker.add(source.read())
-    memory = summarize(tracker, "nvml", ["cuda:0"], [RankProcess(0, RANK0, "cuda:0", "h")], launcher_pid=LAUNCHER)
+    ranks = [RankProcess(0, RANK0, "cuda:0", "h", data_pids=(DATA0,))]
+    memory = summarize(tracker, "nvml", ["cuda:0"], ranks, launcher_pid=LAUNCHER)
     rows = {p["pid"]: p for p in memory["per_process"]}
-    assert set(rows) == {RANK0, DATA0}  # host memory of the rank and launcher is not GPU memory: not listed
+    assert set(rows) == {RANK0, DATA0}  # host memory of the others is not GPU memory: not listed
     assert rows[RANK0]["peak_mib"] == 900.0 and rows[RANK0]["role"] == "rank"
     assert rows[DATA0] == {"pid": DATA0, "rank": 0, "device": "cuda:0", "peak_mib": 120.0, "role": "data", "host": "h"}
     assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 100.0, "baseline_mib": 100.0}]
 
 
 class FakeHost:
-    """PsutilSource's reads: the launcher's process tree, resident MiB by pid, with parents."""
+    """PsutilSource's reads: the launcher's process tree, resident MiB by pid."""
 
     name = "psutil"
 
@@ -509,9 +510,7 @@ class FakeHost:
         self.rss: dict[int, float] = {LAUNCHER: 300.0}
 
     def read(self) -> Sample:
-        parents = {RANK0: LAUNCHER, DATA0: RANK0}
-        return Sample(per_process={(pid, "cpu"): mib for pid, mib in self.rss.items()},
-                      parents={pid: parents[pid] for pid in self.rss if pid in parents})
+        return Sample(per_process={(pid, "cpu"): mib for pid, mib in self.rss.items()})
 
     def close(self) -> None:
         pass

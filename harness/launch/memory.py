@@ -27,7 +27,6 @@ class Sample:
     # (pid, device) -> MiB; None where the driver hides a process's figure (MIG without privileges, some
     # containers): known to be there, amount unknown, never 0
     per_process: dict[tuple[int, str], float | None] = field(default_factory=dict)
-    parents: dict[int, int] = field(default_factory=dict)  # pid -> parent pid (psutil's processes)
     at: float = 0.0  # Unix time of the read
     # device label -> {"utilization_pct", "sm_clock_mhz", "power_w", "energy_j"}: None where unsupported
     activity: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -141,20 +140,13 @@ class PsutilSource:
         self._root = psutil.Process(root_pid)
         self._clock = clock
         self._procs: list[psutil.Process] = []
-        self._parents: dict[int, int] = {}
         self._listed_at = float("-inf")
 
     def read(self) -> Sample:
         if self._clock() - self._listed_at >= self.RELIST_S:
             self._procs = [self._root, *self._root.children(recursive=True)]
-            self._parents = {}
-            for proc in self._procs:
-                try:
-                    self._parents[proc.pid] = proc.ppid()
-                except psutil.Error:
-                    continue
             self._listed_at = self._clock()
-        sample = Sample(parents=dict(self._parents))
+        sample = Sample()
         for proc in self._procs:
             try:
                 sample.per_process[(proc.pid, "cpu")] = proc.memory_info().rss / MIB
@@ -173,12 +165,10 @@ class MemoryTracker:
         self.baseline: Sample | None = None
         self.peak_device: dict[str, float] = {}
         self.peak_process: dict[tuple[int, str], float | None] = {}
-        self.parents: dict[int, int] = {}
         self.activity: list[tuple[float, dict[str, dict[str, float | None]]]] = []  # (Unix time, per device)
         self.samples = 0
 
     def add(self, sample: Sample) -> None:
-        self.parents.update(sample.parents)
         if sample.activity:
             self.activity.append((sample.at, sample.activity))
         if self.baseline is None:
@@ -251,6 +241,7 @@ class RankProcess:
     device: str  # the device label the rank drives
     host: str = ""
     rss_at_start_mib: float | None = None  # the rank's resident memory before it built anything (CPU baseline)
+    data_pids: tuple[int, ...] = ()  # its DataLoader workers (each noted its PID when it started)
 
 
 def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks: Iterable[RankProcess],
@@ -259,16 +250,17 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
 
     NVML: PIDs already on a GPU before the run are other users' and are left out. psutil: only the
     worker processes count (the launcher too for one-process strategies, which run inside it). On either, a
-    child process of a rank is its DataLoader worker (`role: data`, the rank's device, host memory); on CPU
-    its memory counts towards the rank's device.
+    rank's DataLoader workers (the PIDs they noted) are `role: data`, on the rank's device, in host memory; on
+    CPU their memory counts towards the rank's device.
     """
     rank_of_pid = {r.pid: r for r in ranks}
+    data_of_pid = {pid: r for r in ranks for pid in r.data_pids}
     baseline = tracker.baseline or Sample()
     before = {pid for pid, _ in baseline.per_process}
     per_process = []
     for (pid, device), peak in sorted(tracker.peak_process.items()):
         rank = rank_of_pid.get(pid)
-        parent = rank_of_pid.get(tracker.parents.get(pid, -1))
+        parent = data_of_pid.get(pid)
         if rank is None and parent is not None and device in ("cpu", "host"):
             per_process.append({"pid": pid, "rank": parent.rank, "device": parent.device,
                                 "peak_mib": None if peak is None else round(peak, 1), "role": "data",

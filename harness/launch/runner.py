@@ -181,7 +181,8 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
     if sampler.tracker.samples == 0:  # NVML opened but every query failed: no figure is better than 0 MiB
         return _allocator_memory(records, f"{sampler.warning or 'the memory sampler took no sample'}; "
                                           "figures are torch's allocator peaks")
-    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"], r.get("rss_at_start_mib")) for r in records]
+    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"], r.get("rss_at_start_mib"),
+                         tuple(r.get("data_pids") or ())) for r in records]
     memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
     if sampler.warning:
         memory["warning"] = sampler.warning

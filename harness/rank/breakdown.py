@@ -45,8 +45,8 @@ def host_kind(name: str) -> str:
         return "comm"
     if name.startswith("Optimizer."):  # torch.optim: `Optimizer.step#SGD.step`, `Optimizer.zero_grad#...`
         return "optimizer"
-    if name.startswith("enumerate(DataLoader)"):  # DataLoader's iterator: `enumerate(DataLoader)#..__next__`
-        return "data"
+    if name.startswith("enumerate(DataLoader)") or "pin_memory" in name:  # `enumerate(DataLoader)#..__next__`;
+        return "data"  # the DataLoader's pinning thread
     return "compute"
 
 

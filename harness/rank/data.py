@@ -17,8 +17,11 @@ reads the whole global batch)."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -36,6 +39,7 @@ class BatchSource(Protocol):
     def first(self) -> Batch:
         """The batch the first next() will return, without taking it (compile=true's pass before the clock)."""
         ...
+    def worker_pids(self) -> list[int]: ...
 
     def close(self) -> None: ...
 
@@ -69,6 +73,8 @@ class SyntheticSource:
 
     def first(self) -> Batch:
         return self._batches[(self._count + 1) % len(self._batches)]
+    def worker_pids(self) -> list[int]:
+        return []
 
     def close(self) -> None:
         pass
@@ -104,9 +110,16 @@ def image_dataset(data: DataConfig) -> torch.utils.data.Dataset:
     return SlowDataset(dataset, data.item_delay_ms / 1000) if data.item_delay_ms > 0 else dataset
 
 
-def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int, shard: int,
-                   seed: int) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DistributedSampler]:
-    """Shard `shard` of `shards` of every epoch's shuffled order, in batches of `local_batch`."""
+def note_pid(folder: Path, worker_id: int) -> None:
+    """A DataLoader worker's first act: leave its PID where its rank will find it (the memory figures name
+    the rank's workers by these, not by guessing from the process tree)."""
+    (folder / str(os.getpid())).touch()
+
+
+def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int, shard: int, seed: int,
+                   pid_dir: Path | None = None) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DistributedSampler]:
+    """Shard `shard` of `shards` of every epoch's shuffled order, in batches of `local_batch`; each worker
+    process notes its PID in `pid_dir`."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     if len(dataset) < local_batch * shards:
@@ -117,9 +130,12 @@ def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int
     # Forked, as from a plain training script on Linux: a rank started by spawn would otherwise spawn its workers
     # too, and each would re-import the harness and torch (seconds each) before loading anything.
     context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
+    if pid_dir is not None:
+        pid_dir.mkdir(parents=True, exist_ok=True)
     loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True, num_workers=workers,
                         pin_memory=data.pin_memory, prefetch_factor=data.prefetch_factor if workers else None,
-                        persistent_workers=data.persistent_workers and workers > 0, multiprocessing_context=context)
+                        persistent_workers=data.persistent_workers and workers > 0, multiprocessing_context=context,
+                        worker_init_fn=functools.partial(note_pid, pid_dir) if pid_dir is not None else None)
     return loader, sampler
 
 
@@ -127,8 +143,8 @@ class LoaderSource:
     """Batches from a DataLoader, moved to the device; a new epoch (reshuffled) whenever one ends."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, sampler: torch.utils.data.DistributedSampler,
-                 device: torch.device) -> None:
-        self._loader, self._sampler, self._device = loader, sampler, device
+                 device: torch.device, pid_dir: Path | None = None) -> None:
+        self._loader, self._sampler, self._device, self._pid_dir = loader, sampler, device, pid_dir
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         self._epoch = 0
         self._iterator: Any = iter(loader)  # workers start now, before the clock
@@ -157,17 +173,24 @@ class LoaderSource:
         return (images.to(self._device, non_blocking=self._non_blocking),
                 labels.to(self._device, non_blocking=self._non_blocking))
 
+    def worker_pids(self) -> list[int]:
+        """Every DataLoader worker this source started (new ones each epoch without persistent workers)."""
+        if self._pid_dir is None or not self._pid_dir.is_dir():
+            return []
+        return sorted(int(p.name) for p in self._pid_dir.iterdir() if p.name.isdigit())
+
     def close(self) -> None:
         self._iterator = None  # its workers end with it (persistent ones when the loader is dropped)
         self._loader = None  # type: ignore[assignment]
 
 
 def batch_source(data: DataConfig, global_batch: int, shards: int, shard: int, device: torch.device,
-                 seed: int) -> BatchSource:
-    """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch)."""
+                 seed: int, pid_dir: Path | None = None) -> BatchSource:
+    """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch);
+    DataLoader workers note their PIDs in `pid_dir`."""
     local_batch = global_batch // shards
     if data.name == "loader":
-        loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed)
-        return LoaderSource(loader, sampler, device)
+        loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed, pid_dir)
+        return LoaderSource(loader, sampler, device, pid_dir)
     return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, data.image_size,
                                              data.num_classes, device, seed))

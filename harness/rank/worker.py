@@ -160,7 +160,8 @@ def run_rank(spec: dict[str, Any],
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
         model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
-        batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed)
+        batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
+                               pid_dir=Path(spec["record_dir"]) / f"data-pids-rank{rank}")
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(strategy.no_sync, model)
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
@@ -218,6 +219,7 @@ def run_rank(spec: dict[str, Any],
             record["windows"] = [w.as_dict() for w in clock.windows]
             record["window_spans"] = clock.spans
         if batches is not None:
+            record["data_pids"] = batches.worker_pids()
             batches.close()
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
         try:
