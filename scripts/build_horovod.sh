@@ -10,7 +10,7 @@
 #   that set the standard are raised below;
 # - a CUDA-built torch wheel (even on a machine without GPUs) makes horovod's CMake look for the CUDA
 #   toolkit (`Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR CUDA_CUDART)`): CUDA_HOME must
-#   name one (default /usr/local/cuda).
+#   name one (default /usr/local/cuda), with its bin/ on PATH.
 set -euo pipefail
 venv=${1:?usage: scripts/build_horovod.sh VENV}
 work=$(mktemp -d)
@@ -23,6 +23,7 @@ sed -i 's/^    set(CMAKE_CXX_STANDARD 14)$/    set(CMAKE_CXX_STANDARD 20)/' "$sr
 grep -q '^set(CMAKE_CXX_STANDARD 17)$' "$src/CMakeLists.txt"
 grep -q '^    set(CMAKE_CXX_STANDARD 20)$' "$src/horovod/torch/CMakeLists.txt"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export HOROVOD_CUDA_HOME=$CUDA_HOME CUDAToolkit_ROOT=$CUDA_HOME PATH=$CUDA_HOME/bin:$PATH  # all three: CMake's FindCUDAToolkit
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=gloo
 export HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS=-j$(nproc)
