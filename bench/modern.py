@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = common.cores()
     env = common.pinned_env(max(1, cores // 2))
     settings = {"model": model, "optimizer": args.optim, "global batch": batch, "image size": size,
-                "workers": 2, "cores": cores, "threads per worker": max(1, cores // 2),
+                "workers": 2, "cores": cores, "OMP_NUM_THREADS (per worker)": max(1, cores // 2),
                 "iterations": f"{iterations} (windows of {log_every}, first excluded)", "rounds": rounds,
                 "backend": "gloo on lo", "amp": "O0"}
     common.print_settings("ZeRO, FSDP2 and DDP communication hooks against DDP, 2 workers on CPU", settings)

@@ -30,7 +30,7 @@ SCRIPTS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
 def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
     """The selected scripts' --quick runs, three at a time (each is mostly process start-up)."""

@@ -193,7 +193,7 @@ PARITY_RUN = ("parity=true", *TINY, "model.norm=none", "iterations=20", "log_eve
 SUMMED = "plugins.unaveraged.SummedGradients"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
 def parity_sweep(tmp_path_factory):
     """The issue's sweep, cheaper (ignite, DDP underneath, is left to the README's command: its import
     costs seconds), and a strategy that sums gradients without averaging them, in the same folder."""

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import TINY, run_sweep
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("profile")]  # one worker runs the shared sweep
 SWEEP = ("strategy=ddp,allreduce", "nprocs=2", *TINY, "data=loader", "data.num_workers=1", "profile=true",
          "iterations=30", "log_every=10")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
     folder = tmp_path_factory.mktemp("profile") / "sweep"
     proc = run_sweep(*SWEEP, sweep_dir=folder, timeout=400)

@@ -35,7 +35,9 @@ START_S = 240  # a job's process start on a loaded 2-core machine: 5-60 s
 SIGNAL_DELAY_S = 5  # SIGUSR2 comes 25-55 s into a one-minute job: SLURM checks limits every 30 s
 LAUNCHER = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
             "hydra.launcher.mem_gb=null", "sweep=none", *TINY, "log_every=10")
-LONG = "iterations=10000000"
+# Jobs that run until cancelled or timed out: mostly asleep in a slow dataset (20 ms an image, 160 ms an
+# iteration), so their minute does not take a core from the rest of the suite.
+LONG = ("iterations=10000000", "data=loader", "data.num_workers=0", "data.item_delay_ms=20")
 
 
 @dataclass
@@ -106,7 +108,7 @@ def report_rows(report_md: str) -> dict[str, str]:
     return rows
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     slurm = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     try:
@@ -115,7 +117,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
         slurm.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Everything at once; the scancels as the jobs get to where they should. Returns the sweeps and the
     multi-node job, all ended."""
@@ -123,13 +125,13 @@ def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     env = cluster.env()
     began = time.monotonic()
     # The longest first, alone until it has measured a window: SLURM's warning comes 25-55 s into the job.
-    timeout = Sweep("timeout", base / "timeout", (*LAUNCHER, "strategy=single", LONG, "hydra.launcher.timeout_min=1",
+    timeout = Sweep("timeout", base / "timeout", (*LAUNCHER, "strategy=single", *LONG, "hydra.launcher.timeout_min=1",
                                                    f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}"), env).start()
     timeout_log = timeout.sweep / "0_single_O0" / "run.log"
     wait_until(lambda: timeout_log.exists() and "iter " in timeout_log.read_text(), START_S, timeout.describe)
     ok = Sweep("ok", base / "ok", (*LAUNCHER, "strategy=single,ddp", "iterations=20"), env).start()
     # One job at a time (%1): the second waits while the first runs, and is cancelled before it starts.
-    cancel = Sweep("cancel", base / "cancel", (*LAUNCHER, "strategy=single,ddp", LONG,
+    cancel = Sweep("cancel", base / "cancel", (*LAUNCHER, "strategy=single,ddp", *LONG,
                                                "hydra.launcher.array_parallelism=1", "hydra.sweeper.max_batch_size=2"),
                    env).start()
     run_dir = base / "torchrun" / "run"
