@@ -37,7 +37,7 @@ PERF_START, PERF_END = "<!-- perf:start -->", "<!-- perf:end -->"
 PLACEHOLDER = "(figures from `bench/` land here)"
 # The README order of the sub-blocks, whichever script writes first.
 BLOCK_ORDER = ("index", "overhead", "sampler", "ddp", "fidelity", "report", "scaling", "detection", "hooks",
-               "main_job", "profile")
+               "main_job", "profile", "modern")
 INDEX = """\
 Benchmarks of the harness itself (`bench/`), each one command, each runnable on a CPU-only machine in a few
 minutes; add `--write-readme` to replace its block below with the figures of that run, `--quick` for a
@@ -55,6 +55,7 @@ seconds-long check (what `tests/test_bench.py` runs).
 | 8 | per-iteration cost of the trainer's own calls | `python bench/hook_cost.py` | reported |
 | 9 | the README's main job from a fresh clone | `python bench/main_job.py` | reported |
 | 10 | what `profile=true` costs: steady throughput on/off, the profiled window, start/stop | `python bench/profile_cost.py` | on/off ≈ 1 |
+| 11 | ZeRO, FSDP2 and DDP's communication hooks against DDP: throughput, memory against the theory | `python bench/modern.py` | reported |
 
 How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or
 `harness.launch.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "vs ddp = throughput / DDP's on the same workers and batch. Worker memory growth is the "
                   "largest worker's resident-memory peak above its start (psutil); the theory counts only "
                   "parameters, gradients and optimizer state. " + guard.summary() + "."]
-        body = common.readme_block("10. Sharding and communication hooks on CPU", "python bench/modern.py "
+        body = common.readme_block("11. Sharding and communication hooks on CPU", "python bench/modern.py "
                                    "--write-readme", settings, [table], lines)
         common.write_readme_block("modern", body, args.readme)
     return 0

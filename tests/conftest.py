@@ -309,3 +309,4 @@ def check_stopped_by_signal(run: LiveRun, code: int, sent_at: float, signum: int
     assert not run.survivors(grace=10), run.survivors()
     assert not alive_pids(run_pids(results))
     return results
+

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,14 @@ def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer
     return model, opt
 
 
-def rank_main(rank: int, ports: list[int], out: str) -> None:
+def rank_main(rank: int, out: str) -> None:
     from hydra.utils import get_class
 
     torch.set_num_threads(1)
     placement = Placement("cpu", (), (), WORLD, True, ("cpu:0", "cpu:1"), 1, GLOBAL_BATCH)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    for (name, target, options, accum), port in zip(CASES, ports, strict=True):
-        os.environ["MASTER_PORT"] = str(port)
+    for name, target, options, accum in CASES:
+        os.environ["MASTER_PORT"] = str(agreed_port(rank, Path(out) / f"{name}.port"))
         strategy = get_class(target)(**options)
         strategy.setup(RankEnv(rank, rank, WORLD, placement, 60))
         try:
@@ -94,10 +95,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def agreed_port(rank: int, file: Path) -> int:
+    """Rank 0 picks a free port just before its case and the other rank reads it: ports picked ahead for every
+    case were taken by the parallel tests' processes by the time the later cases started (EADDRINUSE)."""
+    if rank == 0:
+        file.with_suffix(".tmp").write_text(str(free_port()))
+        file.with_suffix(".tmp").rename(file)
+    deadline = time.monotonic() + 60
+    while not file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: no port from rank 0 in {file}")
+        time.sleep(0.05)
+    return int(file.read_text())
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("modern")
-    mp.start_processes(rank_main, args=([free_port() for _ in CASES], str(out)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(rank_main, args=(str(out),), nprocs=WORLD, start_method="spawn")
     from strategies.single import SingleDevice
 
     single = SingleDevice()
@@ -110,8 +125,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
-# One test reads the trained cases (rather than one per case): pytest-xdist 3.8's loadgroup did not keep
-# xdist_group-marked tests on one worker here, and each worker would train every case again.
+# One test reads the trained cases (rather than one per case), so that whichever xdist worker runs it trains
+# every case once.
 def test_replicas_agree_match_one_process_and_the_theory_divides_what_is_sharded(trained):
     """Sharded parameters are gathered whole (a rank's local shard would have half the rows); ZeRO's ranks
     each stepped half the parameters, so without its broadcast the replicas would differ; accumulating
