@@ -115,7 +115,7 @@ def test_synthetic_source_keeps_the_pool_order_and_counts_its_wait():
 
 # ---- a real run: the slower the dataset, the larger the share of the window spent waiting for it ------------
 
-DELAY_MS = 25.0
+DELAY_MS = 40.0
 SLOW = ("strategy=single", *TINY, "data=loader", "data.num_workers=0", "iterations=15", "log_every=5")
 
 
@@ -133,7 +133,7 @@ def fast_and_slow(tmp_path_factory):
 def test_a_slow_dataset_raises_the_data_wait_share(fast_and_slow):
     fast, slow = fast_and_slow["fast"], fast_and_slow["slow"]
     # in the loop (num_workers=0), every image sleeps DELAY_MS: each window of 5 iterations of 8 images waits at
-    # least 1 s (a bound that holds on any machine, loaded or not; the decoding itself varies with the load)
+    # least 1.6 s (a bound that holds on any machine, loaded or not; the decoding itself varies with the load)
     floor = 5 * 8 * DELAY_MS / 1000
     assert all(w["data_wait_s"] >= floor for w in slow["windows"])
     assert all(w["data_wait_s"] < floor for w in fast["windows"])
@@ -143,7 +143,11 @@ def test_a_slow_dataset_raises_the_data_wait_share(fast_and_slow):
                                                     / sum(w["seconds"] for w in steady_slow))
     assert fast["data_wait_share"] == pytest.approx(sum(w["data_wait_s"] for w in steady_fast)
                                                     / sum(w["seconds"] for w in steady_fast))
-    assert slow["data_wait_share"] > fast["data_wait_share"]
+    # The share rose with the sleep: with 1.6 s of sleep per window it falls below half only past 320 ms of other
+    # work per tiny iteration. Not slow share > fast share: the tiny model's own data and compute time vary
+    # several-fold with the suite's load between the two runs (a loaded moment once gave the slow run 0.64
+    # against the fast run's 0.72); the sleep, counted above in every window, does not.
+    assert slow["data_wait_share"] > 0.5  # 1.6 s of sleep per window: below half only past 320 ms per iteration
     for w in slow["windows"]:
         assert w["data_wait_s"] <= w["seconds"]
     # the profiler's view agrees with the loop's own clock on the profiled window
