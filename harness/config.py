@@ -172,12 +172,16 @@ class RunConfig:
         if profile and cfg["warmup_windows"] < 1:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "at least 1 with profile=true (the "
                               "profiled window is the first after warm-up)")
+        parity = check_parity(cfg.get("parity"))
         iterations = None if cfg["iterations"] == "auto" else cfg["iterations"]
         if iterations is not None:
             every, extra = cfg["log_every"], (2 if profile else 1)
             least = (cfg["warmup_windows"] + extra) * every
             why = ("(warmup_windows + 2) x log_every with profile=true, so that one window besides the profiled one "
                    "is steady") if profile else "(warmup_windows + 1) x log_every, so that one window is steady"
+            if parity.enabled and not profile:  # a parity run compares what was trained: timing may be left out
+                least, why = every, "one window at least (parity=true: with fewer than " \
+                    f"{(cfg['warmup_windows'] + 1) * every} no window is steady and the run reports no timing)"
             if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < least \
                     or iterations % every:
                 raise ConfigError("iterations", iterations, f"auto, or a multiple of log_every ({every}) of at least "
@@ -204,7 +208,6 @@ class RunConfig:
             if fault.at_iter < 1 or (iterations is not None and fault.at_iter > iterations):
                 raise ConfigError("fault.at_iter", fault.at_iter, f"1 to iterations ({cfg['iterations']})")
         report = ReportConfig(**check_record("report", cfg.get("report") or {}, ReportConfig))
-        parity = check_parity(cfg.get("parity"))
         compile_ = cfg.get("compile", False)
         if not isinstance(compile_, bool):
             raise ConfigError("compile", compile_, "true or false")

@@ -106,6 +106,15 @@ def test_parity_options_are_checked_before_anything_starts():
              probe_hardware())
     assert plan(run_config(strategy={"_target_": "strategies.single.SingleDevice", "batchnorm_shards": 3}),
                 probe_hardware())
+    # the issue's own command has iterations=20 at log_every=20: a parity run needs no steady window, a timing
+    # run does, and a run of less than one window is refused either way
+    assert run_config(parity=True, iterations=20, log_every=20).iterations == 20
+    with pytest.raises(ConfigError, match="iterations=20 is not allowed: .* at least 40"):
+        run_config(iterations=20, log_every=20)
+    with pytest.raises(ConfigError, match="iterations=10 is not allowed: .* at least 20: one window at least"):
+        run_config(parity=True, iterations=10, log_every=20)
+    with pytest.raises(ConfigError, match="iterations=20 is not allowed: .* at least 60"):
+        run_config(parity=True, profile=True, iterations=20, log_every=20)
 
 
 # ---- the report's verdicts, on parameters worked by hand ----

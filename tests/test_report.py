@@ -356,3 +356,34 @@ def test_breakdown_shares_per_row_and_its_plot_in_the_page(tmp_path):
 def test_no_breakdown_plot_without_a_profiled_run(sweep):
     out = report.build_report([sweep], sweep / "out", quiet=True)
     assert not (sweep / "out" / "breakdown.png").exists() and all(not r.breakdown for r in out.rows)
+
+
+def test_labels_name_what_differs_once_and_the_same_way(tmp_path):
+    """A sweep over comm hooks: the hooked rows carry the variant `comm_hook=fp16`; the plain row says its own
+    value the same way, not `strategy.comm_hook=none`. A skipped combination never ran: its unknown devices,
+    dtype and launcher are no difference, so neither its label nor its peers' grow `devices= launcher=None`."""
+    def hooked(hook, **kwargs):
+        data = results("fsdp", "O0", ["cpu:0", "cpu:1"], [1.0, 0.5, 0.5], rate=100.0, **kwargs)
+        data["config"] = {"strategy": {"_target_": "strategies.fsdp.FSDP2", "comm_hook": hook}}
+        data["variant"] = "" if hook == "none" else f"comm_hook={hook}"
+        return data
+
+    write(tmp_path, "0", hooked("none"))
+    write(tmp_path, "1", hooked("bf16"))
+    never = hooked("powersgd", status="skipped", error="strategy.comm_hook=powersgd is not allowed")
+    never.update(devices=[], launcher=None, precision={"impl": None, "dtype": None}, image_size=None)
+    write(tmp_path, "2", never)
+    assert sorted(rows_of(tmp_path)) == ["fsdp O0 comm_hook=bf16", "fsdp O0 comm_hook=none",
+                                         "fsdp O0 comm_hook=powersgd"]
+
+
+def test_runs_without_a_steady_window_are_said_to_be_untimed_not_missing(tmp_path):
+    """parity=true allows too few iterations for a steady window: such rows ran (status ok, no throughput)."""
+    write(tmp_path, "0_single_O0", results("single", "O0", ["cpu"], [2.0]))
+    write(tmp_path, "1_dp_O0", results("dp", "O0", ["cpu"], [], status="skipped", error="needs GPUs"))
+    rows, baseline = report.build_rows(report.find_results([tmp_path])[0])
+    from harness.report.rows import summary
+
+    said = summary(rows, baseline)
+    assert said.startswith("No timing: single O0 ran without a steady window") and "No combination ran" not in said
+    assert said.endswith("1 did not run: the reasons are in the table.")

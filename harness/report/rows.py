@@ -114,13 +114,16 @@ def _options(results: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"strategy.{k}={v}" for k, v in strategy) + tuple(f"model.{k}={v}" for k, v in model)
 
 
-def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset[str] = frozenset()) -> str:
+def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset[str] = frozenset(),
+           said: frozenset[str] = frozenset()) -> str:
+    """`said`: option names its peers' variants spell short (`comm_hook=fp16`): this row's value of the same
+    option is spelled the same way (`comm_hook=none`, not `strategy.comm_hook=none`)."""
     key = _key(group[0])
     parts = [f"{key[0]} {key[1]}", *([key[VARIANT]] if key[VARIANT] else [])]
     names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
     for index in sorted(varying - {VARIANT}):
         if index == OPTIONS:  # options: only those its peers do not all share, and not said by the variant
-            parts += [o.replace("._target_=", "=") for o in key[OPTIONS] if o not in common
+            parts += [_short(o, said) for o in key[OPTIONS] if o not in common
                       and o.partition("=")[0].rpartition(".")[2] + "=" not in key[VARIANT]]
             continue
         value = ",".join(key[index]) if index == 5 else key[index]
@@ -128,13 +131,30 @@ def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset
     return " ".join(parts)
 
 
+def _short(option: str, said: frozenset[str]) -> str:
+    option = option.replace("._target_=", "=")
+    name = option.partition("=")[0]
+    return option.removeprefix("strategy.") if name.removeprefix("strategy.") in said else option
+
+
+def _said(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[str]:
+    """The option names the variants of this row's peers (same strategy and amp level) spell out."""
+    return frozenset(part.partition("=")[0] for k in keys if k[:2] == key[:2] for part in k[VARIANT].split()
+                     if "=" in part)
+
+
 def _varying(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], set[int]]:
     """Fields that tell apart rows sharing a strategy and amp level (only those go into a label)."""
     result = {}
     for key in keys:
         peers = [k for k in keys if k[:2] == key[:2]]
-        result[key] = {i for i in range(2, len(key)) if len({k[i] for k in peers}) > 1}
+        # a skipped combination never ran: its unknown fields (None) neither differ nor go into its label
+        result[key] = {i for i in range(2, len(key)) if key[i] not in UNKNOWN
+                       and len({k[i] for k in peers if k[i] not in UNKNOWN}) > 1}
     return result
+
+
+UNKNOWN = (None, ())
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -261,7 +281,7 @@ def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | Non
         folders.setdefault(_key(results), []).append(path.parent)
     varying = _varying(list(groups))
     keys = list(groups)
-    rows = [_row(groups[k], _label(groups[k], varying[k], _common_options(k, keys))) for k in keys]
+    rows = [_row(groups[k], _label(groups[k], varying[k], _common_options(k, keys), _said(k, keys))) for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
                             if r.get("status") == "ok"] for k in keys])
     base = _pick_baseline(rows, baseline)
@@ -342,7 +362,7 @@ def reproducibility(rows: Sequence[Row]) -> str:
                      f"{len(known)} rows; widest {widths[-1]:.0f} %): differences smaller than that are noise")
     if unknown:
         parts.append("spread unknown (one run, fewer than 3 steady windows; no ★ possible) for " + ", ".join(unknown))
-    return "; ".join(parts) or "no row measured"
+    return "; ".join(parts) or "no row has a steady window to measure"
 
 
 
@@ -356,8 +376,16 @@ def summary(rows: Sequence[Row], baseline: str | None) -> str:
     not_run = [r for r in rows if not r.throughput]
     parts = []
     if not ran:
-        parts.append("No combination ran here" + (f" ({len(not_run)} did not: the reasons are in the table)"
-                                                   if not_run else "") + ".")
+        untimed = [r.label for r in not_run if r.status == "ok"]  # ran, but no window after warm-up (parity runs)
+        failed = len(not_run) - len(untimed)
+        if untimed:
+            parts.append(f"No timing: {', '.join(untimed)} ran without a steady window (too few iterations for "
+                         "one after warm-up; allowed with parity=true).")
+        if untimed and failed:
+            parts.append(f"{failed} did not run: the reasons are in the table.")
+        elif not untimed:
+            parts.append("No combination ran here" + (f" ({failed} did not: the reasons are in the table)"
+                                                       if failed else "") + ".")
         return " ".join(parts)
     won = winners(rows)
     best = ran[0]
