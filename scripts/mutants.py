@@ -21,20 +21,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 MUTANTS: list[tuple[str, str, str, str]] = [
     # (name, file, original text, mutated text) -- the first ten from issue 13, then our own
-    ("s/20 mean, not median", "harness/report.py",
+    ("s/20 mean, not median", "harness/report/rows.py",
      "row.s_per_20 = statistics.median(steady)", "row.s_per_20 = statistics.fmean(steady)"),
-    ("throughput over repeats: mean", "harness/report.py",
+    ("throughput over repeats: mean", "harness/report/rows.py",
      "row.throughput = statistics.median(rates)", "row.throughput = statistics.fmean(rates)"),
-    ("s/20 not scaled by log_every", "harness/report.py",
+    ("s/20 not scaled by log_every", "harness/report/rows.py",
      'steady = [w["seconds"] * PER / r["log_every"]', 'steady = [w["seconds"]'),
-    ("img/s and speedup columns swapped", "harness/report.py",
+    ("img/s and speedup columns swapped", "harness/report/tables.py",
      '_fmt(r.throughput, 1), _fmt(r.speedup, 2, "×")', '_fmt(r.speedup, 2, "×"), _fmt(r.throughput, 1)'),
-    ("s/20 win ignores the spread", "harness/report.py",
+    ("s/20 win ignores the spread", "harness/report/rows.py",
      "(timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0)", "True"),
     ("throughput from the per-rank batch", "harness/launch/runner.py",
      "steady_throughput(windows, cfg.batch_size,", "steady_throughput(windows, placement.local_batch,"),
     ("spawn launcher drops a raised failure", "harness/launch/launcher.py",
-     "return [WorkerFailure(rank=error.error_index, pid=error.error_pid, exitcode=1, message=lines[-1] if lines else \"\")]",
+     "return [WorkerFailure(rank=rank, pid=process.pid, exitcode=process.exitcode, message=message)]",
      "return []"),
     ("gloo not pinned to loopback", "harness/launch/launcher.py",
      '"GLOO_SOCKET_IFNAME": interface, ', ""),
@@ -47,27 +47,28 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("run clock = fastest rank", "harness/rank/timing.py",
      "cumulative = max(w[i].cumulative_seconds for w in ranks)", "cumulative = min(w[i].cumulative_seconds for w in ranks)"),
     ("throughput includes warm-up", "harness/rank/timing.py",
-     "    steady = steady_windows(windows)\n    seconds", "    steady = list(windows)\n    seconds"),
+     "    steady = steady_windows(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0:\n",
+     "    steady = list(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0:\n"),
     ("one warm-up window too many", "harness/rank/timing.py",
      "warmup=len(self.windows) < self._warmup_windows", "warmup=len(self.windows) <= self._warmup_windows"),
     ("window loss = mean over ranks dropped (rank 0's)", "harness/rank/timing.py",
      "loss=statistics.fmean(losses) if losses else None", "loss=losses[0] if losses else None"),
     # report
-    ("p10 and p90 swapped", "harness/report.py",
+    ("p10 and p90 swapped", "harness/report/rows.py",
      "row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 10), percentile(steady, 90)",
      "row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 90), percentile(steady, 10)"),
-    ("speedup inverted", "harness/report.py",
+    ("speedup inverted", "harness/report/rows.py",
      "row.speedup = row.throughput / base.throughput", "row.speedup = base.throughput / row.throughput"),
-    ("efficiency not per device", "harness/report.py",
+    ("efficiency not per device", "harness/report/rows.py",
      "row.efficiency = row.throughput / (reference.throughput * row.n_devices)",
      "row.efficiency = row.throughput / reference.throughput"),
-    ("efficiency against any amp level", "harness/report.py",
+    ("efficiency against any amp level", "harness/report/rows.py",
      "k[1:5] == key[1:5] and k[6:8] == key[6:8]", "k[4:5] == key[4:5] and k[6:8] == key[6:8]"),
-    ("memory: first repeat, not the median", "harness/report.py",
+    ("memory: first repeat, not the median", "harness/report/rows.py",
      "row.mem_max_mib = statistics.median(maxima)", "row.mem_max_mib = maxima[0]"),
-    ("a win with unknown spread", "harness/report.py",
+    ("a win with unknown spread", "harness/report/rows.py",
      "row.spread_known = len(rates) >= 2 or len(steady) >= 3", "row.spread_known = True"),
-    ("memory win ignores the spread", "harness/report.py",
+    ("memory win ignores the spread", "harness/report/rows.py",
      "mem[0].mem_max_hi < mem[1].mem_max_lo", "mem[0].mem_max_mib < mem[1].mem_max_mib"),
     # imbalance
     ("base excess against the largest other", "harness/output/imbalance.py",
@@ -108,6 +109,20 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("all_reduce bus factor (n-1)/n", "harness/collectives.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
     ("collective time: mean", "harness/collectives.py",
      'seconds = statistics.median(m["seconds"])', 'seconds = statistics.fmean(m["seconds"])'),
+    # issues 16-18: the figures the newer strategies, parity and the breakdown report
+    ("data wait share includes warm-up", "harness/rank/timing.py",
+     "    steady = steady_windows(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0 or any(",
+     "    steady = list(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0 or any("),
+    ("ZeRO's optimizer state not divided by the ranks", "harness/rank/footprint.py",
+     '"optimizer_state": whole.optimizer_state / (world_size if state else 1)', '"optimizer_state": whole.optimizer_state'),
+    ("parity: the first rank's difference, not the largest", "harness/report/parity.py",
+     "row.parity_max_rel = max(rel_diffs) if rel_diffs else None", "row.parity_max_rel = rel_diffs[0] if rel_diffs else None"),
+    ("parity: losses not compared", "harness/report/parity.py",
+     "loss_diffs.append(max(abs(a - b) for a, b in zip(ours, base, strict=False)))", "loss_diffs.append(0.0)"),
+    ("compile time: the fastest rank's", "harness/launch/runner.py",
+     "compile_seconds = max(compiled) if compiled else None", "compile_seconds = min(compiled) if compiled else None"),
+    ("breakdown shares 10 % off", "harness/rank/breakdown.py",
+     '"shares": {k: (v / span_s if span_s > 0 else None)', '"shares": {k: (v / (span_s * 1.1) if span_s > 0 else None)'),
 ]
 
 
@@ -120,7 +135,7 @@ def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) ->
     started = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                               "-o", "addopts="], cwd=root, capture_output=True, text=True, timeout=timeout)
+                               "-o", "addopts=", "-n", "2", "--dist", "loadgroup"], cwd=root, capture_output=True, text=True, timeout=timeout)
         verdict = "survived" if proc.returncode == 0 else "killed"
         if verdict == "killed":
             failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
