@@ -115,7 +115,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      "    steady = list(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0 or any("),
     ("ZeRO's optimizer state not divided by the ranks", "harness/rank/footprint.py",
      '"optimizer_state": whole.optimizer_state / (world_size if state else 1)', '"optimizer_state": whole.optimizer_state'),
-    ("parity: the first rank's difference, not the largest", "harness/report/parity.py",
+    ("parity: the first repeat's difference, not the largest", "harness/report/parity.py",
      "row.parity_max_rel = max(rel_diffs) if rel_diffs else None", "row.parity_max_rel = rel_diffs[0] if rel_diffs else None"),
     ("parity: losses not compared", "harness/report/parity.py",
      "loss_diffs.append(max(abs(a - b) for a, b in zip(ours, base, strict=False)))", "loss_diffs.append(0.0)"),
@@ -126,6 +126,19 @@ MUTANTS: list[tuple[str, str, str, str]] = [
 ]
 
 
+def mirrors(path: str, root: Path) -> list[str]:
+    """The tests that mirror the mutated module (tests/test_<module>.py, tests/test_<package>.py): run first,
+    alone, because they are the likeliest to kill it; the whole fast suite only if they do not."""
+    module = Path(path)
+    names = {f"test_{module.stem}.py", f"test_{module.parent.name}.py"}
+    return sorted(str(t.relative_to(root)) for t in (root / "tests").glob("test_*.py") if t.name in names)
+
+
+def pytest(root: Path, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+                           "-o", "addopts=", *args], cwd=root, capture_output=True, text=True, timeout=timeout)
+
+
 def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) -> tuple[str, float]:
     target = root / path
     original = target.read_text()
@@ -134,8 +147,10 @@ def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) ->
     target.write_text(original.replace(old, new))
     started = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                               "-o", "addopts=", "-n", "2", "--dist", "loadgroup"], cwd=root, capture_output=True, text=True, timeout=timeout)
+        first = mirrors(path, root)
+        proc = pytest(root, timeout, *first) if first else None
+        if proc is None or proc.returncode == 0:
+            proc = pytest(root, timeout, "-n", "2", "--dist", "loadgroup")
         verdict = "survived" if proc.returncode == 0 else "killed"
         if verdict == "killed":
             failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]

@@ -166,6 +166,16 @@ def test_verdicts_worked_by_hand(tmp_path):
     assert "allreduce O0 DIFFER beyond float32 rounding" in said and "ignite O0 have replicas that differ" in said
 
 
+def test_repeats_are_judged_by_the_one_that_differs_most(tmp_path):
+    """Repeats pool into one row: a row whose second repeat drifted must not pass on its first one's figures."""
+    write_run(tmp_path, "0", "single", [1.0, -2.0, 0.5])
+    write_run(tmp_path, "1", "ddp", [1.0, -2.0, 0.5])  # repeat 1: bit-identical to the reference
+    write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5 + 1e-3], losses=(2.0, 1.5 + 1e-3))  # repeat 2: 1e-3 / 2 off
+    ddp = rows_by_label(tmp_path)["ddp O0"]
+    assert ddp.parity == verdicts.DIFFERS
+    assert ddp.parity_max_rel == pytest.approx(5e-4, rel=0.05) and ddp.parity_loss_diff == pytest.approx(1e-3)
+
+
 def test_batchnorm_shards_are_explained_or_judged_against_the_same_split(tmp_path):
     write_run(tmp_path, "a/0", "single", [1.0, -2.0, 0.5], groups=1)
     write_run(tmp_path, "a/1", "ddp", [1.2, -2.0, 0.5], groups=2)

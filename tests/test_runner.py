@@ -99,6 +99,20 @@ def test_throughput_counts_the_global_batch_over_the_slowest_rank():
     assert m["throughput_img_s"] == pytest.approx(160.0)
 
 
+def test_compile_time_is_the_slowest_ranks_and_comes_out_of_startup():
+    """torch.compile runs on every rank side by side before the clock: the run waited for the slowest (5 s, not
+    2 s), and start-up (first iteration 9 s after the start) is 9 - 5 = 4 s without it."""
+    from harness.launch.runner import measurements
+
+    cfg = run_config("ddp", batch_size=8, iterations=60)
+    decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
+    records = [{"rank": r, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": 9.0 - r, "amp_state": {},
+                "compile_seconds": seconds} for r, seconds in ((0, 5.0), (1, 2.0))]
+    m = measurements(cfg, decided.placement, records, started=0.0)
+    assert m["compile_seconds"] == 5.0
+    assert m["startup_seconds"] == pytest.approx(9.0 - 5.0)
+
+
 def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, caplog):
     from harness.launch.runner import read_records
 
