@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -66,7 +68,28 @@ class TorchDDP(ProcessGroupStrategy):
         elif self.comm_hook == "powersgd":
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
                                                 start_powerSGD_iter=self.powersgd_start_iter)
-            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            on_gloo = dist.get_backend() == "gloo"
+            ddp.register_comm_hook(state, one_bucket_at_a_time if on_gloo else powerSGD_hook.powerSGD_hook)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return model.no_sync()  # torch.compile's OptimizedModule passes attributes through to the DDP module
+
+
+def one_bucket_at_a_time(state: powerSGD_hook.PowerSGDState,
+                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """PowerSGD on gloo, each bucket's all-reduces finished before the next bucket's begin.
+
+    torch's hook chains a bucket's all-reduces (P, then Q) in future callbacks, which gloo runs on its own
+    worker threads: with two buckets in flight the ranks issue their collectives in different orders, and
+    gloo matches them by order ("Received data size doesn't match expected size", an abort; resnet18 on two
+    CPU workers, not a one-bucket model). torch tests the hook on NCCL only (pytorch#58467). Waiting here
+    keeps PowerSGD's arithmetic and bytes and gives up only its overlap with backward, on gloo only."""
+    future = powerSGD_hook.powerSGD_hook(state, bucket)
+    future.wait()
+    return future
+
+
+# DistributedDataParallel._check_comm_hook compares a hook's annotations with the objects
+# (`sig.parameters["bucket"].annotation != dist.GradBucket`); this module's are strings (postponed evaluation)
+one_bucket_at_a_time.__annotations__.update(bucket=dist.GradBucket, state=powerSGD_hook.PowerSGDState)
+one_bucket_at_a_time.__annotations__["return"] = torch.futures.Future[torch.Tensor]

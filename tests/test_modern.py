@@ -38,7 +38,11 @@ CASES = [
     ("ddp_accum", "strategies.ddp.TorchDDP", {}, 2),
     ("fsdp_accum", "strategies.fsdp.FSDP2", {"blocks": ["features"]}, 2),
     ("allreduce_accum", "strategies.allreduce.ManualAllReduce", {}, 2),
+    # every parameter its own bucket: several buckets in flight at once, which made torch's PowerSGD hook issue
+    # its chained all-reduces in a different order on each rank under gloo (an abort, seen with resnet18)
+    ("ddp_powersgd", "strategies.ddp.TorchDDP", {"comm_hook": "powersgd", "bucket_cap_mb": 1e-6}, 1),
 ]
+LOSSY = {"ddp_powersgd"}  # a low-rank approximation of the gradient: replicas agree, the reference is not met
 
 
 class NoNorm(nn.Module):
@@ -139,6 +143,9 @@ def test_replicas_agree_match_one_process_and_the_theory_divides_what_is_sharded
         for key, value in reference.items():
             assert first[key].shape == value.shape, (name, key)
             torch.testing.assert_close(first[key], second[key], rtol=0, atol=0, msg=f"{name} {key}: replicas")
+            if name in LOSSY:  # trained, and both ranks the same; not the reference (compressed gradients)
+                assert not torch.equal(first[key], start[key]), (name, key)
+                continue
             torch.testing.assert_close(first[key], value, rtol=1e-5, atol=1e-6, msg=f"{name} {key}: reference")
             assert not torch.equal(value, start[key])  # training moved it: not agreement at the start
 
