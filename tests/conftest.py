@@ -310,3 +310,19 @@ def check_stopped_by_signal(run: LiveRun, code: int, sent_at: float, signum: int
     assert not alive_pids(run_pids(results))
     return results
 
+
+
+SHARED_SWEEP = ("strategy=single,ddp,allreduce", "parity=true", *TINY, "model.norm=none", "iterations=20", "log_every=10")
+SHARED_GROUP = "shared_sweep"  # every test using `shared_sweep` carries xdist_group(SHARED_GROUP): one worker
+
+
+@pytest.fixture(scope="session")
+def shared_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One real sweep several modules read (its report, its jobs' logs, its parity records), instead of each
+    running its own: `python run.py -m strategy=single,ddp,allreduce parity=true` on the tiny model, with two
+    gloo workers for ddp and allreduce. Session-scoped: a module-scoped one is rebuilt whenever xdist runs
+    another module's test in between. Returns the sweep folder and the finished process."""
+    sweep = tmp_path_factory.mktemp("shared") / "sweep"
+    proc = run_sweep(*SHARED_SWEEP, sweep_dir=sweep, timeout=400)
+    assert proc.returncode == 0, describe(proc)
+    return sweep, proc

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import REPO, TINY, amp_plugin, describe, run_cli
+from conftest import SHARED_GROUP, TINY, amp_plugin, describe, run_cli
 
 from amp import Amp
 from amp.levels import AmpConfig, AmpSpec, resolve
@@ -125,18 +123,15 @@ def test_cli_allreduce_bucketed_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_report_has_ddp_and_allreduce(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "run.py", "-m", "strategy=ddp,allreduce", "amp=O0", *TINY,
-                           "iterations=40", f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, describe(proc)
+@pytest.mark.xdist_group(SHARED_GROUP)  # one worker runs the shared sweep
+def test_sweep_report_has_ddp_and_allreduce(shared_sweep):
+    sweep_dir, _ = shared_sweep  # conftest: strategy=single,ddp,allreduce on two gloo workers
     report = (sweep_dir / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "combination" not in line]
     assert any(r.startswith("| ddp O0") for r in rows), report
     assert any(r.startswith("| allreduce O0") for r in rows), report
-    runs = [json.loads(p.read_text()) for p in Path(sweep_dir).rglob("results.json")]
-    assert {r["strategy"]: r["status"] for r in runs} == {"ddp": "ok", "allreduce": "ok"}, runs
+    runs = [json.loads(p.read_text()) for p in Path(sweep_dir).glob("*/results.json")]
+    assert {r["strategy"]: r["status"] for r in runs} == {"single": "ok", "ddp": "ok", "allreduce": "ok"}, runs
     allreduce = next(r for r in runs if r["strategy"] == "allreduce")
     assert allreduce["config"]["strategy"]["bucket"] is False and allreduce["world_size"] == 2
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import DDP_RUN, SINGLE_RUN, TINY, describe, run_cli, run_sweep
+from conftest import DDP_RUN, SHARED_GROUP, SINGLE_RUN, TINY, describe, run_cli
 
 pytestmark = pytest.mark.slow
 # The tiny model trains in seconds even where this CPU only emulates half precision (else: skipped, see
@@ -148,15 +148,14 @@ def test_run_log_holds_the_progress_lines_and_the_summary(cli_run):
     assert "[single O0] iter    60/60" in proc.stdout  # and the terminal got them too
 
 
-def test_each_sweep_job_logs_its_own_ranks_and_summary(tmp_path):
-    sweep = tmp_path / "sweep"
-    proc = run_sweep("strategy=single,ddp", "nprocs=2", *TINY, "iterations=40", sweep_dir=sweep)
-    assert proc.returncode == 0, describe(proc)
+@pytest.mark.xdist_group(SHARED_GROUP)  # one worker runs the shared sweep
+def test_each_sweep_job_logs_its_own_ranks_and_summary(shared_sweep):
+    sweep, proc = shared_sweep  # conftest: strategy=single,ddp,allreduce, 20 iterations
     single, ddp = (next(sweep.glob(f"*_{name}_O0")) / "run.log" for name in ("single", "ddp"))
-    assert "[single O0] iter    40/40" in single.read_text() and "status ok" in single.read_text()
+    assert "[single O0] iter    20/20" in single.read_text() and "status ok" in single.read_text()
     text = ddp.read_text()
-    assert "][rank 0 " in text and "][rank 1 " in text and "[ddp O0] iter    40/40" in text  # both ranks' lines
+    assert "][rank 0 " in text and "][rank 1 " in text and "[ddp O0] iter    20/20" in text  # both ranks' lines
     assert "status ok" in text
-    assert proc.stdout.count("[ddp O0] iter    40/40") == 1  # the terminal shows rank 0 only
+    assert proc.stdout.count("[ddp O0] iter    20/20") == 1  # the terminal shows rank 0 only
     assert "report: " in (sweep / "sweep.log").read_text()
     assert not list(sweep.glob("*/logs"))  # no empty folders left by the elastic agent

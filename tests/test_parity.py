@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, describe, run_config, run_sweep
+from conftest import REPO, SHARED_GROUP, TINY, describe, run_config
 from test_report import results
 from torch import nn
 
@@ -212,21 +212,19 @@ PARITY_RUN = ("parity=true", *TINY, "model.norm=none", "iterations=20", "log_eve
 SUMMED = "plugins.unaveraged.SummedGradients"
 
 
-@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
-def parity_sweep(tmp_path_factory):
-    """The issue's sweep, cheaper (ignite, DDP underneath, is left to the README's command: its import
-    costs seconds), and a strategy that sums gradients without averaging them, in the same folder."""
+@pytest.fixture(scope="session")
+def parity_sweep(shared_sweep, tmp_path_factory):
+    """The issue's sweep (conftest's shared one: ignite, DDP underneath, is left to the README's command, its
+    import costs seconds), and a strategy that sums gradients without averaging them, in the same folder."""
+    sweep, _ = shared_sweep
     root = tmp_path_factory.mktemp("parity")
-    sweep = root / "sweep"
-    proc = run_sweep("strategy=single,ddp,allreduce", *PARITY_RUN, sweep_dir=sweep, timeout=400)
-    assert proc.returncode == 0, describe(proc)
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # the test plugin, in the workers too
     broken = subprocess.run([sys.executable, "run.py", "strategy=allreduce", f"strategy._target_={SUMMED}",
-                             *PARITY_RUN, f"hydra.run.dir={sweep / 'summed'}"], cwd=REPO, env=env,
+                             *PARITY_RUN, f"hydra.run.dir={root / 'summed'}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=200)
     assert broken.returncode == 0, describe(broken)
-    report = build_report([sweep], root / "report", quiet=True)
-    return sweep, {r.label: r for r in report.rows}, (root / "report" / "report.md").read_text()
+    report = build_report([sweep, root / "summed"], root / "report", quiet=True)
+    return root, {r.label: r for r in report.rows}, (root / "report" / "report.md").read_text(), sweep
 
 
 def parity_of(sweep: Path, folder: str) -> dict:
@@ -237,9 +235,9 @@ ALLREDUCE = "allreduce O0 strategy=strategies.allreduce.ManualAllReduce"  # name
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("parity")  # one worker runs the shared sweep
+@pytest.mark.xdist_group(SHARED_GROUP)  # one worker runs the shared sweep
 def test_every_strategy_trains_the_model_one_device_trains(parity_sweep):
-    sweep, by, text = parity_sweep
+    _, by, text, sweep = parity_sweep
     assert by["single O0"].parity == verdicts.REFERENCE
     for label in ("ddp O0", ALLREDUCE):
         row = by[label]
@@ -254,13 +252,13 @@ def test_every_strategy_trains_the_model_one_device_trains(parity_sweep):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("parity")  # one worker runs the shared sweep
+@pytest.mark.xdist_group(SHARED_GROUP)  # one worker runs the shared sweep
 def test_the_parity_column_catches_a_strategy_that_does_not_average(parity_sweep):
-    sweep, by, text = parity_sweep
+    root, by, text, sweep = parity_sweep
     summed = by[f"allreduce O0 strategy={SUMMED}"]
     # twice the step from the first update on: far beyond rounding, though its replicas agree
     assert summed.parity == verdicts.DIFFERS and summed.parity_max_rel > 100 * verdicts.PARAM_RTOL
-    record, reference = parity_of(sweep, "summed"), parity_of(sweep, "*_single_O0")
+    record, reference = parity_of(root, "summed"), parity_of(sweep, "*_single_O0")
     assert record["replicas_agree"] is True
     assert record["losses"][0] == pytest.approx(reference["losses"][0], abs=1e-6)  # same weights, same batch
     assert max(abs(a - b) for a, b in zip(record["losses"], reference["losses"], strict=True)) > 1e-4
