@@ -32,7 +32,11 @@ pytestmark = [
 ]
 
 START_S = 240  # a job's process start on a loaded 2-core machine: 5-60 s
-SIGNAL_DELAY_S = 5  # SIGUSR2 comes 25-55 s into a one-minute job: SLURM checks limits every 30 s
+# SLURM checks time limits every 30 s: the warning comes at the first check within SIGNAL_DELAY_S + 30 s of
+# the limit, the kill at the first check after it. A two-minute job warned 60 s ahead gets SIGUSR2 30-60 s
+# in (after its first windows) and at least 60 s to stop before the kill (30 s was too little once, on a
+# loaded CI machine).
+TIMEOUT_MIN, SIGNAL_DELAY_S = 2, 60
 LAUNCHER = ("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
             "hydra.launcher.mem_gb=null", "sweep=none", *TINY, "log_every=10")
 # Jobs that run until cancelled or timed out: mostly asleep in a slow dataset (20 ms an image, 160 ms an
@@ -124,8 +128,9 @@ def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     base = tmp_path_factory.mktemp("sweeps")
     env = cluster.env()
     began = time.monotonic()
-    # The longest first, alone until it has measured a window: SLURM's warning comes 25-55 s into the job.
-    timeout = Sweep("timeout", base / "timeout", (*LAUNCHER, "strategy=single", *LONG, "hydra.launcher.timeout_min=1",
+    # The longest first, alone until it has measured a window: SLURM's warning comes 30-60 s into the job.
+    timeout = Sweep("timeout", base / "timeout", (*LAUNCHER, "strategy=single", *LONG,
+                                                   f"hydra.launcher.timeout_min={TIMEOUT_MIN}",
                                                    f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}"), env).start()
     timeout_log = timeout.sweep / "0_single_O0" / "run.log"
     wait_until(lambda: timeout_log.exists() and "iter " in timeout_log.read_text(), START_S, timeout.describe)
@@ -212,14 +217,16 @@ def test_a_job_at_its_time_limit_stops_on_slurms_warning_and_leaves_its_partial_
     assert timeout.code == 0, timeout.describe()
     array = timeout.job_id()
     script = (timeout.sweep / ".submitit" / array / f"{array}_submission.sh").read_text()
-    assert "#SBATCH --time=1\n" in script and f"#SBATCH --signal=USR2@{SIGNAL_DELAY_S}\n" in script
+    assert f"#SBATCH --time={TIMEOUT_MIN}\n" in script and f"#SBATCH --signal=USR2@{SIGNAL_DELAY_S}\n" in script
     record = timeout.results()["0_single_O0"]
     assert record["status"] == "interrupted" and "SIGUSR2" in record["error"] and "time limit" in record["error"]
     logged = re.findall(r"\[single O0\] iter +(\d+)/", (timeout.sweep / "0_single_O0" / "run.log").read_text())
     assert logged and [w["end_iter"] for w in record["windows"]] == [int(i) for i in logged]  # all it measured
-    # It ended by itself on the warning, before SLURM's kill (at the first check, every 30 s, after a minute).
+    # It ended by itself on the warning, before SLURM's kill (at the first check after the time limit).
     assert "Job completed successfully" in timeout.job_logs()
-    assert cluster.job_state(array) == "COMPLETED"  # one combination: a plain job, not an array
+    assert cluster.job_state(array) == "COMPLETED", (  # one combination: a plain job, not an array
+        f"results written {record['finished_at'] - record['started_at']:.1f} s after the run started\n"
+        f"{cluster.run('scontrol', 'show', 'job', array, check=False).stdout}\n{timeout.describe()}")
     rows = report_rows((timeout.sweep / "report.md").read_text())
     assert rows == {"single O0": f"interrupted: {record['error']}"}
 
