@@ -143,6 +143,9 @@ def _said(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[st
                      if "=" in part)
 
 
+UNKNOWN = (None, ())  # a skipped combination's fields it never learned
+
+
 def _varying(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], set[int]]:
     """Fields that tell apart rows sharing a strategy and amp level (only those go into a label)."""
     result = {}
@@ -152,9 +155,6 @@ def _varying(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], set[int]]
         result[key] = {i for i in range(2, len(key)) if key[i] not in UNKNOWN
                        and len({k[i] for k in peers if k[i] not in UNKNOWN}) > 1}
     return result
-
-
-UNKNOWN = (None, ())
 
 
 def percentile(values: Sequence[float], q: float) -> float:
