@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.output.profile import profile_section
-from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind
+from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
 from harness.rank.timing import Window
 
 MAIN, GLOO = 100, 200
@@ -37,9 +37,12 @@ def test_names_torch_gives_are_classified():
 
 
 # A CPU DDP-like window, 100 µs:
-#   0-20  DataLoader next                       -> data wait 20
-#   20-50 forward (compute), inside it a broadcast 30-35 -> compute 25, communication 5
-#   50-60 the training thread in no op, gloo's all-reduce (45-70, its own thread) in flight -> communication 10
+#   0-20  DataLoader next                                                    -> data wait 20
+#   20-50 DistributedDataParallel.forward, a scope: the conv 21-29 runs       -> compute 8
+#         inside it a broadcast 30-35                                        -> communication 5
+#         20-21, 29-30, 35-45 in the scope with no operator, nothing in flight -> other 12
+#         45-50 in the scope with no operator, gloo's all-reduce in flight   -> communication 5 (a wait)
+#   50-60 the training thread in no op, the all-reduce (45-70, gloo's own thread) in flight -> communication 10
 #   60-80 an op while the all-reduce finishes   -> compute 20 (10 of them overlapping the all-reduce)
 #   80-90 optimizer step                        -> optimizer 10
 #   90-100 nothing                              -> other 10
@@ -55,12 +58,54 @@ def test_host_view_partitions_the_window_by_hand():
     assert b["view"] == "host"
     assert b["span_s"] == pytest.approx(100e-6)
     parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
-    assert parts == {"compute": 45.0, "communication": 15.0, "data_wait": 20.0, "optimizer": 10.0, "other": 10.0}
+    # every instant inside DistributedDataParallel.forward as compute would give compute 45, communication 15
+    assert parts == {"compute": 28.0, "communication": 20.0, "data_wait": 20.0, "optimizer": 10.0, "other": 22.0}
     assert sum(b["parts_s"].values()) == pytest.approx(b["span_s"])
-    # in flight: the broadcast 30-35 and gloo's 45-70; exposed 15 (30-35, 50-60), overlapped 15 (45-50, 60-70)
+    # in flight: the broadcast 30-35 and gloo's 45-70; exposed 20 (30-35, 45-60), overlapped 10 (60-70 only)
     assert b["communication_total_s"] == pytest.approx(30e-6)
-    assert b["communication_overlapped_s"] == pytest.approx(15e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(10e-6)
     assert b["shares"]["data_wait"] == pytest.approx(0.2)
+
+
+# The waits of issue 25, as torch 2.x names them (µs; gloo's collectives on their own thread):
+#   0-40   FSDP::all_gather (features.0), a record_function scope; in it c10d::_allgather_base_ 0-4 (the call
+#          that launches it); gloo:all_gather 4-36 on gloo's thread; the main thread waits in the scope until 36;
+#          FSDP's copy-out ops 36-40                                  -> communication 36, compute 4
+#   40-70  backward: evaluate_function: AccumulateGrad 40-70 (a cpu_op wrapper) over AccumulateGrad 40-44
+#          (compute 4); then the comm hook's future.wait(), no op under the wrapper, while gloo:all_reduce
+#          44-66 runs -> communication 22; 66-70 the wrapper, nothing in flight -> other 4
+#   70-90  aten::mm 70-90 while gloo:all_reduce 75-85 runs           -> compute 20 (10 of it overlapped)
+#   90-100 PythonSubclass 90-100 (FSDP2's DTensor dispatch), nothing under it, nothing in flight -> other 10
+WAITS_WINDOW = [
+    span(),
+    ev("FSDP::all_gather (features.0)", 0, 40, cat="user_annotation"), ev("c10d::_allgather_base_", 0, 4),
+    ev("gloo:all_gather", 4, 32, tid=GLOO, cat="user_annotation"), ev("aten::copy_", 4.5, 1, tid=GLOO),
+    ev("fsdp::split_with_sizes_copy", 36, 4),
+    ev("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 40, 30),
+    ev("torch::autograd::AccumulateGrad", 40, 4),
+    ev("gloo:all_reduce", 44, 22, tid=GLOO, cat="user_annotation"),
+    ev("aten::mm", 70, 20), ev("gloo:all_reduce", 75, 10, tid=GLOO, cat="user_annotation"),
+    ev("PythonSubclass", 90, 10),
+]
+
+
+def test_a_thread_waiting_in_a_scope_with_no_operator_is_waiting_not_computing():
+    b = breakdown_of_events(WAITS_WINDOW)
+    parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
+    # every innermost event as compute (the old rule) would give compute 96, communication 4, other 0
+    assert parts == {"compute": 28.0, "communication": 58.0, "data_wait": 0.0, "optimizer": 0.0, "other": 14.0}
+    # in flight 0-4, 4-36, 44-66, 75-85 = 68; only the all-reduce under aten::mm (75-85) overlapped, not 64
+    assert b["communication_total_s"] == pytest.approx(68e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(10e-6)
+
+
+def test_only_operators_count_as_running():
+    assert runs_operator("cpu_op", "aten::mm") and runs_operator("cpu_op", "torch::autograd::AccumulateGrad")
+    assert not runs_operator("user_annotation", "DistributedDataParallel.forward")
+    assert not runs_operator("cpu_op", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
+    assert not runs_operator("cpu_op", "PythonSubclass")
+    for wait in ("aten::wait", "_c10d_functional::wait_tensor"):  # blocking on a collective: communication
+        assert host_kind(wait) == "comm", wait
 
 
 # A GPU window, 100 µs, kernels linked to their launches by correlation id:
