@@ -5,8 +5,15 @@ cuda_runtime, args.correlation linking a kernel to its launch)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from harness.output.profile import profile_section
 from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
@@ -150,6 +157,66 @@ def test_a_kernel_launched_from_dataparallel_broadcast_is_communication():
     # 0-10: the device idle, the host in Broadcast: communication; 10-50 the copy: communication; 50-100 other
     assert b["parts_s"]["communication"] == pytest.approx(50e-6)
     assert b["parts_s"]["other"] == pytest.approx(50e-6)
+
+
+SLEEP_S, LATE_S = 0.2, 0.6
+
+
+def _wait_in_a_scope(rank: int, port: int, trace: str) -> None:
+    """Rank 0 profiles a window that starts an all-reduce rank 1 joins LATE_S late (so it is in flight on gloo's
+    thread the whole window), computes for ~0.1 s beside it, then sleeps and waits in a record_function scope
+    with no operator under it; the truth is known by construction."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KINETO_LOG_LEVEL="5")  # no GPU: no ERROR
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    x, a = torch.ones(1 << 16), torch.ones(64, 64)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+    if profiler is not None:
+        profiler.start()
+    dist.barrier()
+    if profiler is not None:
+        with torch.profiler.record_function("harness.window"):
+            work = dist.all_reduce(x, async_op=True)
+            start = time.perf_counter()
+            while time.perf_counter() - start < 0.1:
+                torch.mm(a, a)  # computing while the all-reduce is in flight: overlapped
+            with torch.profiler.record_function("some.scope"):
+                time.sleep(SLEEP_S)  # neither: a thread in a scope, no operator
+                work.wait()
+        profiler.stop()
+        profiler.export_chrome_trace(trace)
+    else:
+        time.sleep(LATE_S)
+        dist.all_reduce(x)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_real_rank_sleeping_in_a_scope_while_gloo_communicates_is_exposed_communication(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    trace = tmp_path / "rank0.json"
+    mp.spawn(_wait_in_a_scope, args=(port, str(trace)), nprocs=2, join=True)
+    events = json.loads(trace.read_text())["traceEvents"]
+    scope = next(e for e in events if e.get("name") == "some.scope")
+    gloo = [e for e in events if e.get("name") == "gloo:all_reduce" and e["tid"] != scope["tid"]]  # gloo's thread
+    mms = [e for e in events if e.get("name") == "aten::mm"]
+
+    def in_flight(e: dict) -> float:
+        """Seconds of event e during which gloo's all-reduce was in flight."""
+        return sum(max(0.0, min(e["ts"] + e["dur"], g["ts"] + g["dur"]) - max(e["ts"], g["ts"])) for g in gloo) / 1e6
+
+    mm_s, mm_in_flight_s, scope_in_flight_s = sum(e["dur"] for e in mms) / 1e6, sum(map(in_flight, mms)), in_flight(scope)
+    b = breakdown(trace)
+    parts = b["parts_s"]
+    seen = f"{parts}, mm {mm_s:.4f} s ({mm_in_flight_s:.4f} in flight), scope in flight {scope_in_flight_s:.4f} s"
+    assert scope_in_flight_s >= SLEEP_S, seen  # the construction held: rank 1 joined after rank 0's sleep
+    # the scope (in flight throughout) is communication, not compute: the old rule made compute mm_s + the
+    # scope's ~0.5 s and communication ~2 ms (the launching call)
+    assert parts["communication"] >= scope_in_flight_s, seen
+    assert parts["compute"] == pytest.approx(mm_s, rel=0.05), seen  # the operators, and nothing else
+    assert b["communication_overlapped_s"] == pytest.approx(mm_in_flight_s, rel=0.05, abs=1e-3), seen
 
 
 def test_a_trace_without_the_window_annotation_is_refused(tmp_path):
