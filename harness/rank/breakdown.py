@@ -73,8 +73,10 @@ def thread_states(events: list[tuple[float, float, str, bool]]) -> list[tuple[fl
     """One thread's (start, end, state) from its (start, end, kind, runs_operator) events: a scope kind
     (comm/optimizer/data) where any event covering the instant has it, else "compute" where the innermost one
     runs an operator, else "scope" (inside scopes only: Python or blocked). Times in no event are left out."""
-    order = sorted(range(len(events)), key=lambda i: (events[i][0], -events[i][1]))
-    rank = {i: n for n, i in enumerate(order)}  # innermost = the latest to start (outermost first on a tie)
+    order = sorted((i for i, e in enumerate(events) if e[1] > e[0]),  # an instant (dur 0) covers no time
+                   key=lambda i: (events[i][0], -events[i][1], events[i][3]))
+    rank = {i: n for n, i in enumerate(order)}  # innermost = the latest to start; on a tie the shorter, then
+    # the operator (a scope and the op in it can share both ends at the trace's µs resolution)
     points = sorted([(events[i][0], 1, i) for i in order] + [(events[i][1], -1, i) for i in order],
                     key=lambda p: (p[0], p[1]))
     active: dict[int, None] = {}
