@@ -5,11 +5,18 @@ cuda_runtime, args.correlation linking a kernel to its launch)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from harness.output.profile import profile_section
-from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind
+from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
 from harness.rank.timing import Window
 
 MAIN, GLOO = 100, 200
@@ -37,9 +44,12 @@ def test_names_torch_gives_are_classified():
 
 
 # A CPU DDP-like window, 100 µs:
-#   0-20  DataLoader next                       -> data wait 20
-#   20-50 forward (compute), inside it a broadcast 30-35 -> compute 25, communication 5
-#   50-60 the training thread in no op, gloo's all-reduce (45-70, its own thread) in flight -> communication 10
+#   0-20  DataLoader next                                                    -> data wait 20
+#   20-50 DistributedDataParallel.forward, a scope: the conv 21-29 runs       -> compute 8
+#         inside it a broadcast 30-35                                        -> communication 5
+#         20-21, 29-30, 35-45 in the scope with no operator, nothing in flight -> other 12
+#         45-50 in the scope with no operator, gloo's all-reduce in flight   -> communication 5 (a wait)
+#   50-60 the training thread in no op, the all-reduce (45-70, gloo's own thread) in flight -> communication 10
 #   60-80 an op while the all-reduce finishes   -> compute 20 (10 of them overlapping the all-reduce)
 #   80-90 optimizer step                        -> optimizer 10
 #   90-100 nothing                              -> other 10
@@ -55,12 +65,54 @@ def test_host_view_partitions_the_window_by_hand():
     assert b["view"] == "host"
     assert b["span_s"] == pytest.approx(100e-6)
     parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
-    assert parts == {"compute": 45.0, "communication": 15.0, "data_wait": 20.0, "optimizer": 10.0, "other": 10.0}
+    # every instant inside DistributedDataParallel.forward as compute would give compute 45, communication 15
+    assert parts == {"compute": 28.0, "communication": 20.0, "data_wait": 20.0, "optimizer": 10.0, "other": 22.0}
     assert sum(b["parts_s"].values()) == pytest.approx(b["span_s"])
-    # in flight: the broadcast 30-35 and gloo's 45-70; exposed 15 (30-35, 50-60), overlapped 15 (45-50, 60-70)
+    # in flight: the broadcast 30-35 and gloo's 45-70; exposed 20 (30-35, 45-60), overlapped 10 (60-70 only)
     assert b["communication_total_s"] == pytest.approx(30e-6)
-    assert b["communication_overlapped_s"] == pytest.approx(15e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(10e-6)
     assert b["shares"]["data_wait"] == pytest.approx(0.2)
+
+
+# The waits of issue 25, as torch 2.x names them (µs; gloo's collectives on their own thread):
+#   0-40   FSDP::all_gather (features.0), a record_function scope; in it c10d::_allgather_base_ 0-4 (the call
+#          that launches it); gloo:all_gather 4-36 on gloo's thread; the main thread waits in the scope until 36;
+#          FSDP's copy-out ops 36-40                                  -> communication 36, compute 4
+#   40-70  backward: evaluate_function: AccumulateGrad 40-70 (a cpu_op wrapper) over AccumulateGrad 40-44
+#          (compute 4); then the comm hook's future.wait(), no op under the wrapper, while gloo:all_reduce
+#          44-66 runs -> communication 22; 66-70 the wrapper, nothing in flight -> other 4
+#   70-90  aten::mm 70-90 while gloo:all_reduce 75-85 runs           -> compute 20 (10 of it overlapped)
+#   90-100 PythonSubclass 90-100 (FSDP2's DTensor dispatch), nothing under it, nothing in flight -> other 10
+WAITS_WINDOW = [
+    span(),
+    ev("FSDP::all_gather (features.0)", 0, 40, cat="user_annotation"), ev("c10d::_allgather_base_", 0, 4),
+    ev("gloo:all_gather", 4, 32, tid=GLOO, cat="user_annotation"), ev("aten::copy_", 4.5, 1, tid=GLOO),
+    ev("fsdp::split_with_sizes_copy", 36, 4),
+    ev("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 40, 30),
+    ev("torch::autograd::AccumulateGrad", 40, 4), ev("aten::empty", 50, 0),  # an instant: runs for no time
+    ev("gloo:all_reduce", 44, 22, tid=GLOO, cat="user_annotation"),
+    ev("aten::mm", 70, 20), ev("gloo:all_reduce", 75, 10, tid=GLOO, cat="user_annotation"),
+    ev("PythonSubclass", 90, 10),
+]
+
+
+def test_a_thread_waiting_in_a_scope_with_no_operator_is_waiting_not_computing():
+    b = breakdown_of_events(WAITS_WINDOW)
+    parts = {k: round(v * 1e6, 6) for k, v in b["parts_s"].items()}
+    # every innermost event as compute (the old rule) would give compute 96, communication 4, other 0
+    assert parts == {"compute": 28.0, "communication": 58.0, "data_wait": 0.0, "optimizer": 0.0, "other": 14.0}
+    # in flight 0-4, 4-36, 44-66, 75-85 = 68; only the all-reduce under aten::mm (75-85) overlapped, not 64
+    assert b["communication_total_s"] == pytest.approx(68e-6)
+    assert b["communication_overlapped_s"] == pytest.approx(10e-6)
+
+
+def test_only_operators_count_as_running():
+    assert runs_operator("cpu_op", "aten::mm") and runs_operator("cpu_op", "torch::autograd::AccumulateGrad")
+    assert not runs_operator("user_annotation", "DistributedDataParallel.forward")
+    assert not runs_operator("cpu_op", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
+    assert not runs_operator("cpu_op", "PythonSubclass")
+    for wait in ("aten::wait", "_c10d_functional::wait_tensor"):  # blocking on a collective: communication
+        assert host_kind(wait) == "comm", wait
 
 
 # A GPU window, 100 µs, kernels linked to their launches by correlation id:
@@ -105,6 +157,66 @@ def test_a_kernel_launched_from_dataparallel_broadcast_is_communication():
     # 0-10: the device idle, the host in Broadcast: communication; 10-50 the copy: communication; 50-100 other
     assert b["parts_s"]["communication"] == pytest.approx(50e-6)
     assert b["parts_s"]["other"] == pytest.approx(50e-6)
+
+
+SLEEP_S, LATE_S = 0.2, 0.6
+
+
+def _wait_in_a_scope(rank: int, port: int, trace: str) -> None:
+    """Rank 0 profiles a window that starts an all-reduce rank 1 joins LATE_S late (so it is in flight on gloo's
+    thread the whole window), computes for ~0.1 s beside it, then sleeps and waits in a record_function scope
+    with no operator under it; the truth is known by construction."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KINETO_LOG_LEVEL="5")  # no GPU: no ERROR
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    x, a = torch.ones(1 << 16), torch.ones(64, 64)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+    if profiler is not None:
+        profiler.start()
+    dist.barrier()
+    if profiler is not None:
+        with torch.profiler.record_function("harness.window"):
+            work = dist.all_reduce(x, async_op=True)
+            start = time.perf_counter()
+            while time.perf_counter() - start < 0.1:
+                torch.mm(a, a)  # computing while the all-reduce is in flight: overlapped
+            with torch.profiler.record_function("some.scope"):
+                time.sleep(SLEEP_S)  # neither: a thread in a scope, no operator
+                work.wait()
+        profiler.stop()
+        profiler.export_chrome_trace(trace)
+    else:
+        time.sleep(LATE_S)
+        dist.all_reduce(x)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_real_rank_sleeping_in_a_scope_while_gloo_communicates_is_exposed_communication(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    trace = tmp_path / "rank0.json"
+    mp.spawn(_wait_in_a_scope, args=(port, str(trace)), nprocs=2, join=True)
+    events = json.loads(trace.read_text())["traceEvents"]
+    scope = next(e for e in events if e.get("name") == "some.scope")
+    gloo = [e for e in events if e.get("name") == "gloo:all_reduce" and e["tid"] != scope["tid"]]  # gloo's thread
+    mms = [e for e in events if e.get("name") == "aten::mm"]
+
+    def in_flight(e: dict) -> float:
+        """Seconds of event e during which gloo's all-reduce was in flight."""
+        return sum(max(0.0, min(e["ts"] + e["dur"], g["ts"] + g["dur"]) - max(e["ts"], g["ts"])) for g in gloo) / 1e6
+
+    mm_s, mm_in_flight_s, scope_in_flight_s = sum(e["dur"] for e in mms) / 1e6, sum(map(in_flight, mms)), in_flight(scope)
+    b = breakdown(trace)
+    parts = b["parts_s"]
+    seen = f"{parts}, mm {mm_s:.4f} s ({mm_in_flight_s:.4f} in flight), scope in flight {scope_in_flight_s:.4f} s"
+    assert scope_in_flight_s >= SLEEP_S, seen  # the construction held: rank 1 joined after rank 0's sleep
+    # the scope (in flight throughout) is communication, not compute: the old rule made compute mm_s + the
+    # scope's ~0.5 s and communication ~2 ms (the launching call)
+    assert parts["communication"] >= scope_in_flight_s, seen
+    assert parts["compute"] == pytest.approx(mm_s, rel=0.05), seen  # the operators, and nothing else
+    assert b["communication_overlapped_s"] == pytest.approx(mm_in_flight_s, rel=0.05, abs=1e-3), seen
 
 
 def test_a_trace_without_the_window_annotation_is_refused(tmp_path):

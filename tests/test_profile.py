@@ -56,6 +56,16 @@ def test_breakdown_adds_up_to_the_profiled_window_and_a_trace_per_rank(sweep, st
     assert profile["slowdown"] == pytest.approx(windows[1]["seconds"] / windows[2]["seconds"])
 
 
+def test_allreduce_after_backward_overlaps_nothing(sweep):
+    """Known by construction: `allreduce` all-reduces each gradient with a blocking call after backward, so no
+    operator runs while a collective is in flight; the time the thread waits for gloo is exposed communication."""
+    _, runs = sweep
+    for rank, part in runs["allreduce"]["profile"]["per_rank"].items():
+        assert part["communication_total_s"] > 0, rank
+        assert part["communication_overlapped_s"] <= 0.02 * part["communication_total_s"], (rank, part)
+        assert part["parts_s"]["communication"] == pytest.approx(part["communication_total_s"], rel=0.02), rank
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
 def test_loader_runs_record_their_wait_and_their_data_workers(sweep, strategy):
     _, runs = sweep

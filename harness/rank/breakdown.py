@@ -8,16 +8,23 @@ span. Which part, by priority:
   communication kernel (NCCL; DataParallel's copies launched from Broadcast/Scatter/Gather) -> communication
   (exposed: nothing else was running); else the batch's host-to-device copy -> data wait; else the device was
   idle and the training thread decides, as in the host view.
-- host view (CPU runs; and GPU time with an idle device): what the training thread was in, innermost-first
-  by kind: a collective (gloo/NCCL calls, DataParallel's functions) -> communication; the optimizer's step or
-  zero_grad -> optimizer; the DataLoader's next -> data wait; any other op -> compute; in no op while a
-  collective was in flight on another thread (gloo runs them on threads of its own) -> communication (the
-  thread waits for it); in no op at all -> other (Python, idle).
+- host view (CPU runs; and GPU time with an idle device): what each thread was doing. A thread is in a
+  collective (gloo/NCCL calls, DataParallel's functions) -> communication, in the optimizer's step or zero_grad
+  -> optimizer, in the DataLoader's next -> data wait, whatever runs under them (the whole scope counts); else
+  it computes only where its innermost event is an operator (`cpu_op`): a scope with nothing under it at that
+  instant (a `record_function` annotation such as `DistributedDataParallel.forward` or `FSDP::all_gather (..)`,
+  the autograd engine's `evaluate_function: ..` wrapper, `PythonSubclass`) runs no operator: the thread is in
+  Python or blocked (a comm hook's `future.wait()`, FSDP's wait for its all-gather), like a thread in no op at
+  all. Then, by priority: the training thread in a collective -> communication; in the optimizer ->
+  optimizer; in the DataLoader -> data wait; running an operator -> compute; else a collective in flight on
+  another thread (gloo runs them on threads of its own) -> communication (exposed: the thread waits for it);
+  else another thread running an operator -> compute; else -> other (Python, idle).
 
 Communication that ran while something else was being done is overlapped (DDP's all-reduce under backward):
 `communication_total_s` is all the time a collective was in flight (in the device view: a communication kernel
 running) or the thread was blocked in one, `communication_overlapped_s` the part of it classified as something
-else."""
+else: an operator (a kernel, in the device view) actually running, or the optimizer's or the DataLoader's scope
+(they rank above it). A thread blocked in a bare scope is waiting, not overlapping."""
 
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ SPAN = "harness.window"
 HOST_CATS = ("cpu_op", "user_annotation")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-COMM = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms)|nccl|"
+COMM = re.compile(r"^(gloo:|nccl:|c10d::|_?c10d_functional::|record_param_comms|aten::wait$)|nccl|"
                   r"^(autograd::engine::evaluate_function: )?(Broadcast|Scatter|Gather|ReduceAddCoalesced)(Backward)?$",
                   re.IGNORECASE)
 
@@ -51,6 +58,48 @@ def host_kind(name: str) -> str:
 
 
 HOST_PRIORITY = ("comm", "optimizer", "data", "compute")
+SCOPE_KINDS = ("comm", "optimizer", "data")  # kinds a whole scope has, whatever runs (or waits) under it
+# cpu_ops that only wrap others: the autograd engine evaluating a node (its own time: hooks, e.g. a comm hook
+# waiting on its future), a tensor subclass's dispatch (FSDP2's DTensor)
+WRAPPER = re.compile(r"^(autograd::engine::evaluate_function: |PythonSubclass$)")
+
+
+def runs_operator(cat: str, name: str) -> bool:
+    """Whether a thread whose innermost event is this one is running an operator (not a scope around none)."""
+    return cat == "cpu_op" and not WRAPPER.match(name)
+
+
+def thread_states(events: list[tuple[float, float, str, bool]]) -> list[tuple[float, float, str]]:
+    """One thread's (start, end, state) from its (start, end, kind, runs_operator) events: a scope kind
+    (comm/optimizer/data) where any event covering the instant has it, else "compute" where the innermost one
+    runs an operator, else "scope" (inside scopes only: Python or blocked). Times in no event are left out."""
+    order = sorted((i for i, e in enumerate(events) if e[1] > e[0]),  # an instant (dur 0) covers no time
+                   key=lambda i: (events[i][0], -events[i][1], events[i][3]))
+    rank = {i: n for n, i in enumerate(order)}  # innermost = the latest to start; on a tie the shorter, then
+    # the operator (a scope and the op in it can share both ends at the trace's µs resolution)
+    points = sorted([(events[i][0], 1, i) for i in order] + [(events[i][1], -1, i) for i in order],
+                    key=lambda p: (p[0], p[1]))
+    active: dict[int, None] = {}
+    scope: Counter[str] = Counter()
+    out: list[tuple[float, float, str]] = []
+    previous = None
+    for t, step, i in points:
+        if active and previous is not None and t > previous:
+            state = next((k for k in SCOPE_KINDS if scope[k] > 0), None)
+            if state is None:
+                state = "compute" if events[max(active, key=rank.__getitem__)][3] else "scope"
+            if out and out[-1][2] == state and out[-1][1] == previous:
+                out[-1] = (out[-1][0], t, state)
+            else:
+                out.append((previous, t, state))
+        previous = t
+        if step > 0:
+            active[i] = None
+            scope[events[i][2]] += 1
+        else:
+            active.pop(i, None)
+            scope[events[i][2]] -= 1
+    return out
 
 
 def _strongest(kinds: Counter[str]) -> str | None:
@@ -85,17 +134,21 @@ def lanes(events: Iterable[dict[str, Any]]) -> tuple[tuple[float, float], list[t
     main = span_event.get("tid")
     span = (float(span_event["ts"]), float(span_event["ts"]) + float(span_event["dur"]))
     per_thread: dict[Any, list[tuple[float, float, str]]] = {}
-    result: list[tuple[float, float, str]] = []
+    flagged: dict[Any, list[tuple[float, float, str, bool]]] = {}
     for e in complete:
         if e.get("cat") not in HOST_CATS or e is span_event:
             continue
-        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        kind = host_kind(str(e.get("name", "")))
+        start, end, name = float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e.get("name", ""))
+        kind = host_kind(name)
         per_thread.setdefault(e.get("tid"), []).append((start, end, kind))
-        if e.get("tid") == main:
-            result.append((start, end, f"host:{kind}"))
-        elif kind in ("comm", "compute"):
-            result.append((start, end, f"bg:{kind}"))
+        flagged.setdefault(e.get("tid"), []).append((start, end, kind, runs_operator(str(e.get("cat")), name)))
+    result: list[tuple[float, float, str]] = []
+    for tid, events_of_thread in flagged.items():
+        for start, end, state in thread_states(events_of_thread):
+            if tid == main and state != "scope":
+                result.append((start, end, f"host:{state}"))
+            elif tid != main and state in ("comm", "compute"):
+                result.append((start, end, f"bg:{state}"))
     device = [e for e in complete if e.get("cat") in DEVICE_CATS]
     launches = {e["args"]["correlation"]: e for e in complete
                 if e.get("cat") in RUNTIME_CATS and "correlation" in (e.get("args") or {})}
@@ -136,7 +189,8 @@ def _launch_kinds(device: list[dict[str, Any]], launches: dict[Any, dict[str, An
 
 
 def classify(active: Counter[str], device_view: bool) -> str:
-    """The one part an instant belongs to, from the lanes active then (priorities in the module's docstring)."""
+    """The one part an instant belongs to, from the lanes active then (priorities in the module's docstring).
+    host:compute / bg:compute are lanes of a thread running an operator, never of one inside a bare scope."""
     if device_view:
         for lane, part in (("dev:optimizer", "optimizer"), ("dev:compute", "compute"), ("dev:comm", "communication"),
                            ("dev:data", "data_wait")):
