@@ -13,6 +13,11 @@ from harness.optional import apex_missing
 
 
 class ApexAmp(Amp):
+    # apex/amp/_process_optimizer.py, post_backward_with_master_weights: `fp32_param.grad =
+    # torch.empty_like(fp32_param)` beside the fp16 gradient, which only prepare_backward_with_master_weights
+    # (before the next backward) drops: `param.grad = None`.
+    keeps_model_grads_at_step = True
+
     @staticmethod
     def unavailable_reason(spec: AmpSpec, accelerator: str) -> str | None:
         missing = apex_missing("amp")

@@ -18,6 +18,10 @@ NO_CONTEXT = contextlib.nullcontext()  # reusable: entered every iteration, so m
 class Amp:
     """fp32: every hook is the plain PyTorch call. Implementations override what their levels change."""
 
+    # With master weights: whether the model's own half gradients are still held at the optimizer step, beside
+    # the fp32 master gradients it steps with (the memory theory counts both then; native drops them first).
+    keeps_model_grads_at_step = False
+
     def __init__(self, spec: AmpSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
 

@@ -68,6 +68,13 @@ class Strategy:
         return ""
 
     @classmethod
+    def lossy(cls, options: Mapping[str, Any]) -> str | None:
+        """Why these options make the update deliberately inexact (gradients sent in half precision, a low-rank
+        approximation...), for numerical parity, which then reports the row's drift instead of judging it
+        against float32 rounding; None when the options compute the exact update."""
+        return None
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         """A missing optional package: an error for a single run, a `skipped` row in a sweep."""
         return None

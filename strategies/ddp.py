@@ -54,6 +54,16 @@ class TorchDDP(ProcessGroupStrategy):
             return f"comm_hook=powersgd(rank {options.get('powersgd_rank', 1)})"
         return "" if hook == "none" else f"comm_hook={hook}"
 
+    @classmethod
+    def lossy(cls, options: Mapping[str, Any]) -> str | None:
+        hook = options.get("comm_hook", "none")
+        if hook in ("fp16", "bf16"):
+            return f"comm_hook={hook}: every gradient is rounded to {hook} for the all-reduce"
+        if hook == "powersgd":
+            return (f"comm_hook=powersgd: gradients are sent as a rank-{options.get('powersgd_rank', 1)} "
+                    "approximation after the first iterations")
+        return None
+
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, **self.options)

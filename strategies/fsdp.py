@@ -79,6 +79,11 @@ class FSDP2(ProcessGroupStrategy):
                  f"blocks={','.join(options['blocks'])}" if options.get("blocks") is not None else ""]
         return " ".join(p for p in parts if p)
 
+    @classmethod
+    def lossy(cls, options: Mapping[str, Any]) -> str | None:
+        hook = options.get("comm_hook", "none")
+        return f"comm_hook={hook}: gradients are reduced in {hook} (reduce_dtype)" if hook != "none" else None
+
     def setup_module(self, model: nn.Module, amp: Amp,
                      make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Cast (O3), shard bottom-up (batch-norm units, then blocks, then the root), then the optimizer over

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -92,6 +93,13 @@ class HorovodStrategy(ProcessGroupStrategy):
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         """No backend option: the control group follows the device."""
+
+    @classmethod
+    def lossy(cls, options: Mapping[str, Any]) -> str | None:
+        # horovod/torch/compression.py, FP16Compressor.compress: `tensor_compressed = tensor.type(torch.float16)`
+        if options.get("compression", "none") == "fp16":
+            return "compression=fp16: every gradient is rounded to fp16 for the allreduce"
+        return None
 
     def setup(self, env: RankEnv) -> None:
         super().setup(env)

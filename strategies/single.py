@@ -62,6 +62,10 @@ class SingleDevice(Strategy):
         if shards < 1 or batch_size % shards:
             raise ConfigError("strategy.batchnorm_shards", shards,
                               f"an integer >= 1 that divides batch_size ({batch_size}) into equal shards")
+        micro = batch_size // cfg.grad_accum
+        if cfg.grad_accum > 1 and micro % shards:  # each micro-batch is a forward of its own, cut into shards
+            raise ConfigError("strategy.batchnorm_shards", shards, f"an integer >= 1 that divides each micro-batch "
+                              f"(batch_size {batch_size} / grad_accum {cfg.grad_accum} = {micro}) into equal shards")
 
     def convert_module(self, model: nn.Module) -> nn.Module:
         return shard_batchnorm(model, self.batchnorm_shards) if self.batchnorm_shards > 1 else model

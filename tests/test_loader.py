@@ -70,6 +70,37 @@ def test_the_ranks_kth_batches_together_are_the_single_processs_kth_global_batch
     assert other_seed[0] != whole[0]
 
 
+class Drawn(Indexed):
+    """Item i is (a random draw from torch's generator, as RandomResizedCrop draws its crop; label i)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.rand(1), index
+
+
+def draws(source: LoaderSource, batches: int) -> list[dict[int, float]]:
+    """Per batch: item -> its draw."""
+    out = []
+    for _ in range(batches):
+        values, labels = source.next()
+        out.append(dict(zip(labels.tolist(), values.view(-1).tolist(), strict=True)))
+    return out
+
+
+def test_a_samples_random_transform_is_the_same_in_one_process_and_in_four():
+    """The crop of a sample depends on the sample (seed, epoch, index), not on which loader or worker loads
+    it: one process with 2 workers and 4 ranks without workers draw the same for every item; a new epoch
+    draws anew (augmentation still varies between epochs)."""
+    whole = draws(LoaderSource(*sharded_loader(DataConfig(**LOADER, num_workers=2), Drawn(), 12, 1, 0, seed=3),
+                               torch.device("cpu")), 6)
+    shards = [draws(LoaderSource(*sharded_loader(DataConfig(**LOADER, num_workers=0), Drawn(), 3, 4, r, seed=3),
+                                 torch.device("cpu")), 6) for r in range(4)]
+    for k in range(6):
+        assert {i: v for shard in shards for i, v in shard[k].items()} == whole[k], k
+    epoch0 = {i: v for k in range(4) for i, v in whole[k].items()}
+    assert all(epoch0[i] != v for k in (4, 5) for i, v in whole[k].items())  # epoch 1: new draws
+    assert len(set(epoch0.values())) == 48  # and each sample its own
+
+
 def test_clock_counts_the_wait_per_window_and_marks_the_profiled_window():
     waited, now = [0.0], [0.0]
     clock = WindowClock(lambda: None, warmup_windows=1, clock=lambda: now[0], data_wait=lambda: waited[0],

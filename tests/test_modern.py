@@ -168,6 +168,46 @@ def test_o2_master_weights_are_replicated_unless_parameters_are_sharded():
     assert fsdp["total_mib"] * 2**20 == pytest.approx((200 + 200 + 400 + 400) / 4)
 
 
+def test_the_theory_counts_the_gradients_alive_at_the_step():
+    """Native O2 on tiny_cnn (bfloat16 on CPU): the optimizer steps fp32 master weights with fp32 gradients
+    (the model's half ones dropped as each is converted), so the gradients alive at the step are 4 bytes per
+    element, not the model's dtype. Elements: conv 3*8*9 = 216, bn 2*8 = 16, conv 8*16*9 = 1152, bn 2*16 = 32,
+    linear 16*10+10 = 170: 1586; in the model's dtype 2*(216+1152+170) + 4*(16+32) = 3268 bytes (batch-norm
+    kept fp32), as fp32 masters 4*1586 = 6344."""
+    from harness.rank.models import TinyCNN
+
+    torch.manual_seed(0)
+    amp = NativeAmp(resolve(AmpConfig(level="O2", dtype="bfloat16"), "cpu"), torch.device("cpu"))
+    model, optimizer = amp.prepare(TinyCNN(10), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    tensors = [*model.parameters(), *(p for g in optimizer.param_groups for p in g["params"])]
+    alive: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: alive.append(
+        sum(t.grad.numel() * t.grad.element_size() for t in tensors if t.grad is not None)))
+    wrapped = amp.wrap_module(model)
+    with amp.forward_context():
+        loss = nn.functional.cross_entropy(wrapped(torch.randn(4, 3, 8, 8)), torch.randint(0, 10, (4,)))
+    amp.backward(loss)
+    amp.step(optimizer)
+    whole = footprint(model, optimizer)
+    assert (whole.params, whole.master_weights) == (3268, 6344)
+    assert whole.grads == alive[0] == 6344  # not 3268: the model's dtype
+    # an amp that keeps the model's half gradients beside the masters (apex) holds both
+    assert footprint(model, optimizer, model_grads_kept=True).grads == 6344 + 3268
+
+
+def test_fsdp_gradients_are_whole_while_micro_batches_accumulate():
+    """FSDP2 under set_requires_gradient_sync(False) accumulates unsharded gradients: with grad_accum=2 every
+    rank holds the whole model's, not a quarter (the parameters and state stay sharded)."""
+    whole = Footprint(params=1000, grads=1000, optimizer_state=1000, master_weights=0)
+    plain, accumulating = (per_rank(whole, 4, (True, True, True), accum) for accum in (1, 2))
+    assert plain["grads_mib"] * 2**20 == pytest.approx(250) and plain["total_mib"] * 2**20 == pytest.approx(750)
+    assert accumulating["grads_mib"] * 2**20 == pytest.approx(1000)
+    assert accumulating["total_mib"] * 2**20 == pytest.approx(250 + 1000 + 250)
+    assert accumulating["sharded"] == {"params": True, "grads": False, "optimizer_state": True}
+    zero = per_rank(whole, 4, (False, False, True), 2)  # ZeRO-1 never shards gradients: the same either way
+    assert zero["grads_mib"] * 2**20 == pytest.approx(1000)
+
+
 def run_cfg(name: str, options: dict, **values: object) -> RunConfig:
     """The run's config as check_run sees it: `name`'s yaml with `options` over it."""
     cfg = run_config(name)
@@ -252,7 +292,8 @@ def test_compiled_run_times_compilation_apart_and_the_report_labels_it(compiled,
     # throughput counts images: global batch x steady iterations / steady seconds, whatever grad_accum
     steady = [w for w in windows if not w["warmup"]]
     assert compiled["throughput_img_s"] == pytest.approx(8 * 10 * len(steady) / sum(w["seconds"] for w in steady))
-    assert compiled["memory_theory"]["sharded"] == {"params": True, "grads": True, "optimizer_state": True}
+    # grad_accum=2: FSDP2 accumulates on unsharded gradients, so the theory does not divide them
+    assert compiled["memory_theory"]["sharded"] == {"params": True, "grads": False, "optimizer_state": True}
     rows, _ = build_rows([(tmp_path / "results.json", compiled)])
     assert rows[0].label == "fsdp O0 comm_hook=bf16 compile grad_accum=2"
     assert rows[0].compile_s == compiled["compile_seconds"]

@@ -11,13 +11,16 @@ random pattern plus noise, so the loss falls over fresh batches as it would on r
 be compared by it.
 
 `data=loader`: a DataLoader that decodes and transforms images on the CPU every step, as real training does.
-The global batch means the same: DistributedSampler shards every epoch's shuffled order, and the k-th batches
-of the ranks together are the k-th global batch a single process would read (DataParallel's one process
-reads the whole global batch)."""
+The global batch means the same: DistributedSampler shards every epoch's shuffled order, interleaved (rank r of
+N takes positions r, r+N, r+2N, ... of it), and the k-th batches of the ranks together are the k-th global
+batch a single process would read (DataParallel's one process reads the whole global batch). A sample's random
+transforms are drawn from the run's seed, the epoch and the sample's index, not from the loader worker that
+happens to load it, so one process and N crop every sample alike and parity can compare them."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import multiprocessing
 import os
 import time
@@ -110,6 +113,49 @@ def image_dataset(data: DataConfig) -> torch.utils.data.Dataset:
     return SlowDataset(dataset, data.item_delay_ms / 1000) if data.item_delay_ms > 0 else dataset
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's random transforms: a function of the sample, not of who loads it."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest(), "little")
+
+
+class SampleSeeded(torch.utils.data.Dataset):
+    """Items asked for as (epoch, index): each is loaded with torch's CPU generator seeded by `sample_seed`.
+    Why: a DataLoader worker's generator is seeded per loader and worker id (base_seed + worker_id), so the
+    same sample would otherwise get another crop in each process layout (torchvision's RandomResizedCrop
+    draws from the global generator: `torch.empty(1).uniform_(scale[0], scale[1])`, `torch.randint(...)`)."""
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        self.inner, self.seed = inner, seed
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):  # the worker's own generator is left as it was
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            return self.inner[index]
+
+
+class EpochTagged(torch.utils.data.Sampler):
+    """A DistributedSampler's indices, each paired with its epoch (what `SampleSeeded` seeds by); iterated in
+    the rank's own process, so persistent workers see every new epoch."""
+
+    def __init__(self, inner: torch.utils.data.DistributedSampler) -> None:
+        self.inner, self.epoch = inner, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        epoch = self.epoch
+        return ((epoch, index) for index in self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
 def note_pid(folder: Path, worker_id: int) -> None:
     """A DataLoader worker's first act: leave its PID where its rank will find it (the memory figures name
     the rank's workers by these, not by guessing from the process tree)."""
@@ -117,22 +163,23 @@ def note_pid(folder: Path, worker_id: int) -> None:
 
 
 def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int, shard: int, seed: int,
-                   pid_dir: Path | None = None) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DistributedSampler]:
-    """Shard `shard` of `shards` of every epoch's shuffled order, in batches of `local_batch`; each worker
-    process notes its PID in `pid_dir`."""
+                   pid_dir: Path | None = None) -> tuple[torch.utils.data.DataLoader, EpochTagged]:
+    """Shard `shard` of `shards` of every epoch's shuffled order, in batches of `local_batch`, each sample
+    transformed with its own seed; each worker process notes its PID in `pid_dir`."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     if len(dataset) < local_batch * shards:
         raise ValueError(f"data.root={data.root} holds {len(dataset)} images, fewer than one global batch "
                          f"({local_batch * shards})")
-    sampler = DistributedSampler(dataset, num_replicas=shards, rank=shard, shuffle=True, seed=seed, drop_last=True)
+    sampler = EpochTagged(DistributedSampler(dataset, num_replicas=shards, rank=shard, shuffle=True, seed=seed,
+                                             drop_last=True))
     workers = data.num_workers
     # Forked, as from a plain training script on Linux: a rank started by spawn would otherwise spawn its workers
     # too, and each would re-import the harness and torch (seconds each) before loading anything.
     context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
     if pid_dir is not None:
         pid_dir.mkdir(parents=True, exist_ok=True)
-    loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True, num_workers=workers,
+    loader = DataLoader(SampleSeeded(dataset, seed), batch_size=local_batch, sampler=sampler, drop_last=True, num_workers=workers,
                         pin_memory=data.pin_memory, prefetch_factor=data.prefetch_factor if workers else None,
                         persistent_workers=data.persistent_workers and workers > 0, multiprocessing_context=context,
                         worker_init_fn=functools.partial(note_pid, pid_dir) if pid_dir is not None else None)
@@ -142,7 +189,7 @@ def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int
 class LoaderSource:
     """Batches from a DataLoader, moved to the device; a new epoch (reshuffled) whenever one ends."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader, sampler: torch.utils.data.DistributedSampler,
+    def __init__(self, loader: torch.utils.data.DataLoader, sampler: EpochTagged,
                  device: torch.device, pid_dir: Path | None = None) -> None:
         self._loader, self._sampler, self._device, self._pid_dir = loader, sampler, device, pid_dir
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"

@@ -2,9 +2,12 @@
 
 The whole model's figures are read off the objects as trained (element sizes as the amp level left them;
 DTensors report their global size), then divided by the world size for what the strategy shards: DDP
-keeps everything on every rank; ZeRO (stage 1) shards the optimizer state; FSDP all three. Activations,
-buffers, communication buffers and the framework's own memory are not in the theory: the measured peak
-minus the theory is roughly what they took."""
+keeps everything on every rank; ZeRO (stage 1) shards the optimizer state; FSDP all three, gradients only
+without grad_accum. Gradients are those alive at the optimizer step: the ones it steps with, in their dtype
+(O2's fp32 master gradients: native amp converts the model's half gradients one by one and drops each, so
+only the one being converted overlaps), plus the model's half ones where the amp keeps them too (apex).
+Activations, buffers, communication buffers and the framework's own memory are not in the theory: the
+measured peak minus the theory is roughly what they took."""
 
 from __future__ import annotations
 
@@ -22,21 +25,26 @@ class Footprint:
     """Bytes for the whole (unsharded) model."""
 
     params: int  # the model's parameters, in the dtype they are stored in
-    grads: int  # one gradient per parameter, same dtype
+    grads: int  # the gradients alive at the step: one per stepped parameter in its dtype (+ kept model ones)
     optimizer_state: int  # the optimizer's per-parameter state (momentum: 1 copy; Adam: 2)
     master_weights: int  # fp32 copies the optimizer steps instead of the model's half weights (O2)
 
 
-def footprint(model: nn.Module, optimizer: torch.optim.Optimizer) -> Footprint:
-    """After at least one step (optimizer state is created lazily)."""
+def footprint(model: nn.Module, optimizer: torch.optim.Optimizer, model_grads_kept: bool = False) -> Footprint:
+    """After at least one step (optimizer state is created lazily). `model_grads_kept`: the amp holds the
+    model's own gradients beside the master ones at the step (Amp.keeps_model_grads_at_step)."""
     params = [p for p in model.parameters()]
     model_ids = {id(p) for p in params}
     stepped = [p for group in optimizer.param_groups for p in group["params"]]
+    stepped_ids = {id(p) for p in stepped}
     size = sum(_bytes(p) for p in params)
     masters = sum(_bytes(p) for p in stepped if id(p) not in model_ids)
+    grads = sum(_bytes(p) for p in stepped)  # what the optimizer steps with, in its dtype (fp32 masters at O2)
+    if masters and model_grads_kept:
+        grads += sum(_bytes(p) for p in params if p.requires_grad and id(p) not in stepped_ids)
     per_element = _state_bytes_per_element(getattr(optimizer, "optim", optimizer))  # ZeRO: its local optimizer
     state = sum(p.numel() for p in stepped) * per_element
-    return Footprint(params=size, grads=size, optimizer_state=state, master_weights=masters)
+    return Footprint(params=size, grads=grads, optimizer_state=state, master_weights=masters)
 
 
 def _bytes(tensor: torch.Tensor) -> int:
@@ -53,11 +61,16 @@ def _state_bytes_per_element(optimizer: torch.optim.Optimizer) -> int:
     return 0
 
 
-def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool]) -> dict[str, Any]:
+def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool], grad_accum: int = 1) -> dict[str, Any]:
     """MiB each rank holds: a sharded part is 1/world_size of the whole. O2's master weights are parameters
     too: sharded only where the parameters are (torch's ZeRO keeps every parameter on every rank and shards
-    the state alone; FSDP's fp32 shards are its master weights already, counted as parameters)."""
+    the state alone; FSDP's fp32 shards are its master weights already, counted as parameters). Sharded
+    gradients with grad_accum > 1 are whole: FSDP2 accumulates the micro-batches' gradients unsharded and
+    reduce-scatters at the last (torch/distributed/fsdp/_fully_shard/_fully_shard.py, set_requires_gradient_sync:
+    "Unsynchronized gradients accumulate on unsharded parameters"); the sharded ones then come on top of them
+    briefly, which the theory leaves out."""
     params, grads, state = shards
+    grads = grads and grad_accum == 1
     figures = {"params": whole.params / (world_size if params else 1),
                "grads": whole.grads / (world_size if grads else 1),
                "optimizer_state": whole.optimizer_state / (world_size if state else 1),

@@ -191,7 +191,8 @@ def run_rank(spec: dict[str, Any],
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
-        record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer), world_size, strategy.shards)
+        record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
+                                           world_size, strategy.shards, cfg.grad_accum)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
             path = spec.get("parameters_path")
             record["parity"] = rank_parity(strategy.full_parameters(model), losses, model, rank,
