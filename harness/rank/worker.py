@@ -153,7 +153,7 @@ def run_rank(spec: dict[str, Any],
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
-        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
+        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s, cfg.grad_accum))
         record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
@@ -168,7 +168,7 @@ def run_rank(spec: dict[str, Any],
             model = strategy.compile(model)
             no_sync = functools.partial(strategy.no_sync, model)
             started_compile = time.perf_counter()
-            compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync)
+            compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync, strategy.after_compile_pass)
             strategy.synchronize()
             record["compile_seconds"] = time.perf_counter() - started_compile
         strategy.ops.reset_peaks()
