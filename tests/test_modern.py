@@ -270,8 +270,10 @@ def test_fsdp_compiles_a_second_shape_static_not_symbolic(monkeypatch):
 
     seen: list[list[Any]] = []
 
-    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        seen.append([size for t in inputs if isinstance(t, torch.Tensor) for size in t.shape])
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:  # the traced (fake) inputs' sizes
+        values = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        seen.append([size for v in values if isinstance(v, torch.Tensor) for size in v.shape]
+                    + [v for v in values if isinstance(v, torch.SymInt)])
         return gm.forward
 
     real_compile = torch.compile
