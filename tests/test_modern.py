@@ -258,6 +258,9 @@ def test_compiled_run_times_compilation_apart_and_the_report_labels_it(compiled,
     assert rows[0].label == "fsdp O0 comm_hook=bf16 compile grad_accum=2"
     assert rows[0].compile_s == compiled["compile_seconds"]
     assert rows[0].theory_mib == compiled["memory_theory"]["total_mib"]
+    # inductor's output went to the named folder (not /tmp/torchinductor_<user>): it holds files now
+    cache = Path(compiled["compile_cache"]["dir"])
+    assert compiled["compile_cache"]["warm"] in (True, False) and any(cache.rglob("*.py")), compiled["compile_cache"]
 
 
 def test_fsdp_compiles_a_second_shape_static_not_symbolic(monkeypatch):
@@ -313,3 +316,21 @@ def test_powersgd_keeps_its_plain_iterations_after_the_compile_pass(monkeypatch)
         assert state.iter == 0
     finally:
         strategy.teardown()
+
+
+def test_compile_cache_is_a_named_folder_and_says_whether_it_was_warm(tmp_path, monkeypatch):
+    """compile=true's cache: runs/compile-cache (relative to where the command runs) unless TORCHINDUCTOR_CACHE_DIR
+    names one; exported for the workers; `warm` says whether an earlier run had left anything in it."""
+    from harness.compile_cache import prepare_compile_cache
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    first = prepare_compile_cache()
+    assert first == {"dir": str(tmp_path / "runs" / "compile-cache"), "warm": False}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == first["dir"]
+    (tmp_path / "runs" / "compile-cache" / "fxgraph").mkdir()
+    assert prepare_compile_cache()["warm"] is False  # an empty subfolder is no cache
+    (tmp_path / "runs" / "compile-cache" / "fxgraph" / "graph").write_text("compiled")
+    assert prepare_compile_cache()["warm"] is True
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert prepare_compile_cache() == {"dir": str(tmp_path / "mine"), "warm": False}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 
 from amp import AmpSpec, build_amp
+from harness.compile_cache import use_compile_cache
 from harness.config import FaultConfig, RunConfig
 from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
@@ -165,6 +166,7 @@ def run_rank(spec: dict[str, Any],
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(strategy.no_sync, model)
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
+            use_compile_cache()  # the parent's folder (inherited), or under torchrun the default one
             model = strategy.compile(model)
             no_sync = functools.partial(strategy.no_sync, model)
             started_compile = time.perf_counter()
