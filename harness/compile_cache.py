@@ -18,10 +18,20 @@ DEFAULT = Path("runs") / "compile-cache"
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
+def torch_default() -> Path:
+    """inductor's own choice. Importing torch._dynamo already exports it (torch/_dynamo/package.py calls
+    cache_dir(), which sets `os.environ["TORCHINDUCTOR_CACHE_DIR"]`): finding it there says nothing of the user."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir()).absolute()
+
+
 def use_compile_cache() -> Path:
     """The cache folder, made absolute and exported to this process's environment, so inductor (and the
-    workers and compile subprocesses started after this) use it."""
-    path = Path(os.environ.get(ENV) or DEFAULT).absolute()
+    workers and compile subprocesses started after this) use it: TORCHINDUCTOR_CACHE_DIR where it names a
+    folder of the user's, else runs/compile-cache."""
+    chosen = os.environ.get(ENV)
+    path = Path(chosen).absolute() if chosen and Path(chosen).absolute() != torch_default() else DEFAULT.absolute()
     path.mkdir(parents=True, exist_ok=True)
     os.environ[ENV] = str(path)
     return path
