@@ -77,6 +77,8 @@ def settle_compile_pass(optimizer: torch.optim.Optimizer) -> None:
     `_synchronized` set, so the first timed step() warns ("optimizer.step() called without
     optimizer.skip_synchronize() context after optimizer.synchronize()") and synchronizes as usual: the
     gradients it reduces are that step's own, so the warning is silenced (it would print inside a window)."""
+    if not getattr(optimizer, "_handles", None):  # what zero_grad checks: nothing pending (O2's fp32 masters,
+        return  # which backward never reaches; synchronize() would read their missing gradients)
     optimizer.synchronize()  # type: ignore[attr-defined]
     warnings.filterwarnings("ignore", message=r"optimizer\.step\(\) called without optimizer\.skip_synchronize")
 

@@ -8,7 +8,8 @@ at v0.28.1, class `_DistributedOptimizer`):
   "backward_passes_per_step times before call to step()...")`);
 - `zero_grad` raises while an allreduce is pending (`if self._handles: raise AssertionError("optimizer.zero_grad()
   was called after loss.backward() but before optimizer.step() or optimizer.synchronize()...")`);
-- `synchronize()` waits for them, rearms the counts (`self._allreduce_delay[p] = self.backward_passes_per_step`)
+- `synchronize()` starts the allreduce of every parameter no hook has reduced (reading its `.grad`), waits
+  for them all, rearms the counts (`self._allreduce_delay[p] = self.backward_passes_per_step`)
   and sets `_synchronized`; `step()` then warns ("optimizer.step() called without optimizer.skip_synchronize()
   context after optimizer.synchronize()...") and synchronizes.
 
@@ -45,9 +46,11 @@ class _DistributedOptimizer:
         self._handles: dict[torch.Tensor, Any] = {}
         self._synchronized = False
         self._should_synchronize = True
+        self._requires_update: set[torch.Tensor] = set()
         for group in self.param_groups:  # `if size() > 1 ...: self._register_hooks()`
             for p in group["params"]:
                 if p.requires_grad:  # horovod hooks the gradient accumulator: after p.grad is updated
+                    self._requires_update.add(p)
                     p.register_post_accumulate_grad_hook(self._make_hook(p))
 
     def _make_hook(self, p: torch.Tensor) -> Any:
@@ -65,8 +68,12 @@ class _DistributedOptimizer:
         return hook
 
     def synchronize(self) -> None:
-        for p in self._allreduce_delay:  # the missing ones are reduced now
-            if p.grad is not None and self._handles.get(p) is None:
+        # every parameter no hook has reduced is reduced now, its gradient read whether it has one or not
+        # (`missing_p = self._requires_update - completed`, then `_allreduce_grad_async(p)`, whose first line is
+        # `if p.grad.is_sparse:`: an AttributeError for a parameter without a gradient)
+        for p in self._requires_update:
+            if self._handles.get(p) is None:
+                p.grad.is_sparse  # noqa: B018 (horovod's access, and its failure on None)
                 ALLREDUCES.append(self._parameter_names[p])
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from amp import Amp
+from amp import Amp, build_amp
 from amp.levels import AmpConfig, resolve
 from harness.errors import Incompatible
 from harness.rank.devices import Placement
@@ -85,14 +85,16 @@ def test_two_workers_start_from_rank_0_weights_and_average_gradients(tmp_path):
 
 # ---- horovod's optimizer bookkeeping under grad_accum and compile=true: a fake horovod (tests/fake_horovod.py)
 
-def _horovod_on_fake(monkeypatch: pytest.MonkeyPatch, strategy: Any, grad_accum: int) -> tuple[nn.Module, Any, Amp]:
+def _horovod_on_fake(monkeypatch: pytest.MonkeyPatch, strategy: Any, grad_accum: int,
+                     level: AmpConfig | None = None) -> tuple[nn.Module, Any, Amp]:
     """The strategy's model and horovod optimizer, built by its setup_module on the fake; setup() would join a
     real horovod world: only its device part runs (Strategy.setup), given what the worker passes."""
     fake_horovod.install(monkeypatch)
     Strategy.setup(strategy, RankEnv(0, 0, 2, CPU2, 60, grad_accum))
     strategy._grad_accum = grad_accum  # what setup(env) keeps from RankEnv.grad_accum
     torch.manual_seed(0)
-    amp = Amp(resolve(AmpConfig(level="O0"), "cpu"), torch.device("cpu"))
+    amp = build_amp("amp.native.NativeAmp", resolve(level or AmpConfig(level="O0"), "cpu"),
+                    torch.device("cpu"))
     model, optimizer = strategy.setup_module(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), amp,
                                              lambda params: torch.optim.SGD(params, lr=0.1))
     return model, optimizer, amp
@@ -131,6 +133,16 @@ def test_horovod_compile_pass_leaves_no_pending_allreduce(monkeypatch, grad_accu
     _steps(model, optimizer, amp, strategy, grad_accum, compile_first=True)
     assert Counter(fake_horovod.ALLREDUCES) == {"1.weight": 3, "1.bias": 3}
     assert not [w for w in recwarn if "skip_synchronize" in str(w.message)]
+
+
+def test_horovod_compile_pass_at_o2_leaves_the_master_weights_alone(monkeypatch):
+    """At O2 horovod's optimizer steps the fp32 masters, which backward never reaches (no hook fires, nothing is
+    pending): the pass has nothing to synchronize, and synchronize() would read their missing gradients
+    (AttributeError). Each step then reduces the masters once: 2 steps x 2 parameters."""
+    strategy = HorovodStrategy()
+    model, optimizer, amp = _horovod_on_fake(monkeypatch, strategy, 1, AmpConfig(level="O2", dtype="bfloat16"))
+    _steps(model, optimizer, amp, strategy, 1, compile_first=True)
+    assert Counter(fake_horovod.ALLREDUCES) == {"allreduce.noname.0": 2, "allreduce.noname.1": 2}
 
 
 def test_ignite_horovod_backend_passes_grad_accum_and_settles_the_compile_pass(monkeypatch):
