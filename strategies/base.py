@@ -29,6 +29,7 @@ class RankEnv:
     world_size: int
     placement: Placement
     timeout_s: float
+    grad_accum: int = 1  # micro-batches per optimizer step (cfg.grad_accum): horovod's optimizer counts them
 
 
 class Strategy:
@@ -130,6 +131,11 @@ class Strategy:
         """grad_accum: entered around every micro-batch but the last of a step, so that gradients only
         accumulate locally and are communicated once per optimizer step. One process: nothing to skip."""
         return contextlib.nullcontext()
+
+    def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
+        """compile=true: called after the compile pass's backward, before its gradients are dropped, to undo
+        what that extra backward did to the strategy's own state, so the timed run starts as an uncompiled
+        one would (e.g. a communication hook's iteration count, gradients a wrapped optimizer still awaits)."""
 
     def synchronize(self) -> None:
         self.ops.synchronize()

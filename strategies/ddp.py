@@ -35,6 +35,7 @@ class TorchDDP(ProcessGroupStrategy):
         self.options = dict(find_unused_parameters=find_unused_parameters, bucket_cap_mb=bucket_cap_mb,
                             gradient_as_bucket_view=gradient_as_bucket_view)
         self.comm_hook, self.powersgd_rank, self.powersgd_start_iter = comm_hook, powersgd_rank, powersgd_start_iter
+        self.powersgd_state: powerSGD_hook.PowerSGDState | None = None
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
@@ -78,8 +79,17 @@ class TorchDDP(ProcessGroupStrategy):
         elif self.comm_hook == "powersgd":
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
                                                 start_powerSGD_iter=self.powersgd_start_iter)
+            self.powersgd_state = state
             on_gloo = dist.get_backend() == "gloo"
             ddp.register_comm_hook(state, one_bucket_at_a_time if on_gloo else powerSGD_hook.powerSGD_hook)
+
+    def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
+        """The compile pass's backward ran the comm hook once, and PowerSGD counted it as a training iteration
+        (powerSGD_hook.py, PowerSGDState.maybe_increase_iter: `if bucket.is_last(): self.iter += 1`): back to 0,
+        so the timed run still gets `powersgd_start_iter` plain all-reduce iterations. Nothing else changed:
+        with start_iter >= 2 (check_run) that one hook call was a plain all-reduce, no error feedback kept."""
+        if self.powersgd_state is not None:
+            self.powersgd_state.iter = 0
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return model.no_sync()  # torch.compile's OptimizedModule passes attributes through to the DDP module

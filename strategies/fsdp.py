@@ -128,6 +128,15 @@ class FSDP2(ProcessGroupStrategy):
                 if isinstance(container, nn.Sequential | nn.ModuleList)
                 for child, module in container.named_children() if any(True for _ in module.parameters())]
 
+    def compile(self, model: nn.Module) -> nn.Module:
+        """Static shapes (`dynamic=False`). FSDP2's hooks break the graph at each unit, so dynamo compiles each
+        block's forward as a frame of its own; a ResNet's blocks share one forward (torchvision's
+        BasicBlock.forward) at different widths, and after the second width dynamo's automatic dynamic shapes
+        recompiles it with symbolic sizes, whose backward inductor fails on (torch 2.15.0, resnet18 on CPU:
+        `InductorError: TypeError: Cannot convert expression to float`). Static shapes compile each width
+        apart instead (resnet18: 7 graphs, under dynamo's recompile limit of 8)."""
+        return torch.compile(model, dynamic=False)
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return self._gradient_sync_off()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -69,10 +70,25 @@ def serve_rendezvous(slots: list[Any]) -> int:
     return int(server.server_address[1])
 
 
+def settle_compile_pass(optimizer: torch.optim.Optimizer) -> None:
+    """After compile=true's extra backward (no step follows): finish the allreduces its gradient hooks started,
+    which horovod requires before zero_grad (horovod/torch/optimizer.py, zero_grad: `if self._handles: raise
+    AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or
+    optimizer.synchronize()...`). synchronize() also rearms the per-parameter backward counts. It leaves
+    `_synchronized` set, so the first timed step() warns ("optimizer.step() called without
+    optimizer.skip_synchronize() context after optimizer.synchronize()") and synchronizes as usual: the
+    gradients it reduces are that step's own, so the warning is silenced (it would print inside a window)."""
+    if not getattr(optimizer, "_handles", None):  # what zero_grad checks: nothing pending (O2's fp32 masters,
+        return  # which backward never reaches; synchronize() would read their missing gradients)
+    optimizer.synchronize()  # type: ignore[attr-defined]
+    warnings.filterwarnings("ignore", message=r"optimizer\.step\(\) called without optimizer\.skip_synchronize")
+
+
 class HorovodStrategy(ProcessGroupStrategy):
     def __init__(self, compression: Literal["none", "fp16"] = "none") -> None:
         super().__init__()
         self.compression = compression
+        self._grad_accum = 1
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -103,6 +119,7 @@ class HorovodStrategy(ProcessGroupStrategy):
 
     def setup(self, env: RankEnv) -> None:
         super().setup(env)
+        self._grad_accum = env.grad_accum
         join_horovod(env)
         hvd = _hvd()
         hvd.init()
@@ -112,7 +129,10 @@ class HorovodStrategy(ProcessGroupStrategy):
     def setup_module(self, model: nn.Module, amp: Amp,
                      make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Rank 0's weights and optimizer state to every rank, then horovod's optimizer: an allreduce hook per
-        gradient, averaged before `step`."""
+        gradient, averaged before `step`. With grad_accum N, `backward_passes_per_step=N`: each hook starts
+        its allreduce at the Nth backward, on the accumulated gradient (horovod's own no_sync; with 1, the
+        second micro-batch's backward raises "Gradients were computed more than backward_passes_per_step
+        times before call to step()")."""
         hvd = _hvd()
         model, optimizer = super().setup_module(model, amp, make_optimizer)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -120,9 +140,13 @@ class HorovodStrategy(ProcessGroupStrategy):
         named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
         compression = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
         # O2's fp32 masters are not the model's parameters: horovod then reduces them in step()
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named or None, compression=compression)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named or None, compression=compression,
+                                             backward_passes_per_step=self._grad_accum)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return model, optimizer
+
+    def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
+        settle_compile_pass(optimizer)
 
     def teardown(self) -> None:
         if self.is_set_up:

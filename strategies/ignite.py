@@ -50,6 +50,7 @@ class IgniteStrategy(Strategy):
         super().__init__()
         self.sync_bn, self.find_unused_parameters, self.backend = sync_bn, find_unused_parameters, backend
         self._device: torch.device | None = None
+        self._grad_accum = 1
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -73,6 +74,7 @@ class IgniteStrategy(Strategy):
             # machine) hides them from this worker before anything initialises CUDA.
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         super().setup(env)  # the device, chosen as for DDP (local rank r drives visible GPU r)
+        self._grad_accum = env.grad_accum
         idist, timeout = _idist(), timedelta(seconds=env.timeout_s)
         if self.backend == "horovod":  # the harness's own group carries the rendezvous port, then horovod
             dist.init_process_group(self.ops.dist_backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
@@ -94,8 +96,16 @@ class IgniteStrategy(Strategy):
 
     def setup_module(self, model: nn.Module, amp: Amp,
                      make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """auto_optim: horovod's DistributedOptimizer, told the micro-batches per step (as strategy=horovod
+        does); the optimizer as it is for gloo/nccl."""
         model, optimizer = super().setup_module(model, amp, make_optimizer)
-        return model, _idist().auto_optim(optimizer)  # horovod's DistributedOptimizer; as is for gloo/nccl
+        if self.backend == "horovod":
+            return model, _idist().auto_optim(optimizer, backward_passes_per_step=self._grad_accum)
+        return model, _idist().auto_optim(optimizer)
+
+    def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.backend == "horovod":
+            horovod.settle_compile_pass(optimizer)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         kwargs: dict[str, Any] = {}

@@ -3,22 +3,30 @@ installed (README: "Horovod, XLA and MPI"), two workers started like DDP's avera
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
 import socket
+import types
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import fake_horovod
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from amp import Amp
+from amp import Amp, build_amp
 from amp.levels import AmpConfig, resolve
 from harness.errors import Incompatible
 from harness.rank.devices import Placement
-from strategies.base import RankEnv
+from harness.rank.timing import WindowClock
+from harness.rank.trainer import compile_pass, train
+from strategies.base import RankEnv, Strategy
 from strategies.horovod import INSTALL_HINT, HorovodStrategy
 
 HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
@@ -73,3 +81,86 @@ def test_two_workers_start_from_rank_0_weights_and_average_gradients(tmp_path):
     weights = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # 10 - mean(1, 2) = 8.5; not 10 - 3 (summed), not 10 - 1 / 20 - 2 (not reduced), not 20 - 1.5 (no broadcast)
     assert weights == [[8.5, 8.5], [8.5, 8.5]]
+
+
+# ---- horovod's optimizer bookkeeping under grad_accum and compile=true: a fake horovod (tests/fake_horovod.py)
+
+def _horovod_on_fake(monkeypatch: pytest.MonkeyPatch, strategy: Any, grad_accum: int,
+                     level: AmpConfig | None = None) -> tuple[nn.Module, Any, Amp]:
+    """The strategy's model and horovod optimizer, built by its setup_module on the fake; setup() would join a
+    real horovod world: only its device part runs (Strategy.setup), given what the worker passes."""
+    fake_horovod.install(monkeypatch)
+    Strategy.setup(strategy, RankEnv(0, 0, 2, CPU2, 60, grad_accum))
+    strategy._grad_accum = grad_accum  # what setup(env) keeps from RankEnv.grad_accum
+    torch.manual_seed(0)
+    amp = build_amp("amp.native.NativeAmp", resolve(level or AmpConfig(level="O0"), "cpu"),
+                    torch.device("cpu"))
+    model, optimizer = strategy.setup_module(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), amp,
+                                             lambda params: torch.optim.SGD(params, lr=0.1))
+    return model, optimizer, amp
+
+
+def _steps(model: nn.Module, optimizer: Any, amp: Amp, strategy: Any, grad_accum: int, compile_first: bool) -> None:
+    batches = [(torch.randn(4, 4), torch.tensor([0, 1, 2, 0])) for _ in range(3)]
+    if compile_first:  # the model is not compiled: the pass's bookkeeping is what horovod objects to
+        compile_pass(model, amp, optimizer, batches[0], grad_accum, contextlib.nullcontext, strategy.after_compile_pass)
+    source = iter(batches[1:])
+    clock = WindowClock(lambda: None, 0)
+    train(model, optimizer, amp, types.SimpleNamespace(next=lambda: next(source)), clock, 2, 1,
+          grad_accum=grad_accum, no_sync=functools.partial(strategy.no_sync, model))
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2, 4])
+def test_horovod_reduces_once_per_step_whatever_grad_accum(monkeypatch, grad_accum):
+    """backward_passes_per_step = grad_accum: each parameter's allreduce starts at the step's last micro-batch;
+    with the default 1, horovod raises at the second ("Gradients were computed more than
+    backward_passes_per_step times")."""
+    strategy = HorovodStrategy()
+    model, optimizer, amp = _horovod_on_fake(monkeypatch, strategy, grad_accum)
+    _steps(model, optimizer, amp, strategy, grad_accum, compile_first=False)
+    # 2 steps x (weight, bias): 4 allreduces, not 4 x grad_accum (one per micro-batch)
+    assert Counter(fake_horovod.ALLREDUCES) == {"1.weight": 2, "1.bias": 2}
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_horovod_compile_pass_leaves_no_pending_allreduce(monkeypatch, grad_accum, recwarn):
+    """The compile pass's backward starts allreduces that no step collects; horovod's zero_grad refuses them
+    ("zero_grad() was called after loss.backward() but before optimizer.step() or optimizer.synchronize()").
+    The strategy synchronizes them (3 reductions per parameter: the pass's and two steps'), and the first
+    timed step's warning about synchronize() without skip_synchronize() is not shown."""
+    strategy = HorovodStrategy()
+    model, optimizer, amp = _horovod_on_fake(monkeypatch, strategy, grad_accum)
+    _steps(model, optimizer, amp, strategy, grad_accum, compile_first=True)
+    assert Counter(fake_horovod.ALLREDUCES) == {"1.weight": 3, "1.bias": 3}
+    assert not [w for w in recwarn if "skip_synchronize" in str(w.message)]
+
+
+def test_horovod_compile_pass_at_o2_leaves_the_master_weights_alone(monkeypatch):
+    """At O2 horovod's optimizer steps the fp32 masters, which backward never reaches (no hook fires, nothing is
+    pending): the pass has nothing to synchronize, and synchronize() would read their missing gradients
+    (AttributeError). Each step then reduces the masters once: 2 steps x 2 parameters."""
+    strategy = HorovodStrategy()
+    model, optimizer, amp = _horovod_on_fake(monkeypatch, strategy, 1, AmpConfig(level="O2", dtype="bfloat16"))
+    _steps(model, optimizer, amp, strategy, 1, compile_first=True)
+    assert Counter(fake_horovod.ALLREDUCES) == {"allreduce.noname.0": 2, "allreduce.noname.1": 2}
+
+
+def test_ignite_horovod_backend_passes_grad_accum_and_settles_the_compile_pass(monkeypatch):
+    """strategy=ignite strategy.backend=horovod: idist.auto_optim hands its keywords to horovod's optimizer
+    (ignite/distributed/auto.py, auto_optim: `optimizer = hvd.DistributedOptimizer(optimizer, **kwargs)`)."""
+    from strategies.ignite import IgniteStrategy
+
+    def auto_optim(optimizer: Any, **kwargs: Any) -> Any:
+        import horovod.torch as hvd
+
+        return hvd.DistributedOptimizer(optimizer, **kwargs)
+
+    idist = types.SimpleNamespace(get_world_size=lambda: 2, auto_model=lambda model, **kw: model,
+                                  auto_optim=auto_optim)
+    monkeypatch.setattr("strategies.ignite._idist", lambda: idist)
+    strategy = IgniteStrategy(backend="horovod")
+    strategy._device = torch.device("cpu")  # what setup() takes from idist.device()
+    model, optimizer, amp = _horovod_on_fake(monkeypatch, strategy, 2)
+    _steps(model, optimizer, amp, strategy, 2, compile_first=True)
+    # auto_optim names no parameters: horovod's own names; the pass's and two steps' reductions, not 2 x 2 + 2
+    assert Counter(fake_horovod.ALLREDUCES) == {"allreduce.noname.0": 3, "allreduce.noname.1": 3}

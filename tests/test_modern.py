@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -298,3 +299,80 @@ def test_compiled_run_times_compilation_apart_and_the_report_labels_it(compiled,
     assert rows[0].label == "fsdp O0 comm_hook=bf16 compile grad_accum=2"
     assert rows[0].compile_s == compiled["compile_seconds"]
     assert rows[0].theory_mib == compiled["memory_theory"]["total_mib"]
+    # inductor's output went to the named folder (not /tmp/torchinductor_<user>): it holds files now
+    cache = Path(compiled["compile_cache"]["dir"])
+    assert compiled["compile_cache"]["warm"] in (True, False) and any(cache.rglob("*.py")), compiled["compile_cache"]
+
+
+def test_fsdp_compiles_a_second_shape_static_not_symbolic(monkeypatch):
+    """A ResNet's blocks share one forward at different widths, and FSDP2's hooks make each block a frame of its
+    own: with dynamo's automatic dynamic shapes the second width recompiled with symbolic sizes, whose backward
+    inductor failed on (resnet18, torch 2.15.0: "InductorError: TypeError: Cannot convert expression to float").
+    The same recompilation, seen by a backend that records its inputs' sizes: a Linear called with 2 then 3 rows
+    (ints both times; automatic dynamic would make the second a SymInt)."""
+    from strategies.fsdp import FSDP2
+
+    seen: list[list[Any]] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:  # the traced (fake) inputs' sizes
+        values = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        seen.append([size for v in values if isinstance(v, torch.Tensor) for size in v.shape]
+                    + [v for v in values if isinstance(v, torch.SymInt)])
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=backend, **kw))
+    torch._dynamo.reset()
+    try:
+        compiled = FSDP2().compile(nn.Linear(4, 2))
+        compiled(torch.randn(2, 4))
+        compiled(torch.randn(3, 4))
+    finally:
+        torch._dynamo.reset()
+    assert len(seen) == 2 and all(isinstance(s, int) for sizes in seen for s in sizes), seen
+    assert seen[1][-2:] == [3, 4]
+
+
+def test_powersgd_keeps_its_plain_iterations_after_the_compile_pass(monkeypatch):
+    """The compile pass's backward runs DDP's comm hook, which PowerSGD counts as a training iteration
+    (PowerSGDState.maybe_increase_iter: `self.iter += 1` at the last bucket): the strategy puts it back, so the
+    timed run still gets powersgd_start_iter (2) plain all-reduces; without it, 1 is left."""
+    from harness.rank.trainer import compile_pass
+    from strategies.ddp import TorchDDP
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    strategy = TorchDDP(comm_hook="powersgd", powersgd_start_iter=2)
+    strategy.setup(RankEnv(0, 0, 1, Placement("cpu", (), (), 1, True, ("cpu:0",), 1, 4), 60))
+    try:
+        amp = NativeAmp(resolve(AmpConfig("O0"), "cpu"), torch.device("cpu"))
+        model, opt = strategy.setup_module(NoNorm(), amp, sgd)
+        batch = (torch.randn(4, 3, SIZE, SIZE), torch.tensor([0, 1, 2, 3]))
+        state = strategy.powersgd_state
+        assert state is not None
+        compile_pass(model, amp, opt, batch, 1, contextlib.nullcontext)  # the hook counted the pass
+        assert state.iter == 1
+        state.iter = 0
+        compile_pass(model, amp, opt, batch, 1, contextlib.nullcontext, strategy.after_compile_pass)
+        assert state.iter == 0
+    finally:
+        strategy.teardown()
+
+
+def test_compile_cache_is_a_named_folder_and_says_whether_it_was_warm(tmp_path, monkeypatch):
+    """compile=true's cache: runs/compile-cache (relative to where the command runs) unless TORCHINDUCTOR_CACHE_DIR
+    names one; exported for the workers; `warm` says whether an earlier run had left anything in it."""
+    from harness.compile_cache import prepare_compile_cache, torch_default
+
+    monkeypatch.chdir(tmp_path)
+    # what importing torch._dynamo exports by itself: not the user's choice
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(torch_default()))
+    first = prepare_compile_cache()
+    assert first == {"dir": str(tmp_path / "runs" / "compile-cache"), "warm": False}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == first["dir"]
+    (tmp_path / "runs" / "compile-cache" / "fxgraph").mkdir()
+    assert prepare_compile_cache()["warm"] is False  # an empty subfolder is no cache
+    (tmp_path / "runs" / "compile-cache" / "fxgraph" / "graph").write_text("compiled")
+    assert prepare_compile_cache()["warm"] is True
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert prepare_compile_cache() == {"dir": str(tmp_path / "mine"), "warm": False}

@@ -19,6 +19,7 @@ import psutil
 from hydra.utils import get_class
 
 from amp import AmpSpec, plugin_class, resolve
+from harness.compile_cache import prepare_compile_cache
 from harness.config import RunConfig
 from harness.errors import ConfigError, Incompatible
 from harness.launch.launcher import WorkerFailure, launch_workers
@@ -114,6 +115,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
 
     for note in placement.notes:
         log.info("note: %s", note)
+    base["compile_cache"] = prepare_compile_cache() if cfg.compile else None  # before any worker starts
     record_dir = run_dir / "ranks"
     launched = decided.launched
     spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
@@ -257,7 +259,7 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "precision": {**_amp_record(amp), "final_loss_scale": None, "skipped_steps": None},
         "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "data_wait_share": None, "profile": None,
         "gpu_activity": None, "energy_j_per_image": None,
-        "startup_seconds": None, "compile_seconds": None,
+        "startup_seconds": None, "compile_seconds": None, "compile_cache": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
         "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
         "env": {}, "started_at": time.time(), **variant_fields(cfg),

@@ -82,11 +82,14 @@ def accumulate(model: nn.Module, amp: Amp, micro: Sequence[Batch], no_sync: NoSy
 
 
 def compile_pass(model: nn.Module, amp: Amp, optimizer: torch.optim.Optimizer, batch: Batch, grad_accum: int,
-                 no_sync: NoSync) -> None:
+                 no_sync: NoSync,
+                 after_backward: Callable[[torch.optim.Optimizer], None] = lambda optimizer: None) -> None:
     """compile=true: one forward and backward before the clock, so torch.compile traces and compiles the
     model (forward and backward graphs) outside every timed window. The gradients are dropped without a
     step: the weights the timed run starts from are those of an uncompiled run (batch-norm's running
-    statistics, which training never reads, have seen one batch more)."""
+    statistics, which training never reads, have seen one batch more). `after_backward` (the strategy's
+    `after_compile_pass`) runs before the gradients are dropped: it undoes what this backward did to the
+    strategy's state (horovod's pending allreduces, PowerSGD's iteration count)."""
     model.train()
     if grad_accum > 1:
         accumulate(model, amp, split(batch, grad_accum), no_sync)
@@ -94,5 +97,6 @@ def compile_pass(model: nn.Module, amp: Amp, optimizer: torch.optim.Optimizer, b
         with amp.forward_context():
             loss = F.cross_entropy(model(batch[0]), batch[1])
         amp.backward(loss)
+    after_backward(optimizer)
     amp.zero_grad(optimizer)
     model.zero_grad(set_to_none=True)  # O2: the optimizer's are the fp32 masters; the model's own go too

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 
 from amp import AmpSpec, build_amp
+from harness.compile_cache import use_compile_cache
 from harness.config import FaultConfig, RunConfig
 from harness.output.logs import setup_worker
 from harness.output.results import write_json_atomic
@@ -153,7 +154,7 @@ def run_rank(spec: dict[str, Any],
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
-        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s))
+        strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s, cfg.grad_accum))
         record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
@@ -165,10 +166,11 @@ def run_rank(spec: dict[str, Any],
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(strategy.no_sync, model)
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
+            use_compile_cache()  # the parent's folder (inherited), or under torchrun the default one
             model = strategy.compile(model)
             no_sync = functools.partial(strategy.no_sync, model)
             started_compile = time.perf_counter()
-            compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync)
+            compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync, strategy.after_compile_pass)
             strategy.synchronize()
             record["compile_seconds"] = time.perf_counter() - started_compile
         strategy.ops.reset_peaks()
