@@ -174,18 +174,18 @@ def rows_by_label(root: Path) -> dict:
 def test_verdicts_worked_by_hand(tmp_path):
     write_run(tmp_path, "0", "single", [1.0, -2.0, 0.5])
     write_run(tmp_path, "1", "ddp", [1.0, -2.0 + 1e-5, 0.5], losses=(2.0, 1.5 + 1e-6))
-    write_run(tmp_path, "2", "allreduce", [1.0, -2.0, 0.5 + 3e-5], losses=(2.0, 1.25))
+    write_run(tmp_path, "2", "allreduce", [1.0, -2.0, 0.5 + 3e-4], losses=(2.0, 1.25))
     write_run(tmp_path, "3", "ddp", [1.1, -2.0, 0.5], amp="O1", dtype="bfloat16")
     write_run(tmp_path, "4", "ignite", [1.0, -2.0, 0.5], differing=(1,))
     by = rows_by_label(tmp_path)
     assert by["single O0"].parity == verdicts.REFERENCE
     ddp = by["ddp O0"]
-    # relative to the tensor's largest |value| (2.0): 1e-5 / 2 = 5e-6, within 1e-5
+    # relative to the tensor's largest |value| (2.0): 1e-5 / 2 = 5e-6, within 1e-4
     assert (ddp.parity, ddp.parity_reference) == (verdicts.AGREES, "single O0")
     assert ddp.parity_max_abs == pytest.approx(1e-5, rel=0.05) and ddp.parity_max_rel == pytest.approx(5e-6, rel=0.05)
-    # 3e-5 / 2 = 1.5e-5 > 1e-5 (element-wise it would be 3e-5 / 0.5 = 6e-5: not the definition)
+    # 3e-4 / 2 = 1.5e-4 > 1e-4 (element-wise it would be 3e-4 / 0.5 = 6e-4: not the definition)
     wrong = by["allreduce O0"]
-    assert wrong.parity == verdicts.DIFFERS and wrong.parity_max_rel == pytest.approx(1.5e-5, rel=0.05)
+    assert wrong.parity == verdicts.DIFFERS and wrong.parity_max_rel == pytest.approx(1.5e-4, rel=0.05)
     assert wrong.parity_loss_diff == pytest.approx(0.25)
     mixed = by["ddp O1"]  # 0.1 / 2 = 5e-2 off, but half precision is reported, not judged
     assert mixed.parity == verdicts.MIXED and "bfloat16" in mixed.parity_note
@@ -237,15 +237,15 @@ def test_interleaved_batchnorm_pieces_are_explained_not_judged_against_consecuti
 
 
 def test_lossy_communication_is_reported_not_judged(tmp_path):
-    """A bf16-compressed all-reduce 1.5e-5 off (beyond float32's 1e-5): not a defect, its design; a plain row
+    """A bf16-compressed all-reduce 1.5e-4 off (beyond float32's 1e-4): not a defect, its design; a plain row
     as far off still DIFFERS."""
     write_run(tmp_path, "0", "single", [1.0, -2.0, 0.5])
-    write_run(tmp_path, "1", "ddp", [1.0, -2.0, 0.5 + 3e-5], variant="comm_hook=bf16",
+    write_run(tmp_path, "1", "ddp", [1.0, -2.0, 0.5 + 3e-4], variant="comm_hook=bf16",
               lossy="comm_hook=bf16: every gradient is rounded to bf16 for the all-reduce")
-    write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5 + 3e-5])
+    write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5 + 3e-4])
     by = rows_by_label(tmp_path)
     hooked = by["ddp O0 comm_hook=bf16"]
-    assert hooked.parity == verdicts.LOSSY and hooked.parity_max_rel == pytest.approx(1.5e-5, rel=0.05)
+    assert hooked.parity == verdicts.LOSSY and hooked.parity_max_rel == pytest.approx(1.5e-4, rel=0.05)
     assert "not judged: lossy communication (comm_hook=bf16" in hooked.parity_note
     assert by["ddp O0"].parity == verdicts.DIFFERS
     assert "ddp O0 comm_hook=bf16 use lossy communication (drift reported, not judged)" in verdicts.summary(
@@ -331,7 +331,7 @@ def test_the_parity_column_catches_a_strategy_that_does_not_average(parity_sweep
     root, by, text, sweep = parity_sweep
     summed = by[f"allreduce O0 strategy={SUMMED}"]
     # twice the step from the first update on: far beyond rounding, though its replicas agree
-    assert summed.parity == verdicts.DIFFERS and summed.parity_max_rel > 100 * verdicts.PARAM_RTOL
+    assert summed.parity == verdicts.DIFFERS and summed.parity_max_rel > 10 * verdicts.PARAM_RTOL
     record, reference = parity_of(root, "summed"), parity_of(sweep, "*_single_O0")
     assert record["replicas_agree"] is True
     assert record["losses"][0] == pytest.approx(reference["losses"][0], abs=1e-6)  # same weights, same batch

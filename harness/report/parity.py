@@ -22,12 +22,13 @@ if TYPE_CHECKING:
     from harness.report.rows import Row
 
 # Judged rows must agree with the reference to this, relative: max |Δ| of a tensor over max |reference| of
-# that tensor, the largest over tensors. Why 1e-5: float32 keeps 24 bits (eps 1.2e-7); a data-parallel
+# that tensor, the largest over tensors. Why 1e-4: float32 keeps 24 bits (eps 1.2e-7); a data-parallel
 # strategy sums the same gradients in another order (per rank, then across ranks), which changes each step's
-# update by a few eps, and 20 SGD steps compound that to ~1e-6 (README, "Numerical parity"). A real
-# defect (gradients summed instead of averaged, a rank's shard lost, a wrong learning rate) moves the
-# parameters by 1e-3 or more after one step.
-PARAM_RTOL = 1e-5
+# update by a few eps, and the steps compound it: 7e-7 after 20 SGD steps of tiny_cnn, 1.2e-5 to 1.6e-5 after
+# the default run of resnet18 without batch-norm (README, "Numerical parity"). A real defect (gradients summed
+# instead of averaged, a rank's shard lost, a wrong learning rate) moves the parameters by 1e-3 or more after
+# one step: 1e-4 sits a decade from each.
+PARAM_RTOL = 1e-4
 
 AGREES, DIFFERS, REPLICAS, REFERENCE = "agrees", "DIFFERS", "replicas differ", "reference"
 BATCHNORM, MIXED, NO_REFERENCE = "batch-norm", "mixed precision", "no reference"
