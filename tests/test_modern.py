@@ -197,6 +197,22 @@ def test_powersgd_start_iteration_below_torchs_minimum_is_refused():
                            resolve(AmpConfig("O0"), "cpu"))
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero"])
+def test_powersgd_with_dynamic_loss_scaling_is_refused(strategy):
+    """torch's PowerSGD hook folds its stored error into each gradient and stores the new error from it: one
+    overflow the scaler skips leaves inf/NaN there for good, and every later step is skipped too."""
+    from hydra.utils import get_class
+
+    cls = get_class(run_config(strategy).strategy["_target_"])
+    float16_o1 = resolve(AmpConfig("O1", dtype="float16"), "cpu")  # what O1 resolves to on CUDA
+    with pytest.raises(Incompatible, match=r"strategy.comm_hook=powersgd is not allowed: none, fp16 or bf16 with "
+                                           r"dynamic loss scaling \(O1 float16"):
+        cls.check_run(run_cfg(strategy, {"comm_hook": "powersgd"}), placement(), float16_o1)
+    cls.check_run(run_cfg(strategy, {"comm_hook": "bf16"}), placement(), float16_o1)  # no error feedback
+    for scaled_by_hand in (AmpConfig("O1"), AmpConfig("O1", dtype="float16", loss_scale=1024)):  # bf16: no scaling
+        cls.check_run(run_cfg(strategy, {"comm_hook": "powersgd"}), placement(), resolve(scaled_by_hand, "cpu"))
+
+
 @pytest.mark.parametrize("override, message", [
     ("strategy.comm_hook=nosuch", "strategy.comm_hook=nosuch is not allowed: one of none, fp16, bf16, powersgd"),
     ("grad_accum=0", "grad_accum=0 is not allowed: an integer >= 1"),
@@ -213,22 +229,26 @@ def test_bad_values_are_refused_in_one_line(override, message, capsys):
     assert len(lines) == 1 and message in lines[0]
 
 
-def test_the_modern_sweep_has_every_combination_and_skips_only_fsdp_with_powersgd(capsys):
+@pytest.mark.parametrize("dtype", ["auto", "float16"])  # float16: O1 as on CUDA, with dynamic loss scaling
+def test_the_modern_sweep_has_every_combination_and_skips_what_it_cannot_run(dtype, capsys):
     from harness.compose import combinations, compose_one, hydra_context
     from harness.launch.runner import plan
     from harness.rank.devices import probe_hardware
 
     refused = []
     with hydra_context():  # what `run.py -m sweep=modern` composes and checks before it starts
-        runs = combinations(["sweep=modern", *TINY], multirun=True)
+        runs = combinations(["sweep=modern", *TINY, f"amp.dtype={dtype}"], multirun=True)
         for run in runs:
             try:
                 plan(compose_one(run).run_config(), probe_hardware(), in_sweep=True)
             except Incompatible:
-                refused.append(" ".join(sorted(o for o in run if o.startswith(("strategy", "compile", "amp")))))
+                refused.append(" ".join(sorted(o for o in run if o.startswith(("strategy", "compile", "amp=")))))
     assert len(runs) == 3 * 4 * 2 * 2  # strategy x comm_hook x compile x amp
-    assert sorted(refused) == sorted(f"amp={a} compile={c} strategy.comm_hook=powersgd strategy=fsdp"
-                                     for a in ("O0", "O1") for c in ("False", "True"))
+    fsdp = [f"amp={a} compile={c} strategy.comm_hook=powersgd strategy=fsdp" for a in ("O0", "O1")
+            for c in ("False", "True")]
+    scaled = [f"amp=O1 compile={c} strategy.comm_hook=powersgd strategy={s}" for s in ("ddp", "zero")
+              for c in ("False", "True")]  # PowerSGD's error feedback and dynamic loss scaling
+    assert sorted(refused) == sorted(fsdp + (scaled if dtype == "float16" else []))
 
 
 @pytest.fixture(scope="module")
