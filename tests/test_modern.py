@@ -197,6 +197,68 @@ def test_powersgd_start_iteration_below_torchs_minimum_is_refused():
                            resolve(AmpConfig("O0"), "cpu"))
 
 
+class ResidualLike(nn.Module):
+    """Batch-norm inside the same FSDP unit as a convolution, as in a ResNet block (tiny_cnn makes every
+    layer a unit of its own, which never mixed dtypes in one unit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()),
+                                      nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+# half weights stepped by the optimizer, batch-norm kept fp32: FSDP2's units must each hold one dtype
+MIXED = {"o3_fp32_norm": AmpConfig("O3", keep_batchnorm_fp32=True), "o2_no_masters": AmpConfig("O2", master_weights=False)}
+
+
+def mixed_rank_main(rank: int, out: str) -> None:
+    from strategies.fsdp import FSDP2, sharded_units
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    for name, level in MIXED.items():
+        os.environ["MASTER_PORT"] = str(agreed_port(rank, Path(out) / f"{name}.port"))
+        strategy = FSDP2()
+        strategy.setup(RankEnv(rank, rank, WORLD, placement(), 60))
+        try:
+            torch.manual_seed(0)
+            initial = {n: p.detach().clone() for n, p in ResidualLike().named_parameters()}
+            torch.manual_seed(0)
+            amp = NativeAmp(resolve(level, "cpu"), torch.device("cpu"))
+            model, opt = strategy.setup_module(ResidualLike(), amp, sgd)
+            dtypes = {n: p.dtype for n, p in model.module.named_parameters()}
+            batches = synthetic_batches(2, GLOBAL_BATCH, GLOBAL_BATCH // WORLD, rank, SIZE, 10, torch.device("cpu"), 0)
+            train(model, opt, amp, SyntheticSource(batches), WindowClock(strategy.synchronize, 0), 4, 2)
+            torch.save({"units": sharded_units(model.module), "dtypes": dtypes, "initial": initial,
+                        "params": strategy.full_parameters(model)}, Path(out) / f"{name}{rank}.pt")
+        finally:
+            strategy.teardown()
+
+
+@pytest.mark.slow
+def test_fsdp_shards_fp32_batchnorm_apart_from_the_half_convolution_beside_it(tmp_path):
+    """Before: fully_shard(features.0) raised "FSDP expects uniform original parameter dtype but got
+    {torch.float32, torch.bfloat16}" at O3 with keep_batchnorm_fp32 and at O2 without master weights."""
+    mp.start_processes(mixed_rank_main, args=(str(tmp_path),), nprocs=WORLD, start_method="spawn")
+    for name in MIXED:
+        ranks = [torch.load(tmp_path / f"{name}{r}.pt") for r in range(WORLD)]
+        first = ranks[0]
+        assert {"features.0", "features.0.1", "features.1", "features.1.1", ""} <= set(first["units"]), name
+        # the wrong-but-plausible way to make a unit uniform is to cast the batch-norm to half too
+        assert first["dtypes"]["features.0.0.weight"] == torch.bfloat16, name
+        assert first["dtypes"]["features.0.1.weight"] == torch.float32, name
+        assert first["dtypes"]["classifier.weight"] == torch.bfloat16, name
+        for key in ("features.0.0.weight", "features.0.1.weight", "features.1.1.bias", "classifier.weight"):
+            assert torch.equal(ranks[1]["params"][key], first["params"][key]), (name, key)  # replicas agree
+            assert not torch.equal(first["params"][key], first["initial"][key].to(first["dtypes"][key]).float()), \
+                (name, key)  # and trained
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "zero"])
 def test_powersgd_with_dynamic_loss_scaling_is_refused(strategy):
     """torch's PowerSGD hook folds its stored error into each gradient and stores the new error from it: one
