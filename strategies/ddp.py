@@ -52,8 +52,8 @@ class TorchDDP(ProcessGroupStrategy):
             # `state.error_dict[bucket_index] = input_tensor_cp - input_tensor`): one overflowed step, which the
             # scaler only skips, leaves inf/NaN in that state, and every later gradient is non-finite too.
             raise Incompatible("strategy.comm_hook", "powersgd", f"none, fp16 or bf16 with dynamic loss scaling "
-                               f"({amp.level} {amp.dtype}; bfloat16 needs none): PowerSGD's error feedback keeps an overflowed "
-                               "step's inf/NaN, so every later step overflows and is skipped")
+                               f"({amp.level} {amp.dtype}; bfloat16 needs none): PowerSGD's error feedback keeps "
+                               "an overflowed step's inf/NaN, so every later step overflows and is skipped")
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
