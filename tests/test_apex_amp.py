@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import amp_plugin, sgd, tiny_batch
 from fake_apex import fake_apex  # noqa: F401 (fixture)
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from amp.levels import AmpConfig, resolve
 from harness.errors import Incompatible
@@ -48,3 +50,23 @@ def test_zero_refuses_apex_where_apex_keeps_master_weights():
                     AmpConfig("O3", impl="apex"), AmpConfig("O2")):
         ZeroDDP.check_compatible(gpus, resolve(allowed, "cuda"))
     TorchDDP.check_compatible(gpus, o2)  # DDP steps apex's optimizer itself, masters included
+
+
+def test_zero_never_steps_parameters_swapped_into_its_param_groups():
+    """Why the refusal above: apex O2 swaps each half parameter in the optimizer's param_groups for an fp32
+    master (apex/amp/_process_optimizer.py, lazy_init_with_master_weights: `param_group['params'][i] =
+    master_param`); ZeroRedundancyOptimizer's step runs its inner optimizer, built from the parameters it was
+    given, so the master keeps its value (then apex copies it back over the model: no training at all)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        half = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+        zero = ZeroRedundancyOptimizer([half], optimizer_class=torch.optim.SGD, lr=0.5)
+        master = torch.nn.Parameter(half.detach().float())
+        zero.param_groups[0]["params"][0] = master  # what apex does to the optimizer it is given
+        master.grad = torch.ones(4)
+        half.grad = torch.ones(4, dtype=torch.float16)
+        zero.step()
+        assert torch.equal(master, torch.ones(4))  # a plain SGD over param_groups would give 1 - 0.5 = 0.5
+        assert torch.equal(half, torch.full((4,), 0.5, dtype=torch.float16))  # the half weight was stepped
+    finally:
+        dist.destroy_process_group()
