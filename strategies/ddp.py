@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from amp import AmpSpec
 from harness.config import RunConfig
-from harness.errors import ConfigError
+from harness.errors import ConfigError, Incompatible
 from harness.rank.devices import Placement
 from strategies.base import Backend, ProcessGroupStrategy
 
@@ -47,6 +47,14 @@ class TorchDDP(ProcessGroupStrategy):
             # torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py refuses less with error feedback:
             # "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled"
             raise ConfigError("strategy.powersgd_start_iter", options["powersgd_start_iter"], "an integer >= 2")
+        if options.get("comm_hook") == "powersgd" and amp.loss_scale == "dynamic":
+            # torch's hook adds its stored error to the gradient and keeps the new error (and Q) computed from it
+            # (powerSGD_hook.py: `input_tensor.add_(state.error_dict[bucket_index])`, then
+            # `state.error_dict[bucket_index] = input_tensor_cp - input_tensor`): one overflowed step, which the
+            # scaler only skips, leaves inf/NaN in that state, and every later gradient is non-finite too.
+            raise Incompatible("strategy.comm_hook", "powersgd", f"none, fp16 or bf16 with dynamic loss scaling "
+                               f"({amp.level} {amp.dtype}; bfloat16 needs none): PowerSGD's error feedback keeps "
+                               "an overflowed step's inf/NaN, so every later step overflows and is skipped")
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:

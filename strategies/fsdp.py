@@ -21,7 +21,9 @@ dispatcher all-reduces its overflow flag, torch/distributed/tensor/_dispatch.py
   half input as it is: FSDP2's units share one `param_dtype`, so this costs an all-gather and a
   reduce-scatter per batch-norm layer, which is what keeping them fp32 costs here.
 - O3 (and O2 with `amp.master_weights=false`): the model is cast to half before sharding, as the amp
-  plugin does; no policy: parameters, gradients, their reduction and the optimizer are all half.
+  plugin does; no policy: parameters, gradients, their reduction and the optimizer are all half, except
+  batch-norm where `keep_batchnorm_fp32` keeps it fp32 (O2's default): each batch-norm is then a unit of
+  its own, as under O2, since one unit's parameters must share a dtype.
 
 `comm_hook=fp16|bf16` is DDP's gradient compression in FSDP2's terms: `reduce_dtype` half, so the
 reduce-scatter moves half the bytes. PowerSGD has no FSDP2 counterpart (fully_shard takes no
@@ -103,7 +105,10 @@ class FSDP2(ProcessGroupStrategy):
             if spec.keep_batchnorm_fp32:
                 norm_policy = MixedPrecisionPolicy(reduce_dtype=reduce or torch.float32, cast_forward_inputs=False)
         units = dict.fromkeys(self._block_names(model))
-        if norm_policy is not None:
+        if spec.cast_model and spec.keep_batchnorm_fp32:
+            # fp32 batch-norm in a half block (a ResNet's): FSDP2 asserts one original dtype per unit
+            # (_fsdp_param_group.py: "FSDP expects uniform original parameter dtype but got ..."), so each
+            # batch-norm is a unit of its own, whether the model was cast (O3) or the policy casts (O2)
             units.update(dict.fromkeys(n for n, m in model.named_modules() if isinstance(m, _BATCHNORM)))
         modules = dict(model.named_modules())
         for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents

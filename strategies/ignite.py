@@ -61,7 +61,8 @@ class IgniteStrategy(Strategy):
         backend = str(cfg.strategy.get("backend", "auto"))
         if backend == "xla-tpu":
             raise Incompatible("strategy.backend", backend, xla_tpu_refusal())
-        if backend == "horovod":
+        if backend == "horovod":  # auto_optim wraps the optimizer in horovod's DistributedOptimizer: its refusals
+            horovod.HorovodStrategy.check_compatible(placement, amp)
             missing = horovod.HorovodStrategy.unavailable_reason()
             if missing:
                 raise Incompatible("strategy.backend", backend, f"auto, gloo or nccl here: {missing}")

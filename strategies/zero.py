@@ -4,7 +4,8 @@ Every rank keeps every parameter and gradient (DDP all-reduces them as usual) bu
 optimizer state of, only its own share of the parameters; after its step it broadcasts the updated share
 to the others. Against DDP it saves optimizer-state memory (momentum, Adam's two moments) and costs those
 broadcasts. The optimizer the config names (`optim=...`) is the one ZeRO shards. Under O2 the parameters
-it steps are the amp plugin's fp32 master weights, as DDP's optimizer does."""
+it steps are the amp plugin's fp32 master weights, as DDP's optimizer does; apex's amp keeps its masters
+where ZeRO never steps them, and is refused at the levels that have them."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from amp import Amp
-from strategies.base import OptimizerFactory
+from amp import Amp, AmpSpec
+from harness.errors import Incompatible
+from harness.rank.devices import Placement
+from strategies.base import Backend, OptimizerFactory
 from strategies.ddp import CommHook, TorchDDP
 
 
@@ -25,10 +28,23 @@ class ZeroDDP(TorchDDP):
 
     def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
                  gradient_as_bucket_view: bool = False, comm_hook: CommHook = "none", powersgd_rank: int = 1,
-                 powersgd_start_iter: int = 2, parameters_as_bucket_view: bool = False) -> None:
+                 powersgd_start_iter: int = 2, parameters_as_bucket_view: bool = False,
+                 backend: Backend = "auto") -> None:
         super().__init__(find_unused_parameters, bucket_cap_mb, gradient_as_bucket_view, comm_hook, powersgd_rank,
-                         powersgd_start_iter)
+                         powersgd_start_iter, backend)
         self.parameters_as_bucket_view = parameters_as_bucket_view
+
+    @classmethod
+    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
+        if amp.impl == "apex" and amp.master_weights:
+            # apex swaps its fp32 masters into the optimizer's param_groups (apex/amp/_process_optimizer.py,
+            # lazy_init_with_master_weights: `param_group['params'][i] = master_param`), but
+            # ZeroRedundancyOptimizer steps its inner optimizer, built from the parameters it was given
+            # (torch/distributed/optim/zero_redundancy_optimizer.py: `self.optim.step(**kwargs)`); apex's
+            # new_step then copies the never-stepped masters over the model (`self._master_params_to_model_params()`)
+            raise Incompatible("amp.impl", "apex", f"native with strategy=zero at {amp.level} with master weights, or "
+                               "amp.master_weights=false: ZeroRedundancyOptimizer would step the half weights, not "
+                               "apex's fp32 masters, which apex then copies back over the model every step")
 
     def setup_module(self, model: nn.Module, amp: Amp,
                      make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch.distributed as dist
 from conftest import TINY
+from hydra.utils import get_class
 
 from harness.compose import compose_one, hydra_context
 from harness.errors import Incompatible
@@ -43,8 +44,12 @@ def test_nccl_is_refused_on_the_cpu():
         plan(run_config("strategy=ddp", "strategy.backend=nccl", "gpus=[]"), probe_hardware())
 
 
-def test_gloo_asked_for_by_name_is_accepted():
-    assert plan(run_config("strategy=ddp", "strategy.backend=gloo", "gpus=[]"), probe_hardware()).launched
+@pytest.mark.parametrize("strategy", ["ddp", "zero"])  # zero takes DDP's options, the backend included
+def test_gloo_asked_for_by_name_is_accepted(strategy):
+    cfg = run_config(f"strategy={strategy}", "strategy.backend=gloo", "gpus=[]")
+    assert plan(cfg, probe_hardware()).launched
+    assert get_class(cfg.strategy["_target_"])(**{k: v for k, v in cfg.strategy.items() if k != "_target_"}
+                                                ).backend == "gloo"
 
 
 @pytest.mark.skipif(sys.modules.get("torch_xla") is not None, reason="torch_xla is imported here")
@@ -61,6 +66,18 @@ def test_ignite_xla_tpu_is_refused_with_what_the_packages_say():
 def test_ignite_horovod_without_horovod_is_refused_with_the_build_line():
     with pytest.raises(Incompatible, match="strategy.backend=horovod .*HOROVOD_WITH_PYTORCH=1"):
         plan(run_config("strategy=ignite", "strategy.backend=horovod", "gpus=[]"), probe_hardware())
+
+
+def test_ignite_horovod_refuses_dynamic_loss_scaling_as_strategy_horovod_does():
+    """GradScaler would unscale gradients horovod is still all-reducing in place: refused whether or not horovod
+    is installed (the combination is wrong either way), with HorovodStrategy's own reason."""
+    with pytest.raises(Incompatible, match="amp.loss_scale=dynamic is not allowed: .*with strategy=horovod at O1"):
+        plan(run_config("strategy=ignite", "strategy.backend=horovod", "amp=O1", "amp.dtype=float16", "gpus=[]"),
+             probe_hardware())
+    with pytest.raises(Incompatible, match="amp.loss_scale=dynamic"):
+        plan(run_config("strategy=horovod", "amp=O1", "amp.dtype=float16", "gpus=[]"), probe_hardware())
+    plan(run_config("strategy=ignite", "strategy.backend=gloo", "amp=O1", "amp.dtype=float16", "gpus=[]"),
+         probe_hardware())  # ignite's DDP scales as strategy=ddp does
 
 
 @pytest.mark.parametrize(("strategy", "cls"), [("horovod", HorovodStrategy), ("xla", XlaStrategy)])
