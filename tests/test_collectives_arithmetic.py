@@ -13,6 +13,7 @@ from harness.collectives.arithmetic import (
     format_size,
     parse_size,
     size_ladder,
+    table_rows,
 )
 
 MiB, GiB = 2**20, 2**30
@@ -108,3 +109,12 @@ def test_element_count_total_buffer_split_evenly():
     assert element_count("all_gather", 4100, 3, 4) == 1023  # a multiple of the 3 ranks
     assert element_count("scatter", 4, 8, 4) == 8  # at least one element per rank
     assert element_count("broadcast", 2, 2, 4) == 1
+
+
+def test_table_rows_use_the_median_of_the_slowest_rank_times():
+    rows = table_rows([{"op": "all_reduce", "size_bytes": MiB, "count": MiB // 4, "seconds": [1e-3, 1e-3, 5e-3]},
+                       {"op": "all_gather", "size_bytes": MiB, "count": MiB // 4, "seconds": [4e-3, 1e-3, 2e-3]}], 4)
+    assert rows[0]["time_us"] == pytest.approx(1000.0) and rows[0]["time_us_max"] == pytest.approx(5000.0)
+    assert rows[0]["busbw_gbs"] == pytest.approx(MiB / 1e-3 / 1e9 * 1.5)  # x 2(4-1)/4
+    assert rows[1]["time_us"] == pytest.approx(2000.0) and rows[1]["bus_factor"] == pytest.approx(0.75)
+    assert rows[1]["repeats"] == 3
