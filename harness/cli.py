@@ -24,13 +24,10 @@ from harness.compose import (
     typed_sweep_axes,
 )
 from harness.config import CONF_DIR, RunConfig
-from harness.errors import ConfigError, Incompatible
+from harness.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ConfigError, Incompatible
 
 log = logging.getLogger(__name__)
 
-EXIT_BAD_INPUT = 2
-EXIT_RUN_FAILED = 1
-EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
 AUTO_KEYS = ("model.name", "data.image_size", "batch_size", "iterations")
 RUN_MARKERS = ("results.json", ".hydra", "ranks", "multirun.yaml")  # what a started run or sweep leaves
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+# The exit codes of every entry point (run.py, python -m harness.collectives, ...): here, at the bottom,
+# so that no entry point imports another to learn them.
+EXIT_RUN_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
+
 
 class ConfigError(ValueError):
     """Bad user input: one line naming the key, the bad value and what is allowed."""

@@ -105,9 +105,10 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      'key=lambda r: r.get("ended_at") or 0)', 'key=lambda r: -(r.get("ended_at") or 0))'),
     ("results overwrite another run", "harness/output/results.py",
      "if path.exists() and not _is_provisional(path):", "if False:"),
-    ("batch not checked against the workers", "harness/rank/devices.py", "if cfg.batch_size % world:", "if False:"),
-    ("all_reduce bus factor (n-1)/n", "harness/collectives.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
-    ("collective time: mean", "harness/collectives.py",
+    ("batch not checked against the workers", "harness/rank/devices.py",
+     "if global_batch is not None and global_batch % world:", "if False:"),
+    ("all_reduce bus factor (n-1)/n", "harness/collectives/arithmetic.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
+    ("collective time: mean", "harness/collectives/arithmetic.py",
      'seconds = statistics.median(m["seconds"])', 'seconds = statistics.fmean(m["seconds"])'),
     # issues 16-18: the figures the newer strategies, parity and the breakdown report
     ("data wait share includes warm-up", "harness/rank/timing.py",
@@ -127,10 +128,11 @@ MUTANTS: list[tuple[str, str, str, str]] = [
 
 
 def mirrors(path: str, root: Path) -> list[str]:
-    """The tests that mirror the mutated module (tests/test_<module>.py, tests/test_<package>.py): run first,
-    alone, because they are the likeliest to kill it; the whole fast suite only if they do not."""
+    """The tests that mirror the mutated module (tests/test_<module>.py, tests/test_<package>.py,
+    tests/test_<package>_<module>.py): run first, alone, because they are the likeliest to kill it; the
+    whole fast suite only if they do not."""
     module = Path(path)
-    names = {f"test_{module.stem}.py", f"test_{module.parent.name}.py"}
+    names = {f"test_{module.stem}.py", f"test_{module.parent.name}.py", f"test_{module.parent.name}_{module.stem}.py"}
     return sorted(str(t.relative_to(root)) for t in (root / "tests").glob("test_*.py") if t.name in names)
 
 

@@ -14,6 +14,7 @@ from harness.rank.devices import (
     Hardware,
     Placement,
     place,
+    place_workers,
     probe_hardware,
     usable_cores,
     visible_gpus,
@@ -120,6 +121,17 @@ def test_batch_not_divisible_on_cpu_names_nprocs_workers():
     with pytest.raises(ConfigError) as info:
         place_as(run_config("ddp", nprocs=4, batch_size=6), NO_GPU, "per_device")
     assert info.value.key == "batch_size" and "4 workers" in str(info.value) and "8" in str(info.value)
+
+
+def test_workers_without_a_batch_are_placed_whatever_their_count():
+    """The collectives benchmark places 3 workers with no training batch to share: no batch check."""
+    cpu = place_workers("collectives", (), 3, NO_GPU)
+    assert cpu.devices == ("cpu:0", "cpu:1", "cpu:2") and cpu.local_batch == 1 and cpu.explicit_gpus
+    gpu = place_workers("collectives", None, 2, FOUR_GPUS)
+    assert gpu.devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3") and not gpu.explicit_gpus
+    with pytest.raises(ConfigError) as info:  # given a batch, the training check applies
+        place_workers("ddp", (), 4, NO_GPU, global_batch=6)
+    assert info.value.key == "batch_size" and "4 workers" in str(info.value)
 
 
 def test_cpu_placement_for_process_group_strategies():

@@ -164,16 +164,28 @@ class PlacementRequest(Protocol):
 
 def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
           needs_cuda: bool, isolated: bool = True, torchrun: TorchrunWorld | None = None) -> Placement:
-    """Map `gpus`/`nprocs` to processes and devices; refuse what cannot be placed.
+    """Map a training run's `gpus`/`nprocs` to processes and devices; refuse what cannot be placed,
+    including a global batch the workers cannot share evenly.
 
     `isolated`: the workers are child processes given CUDA_VISIBLE_DEVICES = the chosen GPUs, so they
     number them 0..n-1; otherwise (inline, or under torchrun) they keep this process's numbering.
     """
-    name = cfg.strategy_name
-    if cfg.gpus is None:
+    return place_workers(cfg.strategy_name, cfg.gpus, cfg.nprocs, hw, one_process_per_device=one_process_per_device,
+                         drives_all_devices=drives_all_devices, needs_cuda=needs_cuda, isolated=isolated,
+                         torchrun=torchrun, global_batch=cfg.batch_size)
+
+
+def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int, hw: Hardware, *,
+                  one_process_per_device: bool = True, drives_all_devices: bool = False, needs_cuda: bool = False,
+                  isolated: bool = True, torchrun: TorchrunWorld | None = None,
+                  global_batch: int | None = None) -> Placement:
+    """Place workers that need no training batch (the collectives benchmark), or, given `global_batch`,
+    a training run's: that batch must then split evenly over the workers. `name` says whose workers in
+    refusals and notes (`strategy=<name>`)."""
+    if requested_gpus is None:
         gpus = hw.visible_gpus
     else:
-        gpus = cfg.gpus
+        gpus = requested_gpus
         stray = [g for g in gpus if g not in hw.visible_gpus]
         if stray:  # not a typo: GPUs this machine lacks (in a sweep, `skipped` rows that say so)
             allowed = (f"ids among the visible GPUs {list(hw.visible_gpus)}" if hw.has_gpu
@@ -202,7 +214,7 @@ def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, dri
         worker_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(tokens)}
     else:
         accelerator = "cpu"
-        nprocs = torchrun.local_world_size if torchrun else (cfg.nprocs if one_process_per_device else 1)
+        nprocs = torchrun.local_world_size if torchrun else (nprocs if one_process_per_device else 1)
         first = node_rank * nprocs
         devices = tuple(f"{prefix}cpu:{first + r}" for r in range(nprocs)) if one_process_per_device else ("cpu",)
         worker_env, tokens = {}, ()
@@ -210,17 +222,18 @@ def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, dri
     if one_process_per_device:
         worker_env["OMP_NUM_THREADS"] = str(threads)
     world = nprocs * nodes
-    if cfg.batch_size % world:
-        lower, upper = cfg.batch_size // world * world, (cfg.batch_size // world + 1) * world
+    if global_batch is not None and global_batch % world:
+        lower, upper = global_batch // world * world, (global_batch // world + 1) * world
         examples = f"{lower} or {upper}" if lower else f"{upper}"
         allowed = f"a multiple of the {world} workers of strategy={name}, e.g. {examples}"
-        raise ConfigError("batch_size", cfg.batch_size, allowed)
+        raise ConfigError("batch_size", global_batch, allowed)
     isolated = isolated and torchrun is None
     torch_indices = tuple(range(len(gpus))) if isolated else tuple(hw.visible_gpus.index(g) for g in gpus)
     return Placement(accelerator=accelerator, gpus=tuple(gpus), torch_indices=torch_indices, nprocs=nprocs,
                      one_process_per_device=one_process_per_device, devices=devices,
-                     threads_per_process=threads, global_batch=cfg.batch_size, worker_env=worker_env,
-                     gpu_tokens=tokens, explicit_gpus=cfg.gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
+                     threads_per_process=threads,  # no batch: one item per worker, so local_batch stays 1
+                     global_batch=world if global_batch is None else global_batch,
+                     worker_env=worker_env, gpu_tokens=tokens, explicit_gpus=requested_gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
 
 
 class DeviceOps:

@@ -1,0 +1,35 @@
+"""harness.collectives.worker: the rank side, in this process as a one-rank gloo group."""
+
+from __future__ import annotations
+
+from harness.collectives.arithmetic import OPS
+from harness.collectives.config import CollectivesConfig, placement_for
+from harness.collectives.worker import measure
+from harness.rank.devices import Hardware
+
+NO_GPU = Hardware(visible_gpus=(), cores=2)
+
+
+def test_measure_in_process_records_what_cannot_run(monkeypatch):
+    """A one-rank gloo group in this process: every op is timed, send/recv (needs a peer) is recorded
+    as not measured instead of failing the benchmark."""
+    import socket
+
+    from strategies.base import ProcessGroupStrategy, RankEnv
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    placement = placement_for({"gpus": [], "nprocs": 1}, NO_GPU)
+    group = ProcessGroupStrategy()
+    group.setup(RankEnv(0, 0, 1, placement, timeout_s=30))
+    try:
+        cfg = CollectivesConfig.from_dict({"ops": list(OPS), "sizes": [4096], "warmup": 1, "repeats": 2})
+        measured, unsupported = measure(cfg, group, rank=0, n=1)
+    finally:
+        group.teardown()
+    assert [m["op"] for m in measured] == [op for op in OPS if op != "sendrecv"]
+    assert all(len(m["seconds"]) == 2 and m["size_bytes"] == 4096 for m in measured)
+    assert list(unsupported) == ["sendrecv"] and "at least 2 ranks" in unsupported["sendrecv"]
