@@ -22,8 +22,8 @@ import common
 import torch
 
 from amp import build_amp
-from amp.levels import AmpConfig, plugin_path, resolve
-from harness.config import FaultConfig
+from harness.core.amp_levels import AmpConfig, plugin_path, resolve
+from harness.core.config import FaultConfig
 from harness.rank.worker import StopRequest, fault_injector
 
 

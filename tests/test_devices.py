@@ -1,4 +1,4 @@
-"""harness.rank.devices: GPU ids to CUDA_VISIBLE_DEVICES and rank->device maps, checked without any GPU."""
+"""harness.core.devices and harness.launch.placement: GPU ids to CUDA_VISIBLE_DEVICES and rank->device maps, checked without any GPU."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import pytest
 import torch
 from conftest import run_config
 
-from harness.errors import ConfigError
-from harness.rank.devices import (
-    DeviceOps,
+from harness.core.devices import DeviceOps, Placement
+from harness.core.errors import ConfigError
+from harness.launch.placement import (
     Hardware,
-    Placement,
     place,
     place_workers,
     probe_hardware,

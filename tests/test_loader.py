@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import TINY, config_dict, describe, run_cli
 
-from harness.config import DataConfig, RunConfig
-from harness.errors import ConfigError
+from harness.core.config import DataConfig, RunConfig
+from harness.core.errors import ConfigError
+from harness.core.timing import Window, WindowClock, data_wait_share, merge_ranks, steady_throughput
 from harness.rank.data import LoaderSource, SyntheticSource, sharded_loader
-from harness.rank.timing import Window, WindowClock, data_wait_share, merge_ranks, steady_throughput
 
 LOADER = {"name": "loader", "image_size": 8, "num_classes": 10}
 

@@ -42,9 +42,9 @@ from conftest import (
 )
 
 from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, group_options
-from harness.config import OVERSUBSCRIBE_FACTOR
+from harness.core.config import OVERSUBSCRIBE_FACTOR
+from harness.launch.placement import probe_hardware, usable_cores
 from harness.output.results import SCHEMA
-from harness.rank.devices import probe_hardware, usable_cores
 
 # ---------------------------------------------------------------------------------------------------
 # Bad input: one line naming the key, the bad value and what is allowed; exit 2; no worker; no folder.

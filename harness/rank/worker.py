@@ -25,17 +25,17 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 
 from amp import AmpSpec, build_amp
-from harness.compile_cache import use_compile_cache
-from harness.config import FaultConfig, RunConfig
-from harness.output.logs import setup_worker
+from harness.core.compile_cache import use_compile_cache
+from harness.core.config import FaultConfig, RunConfig
+from harness.core.devices import DeviceOps, Placement
+from harness.core.logs import setup_worker
+from harness.core.timing import AutoStop, Window, WindowClock
+from harness.memory.footprint import footprint, per_rank
 from harness.output.results import write_json_atomic
-from harness.rank.breakdown import breakdown
+from harness.parity.rank import rank_parity
+from harness.profile.breakdown import breakdown
+from harness.profile.rank import WindowProfiler, at_edges
 from harness.rank.data import BatchSource, batch_source
-from harness.rank.devices import DeviceOps, Placement
-from harness.rank.footprint import footprint, per_rank
-from harness.rank.parity import rank_parity
-from harness.rank.profiling import WindowProfiler, at_edges
-from harness.rank.timing import AutoStop, Window, WindowClock
 from harness.rank.trainer import compile_pass, train
 from strategies.base import RankEnv, unwrap
 
