@@ -19,7 +19,7 @@ from harness.core.amp_levels import AmpConfig
 from harness.core.errors import ConfigError, unknown_key
 from harness.core.options import check_plugin, check_record
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FAULT_KINDS = ("raise", "exit", "oom")
 LAUNCHERS = ("elastic", "spawn")
 START_METHODS = ("spawn", "fork", "forkserver")
