@@ -24,7 +24,8 @@ import torch
 from amp import build_amp
 from harness.core.amp_levels import AmpConfig, plugin_path, resolve
 from harness.core.config import FaultConfig
-from harness.rank.worker import StopRequest, fault_injector
+from harness.core.stops import StopRequest
+from harness.rank.worker import fault_injector
 
 
 class NoOpLoss:

@@ -317,7 +317,8 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
     """Deterministic form of the race: SIGTERM lands inside write_json_atomic (here: during its fsync).
     What the rank measured must still reach ranks/rank0.json."""
     import harness.output.results
-    from harness.rank.worker import Interrupted, run_rank
+    from harness.core.stops import Interrupted
+    from harness.rank.worker import run_rank
 
     record_dir = tmp_path / "ranks"
     spec = rank_spec(record_dir, "single", batch_size=4, iterations=40, gpus=[], nprocs=1)

@@ -229,8 +229,8 @@ def test_a_stop_signal_before_the_run_starts_is_held_and_stops_the_run_at_once(m
     import os
     import signal
 
+    from harness.core.stops import Interrupted, StopRequest
     from harness.launch import runner
-    from harness.rank.worker import Interrupted, StopRequest
 
     held = StopRequest()
     monkeypatch.setattr(runner, "_held", held)

@@ -23,6 +23,7 @@ from harness.core.compile_cache import prepare_compile_cache
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
+from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
 from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
 from harness.launch.launcher import WorkerFailure, launch_workers
@@ -32,15 +33,7 @@ from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, 
 from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
 from harness.parity.merge import run_parity
 from harness.profile.merge import profile_section
-from harness.rank.worker import (
-    STOP_SIGNALS,
-    Interrupted,
-    StopRequest,
-    caused_by,
-    last_line,
-    run_rank,
-    stopped_by,
-)
+from harness.rank.worker import run_rank
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from harness.rank.worker import last_line
+from harness.core.stops import last_line
 
 log = logging.getLogger(__name__)
 
