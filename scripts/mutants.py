@@ -10,6 +10,7 @@ the code is reported as "stale" (update the list with the code).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -137,8 +138,10 @@ def mirrors(path: str, root: Path) -> list[str]:
 
 
 def pytest(root: Path, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # workers started as commands import the mutated copy too
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                           "-o", "addopts=", *args], cwd=root, capture_output=True, text=True, timeout=timeout)
+                           "-o", "addopts=", *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) -> tuple[str, float]:
