@@ -508,6 +508,21 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
         assert not alive_pids(run_pids(r))
 
 
+def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish():
+    """The report times finished runs only; the console line said "steady-state 211.5 img/s" for an
+    interrupted one, while the report beside it said no combination had run."""
+    from harness.output.console import status_line
+
+    windows = [{"end_iter": 20, "warmup": True}, {"end_iter": 40, "warmup": False}, {"end_iter": 60, "warmup": False}]
+    ok = {"status": "ok", "throughput_img_s": 211.5, "windows": windows, "error": None}
+    assert status_line(ok) == "status ok · steady-state 211.5 img/s"
+    stopped = {**ok, "status": "interrupted", "error": "stopped by SIGINT"}
+    assert status_line(stopped) == ("status interrupted · 3 windows measured before it stopped, no steady-state "
+                                    "figure · stopped by SIGINT")
+    untimed = {**ok, "throughput_img_s": None, "windows": windows[:1]}  # parity=true: no steady window
+    assert status_line(untimed) == "status ok"
+
+
 # ---------------------------------------------------------------------------------------------------
 # The report skips unreadable results files, naming them.
 # ---------------------------------------------------------------------------------------------------

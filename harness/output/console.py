@@ -66,7 +66,7 @@ def status_line(results: dict[str, Any]) -> str:
     line = f"status {results['status']}"
     if results.get("throughput_img_s") and results["status"] == "ok":
         line += f" · steady-state {results['throughput_img_s']:.1f} img/s"
-    elif results.get("windows"):  # the report times finished runs only: no figure here that it would not show
+    elif results.get("windows") and results["status"] != "ok":  # the report times finished runs only
         count = len(results["windows"])
         line += f" · {count} window{'s' if count > 1 else ''} measured before it stopped, no steady-state figure"
     if results.get("data_wait_share") is not None and results["data_wait_share"] >= 0.005:
