@@ -4,6 +4,7 @@ and checked before Hydra starts, and Hydra's errors turned into one line naming 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Iterator, Sequence
@@ -148,7 +149,7 @@ def as_config_error(error: BaseException, overrides: Sequence[str]) -> ConfigErr
     match = re.search(r"Could not override '([^']+)'", message)
     if match:
         key = match.group(1)
-        return ConfigError(key, values.get(key), unknown_key(key, known_keys()))
+        return ConfigError(key, values.get(key), section_unknown_key(key, overrides) or unknown_key(key, known_keys()))
     match = re.search(r"Could not append to config\. An item is already at '([^']+)'", message)
     if match:
         key = match.group(1)
@@ -158,6 +159,64 @@ def as_config_error(error: BaseException, overrides: Sequence[str]) -> ConfigErr
         key = match.group(1)
         return ConfigError(key, values.get(key), first_line(error))
     return ConfigError("overrides", " ".join(overrides), first_line(error))
+
+
+def section_unknown_key(key: str, overrides: Sequence[str]) -> str | None:
+    """What to say about `section.key` that is not in its section: the closest key of the section as this run
+    composes it (`strategy=ddp`'s keys for `strategy.comm_hok`), or the other choice of the group the key
+    belongs to (`data.root` is data=loader's). None when the section itself does not exist (a top-level typo)."""
+    from hydra import compose
+
+    section, _, leaf = key.rpartition(".")
+    if not section:
+        return None
+    rest = [_first_choice(o) for o in overrides if o.lstrip("+~").partition("=")[0] != key]
+    try:
+        cfg = compose(config_name="config", overrides=rest, return_hydra_config=True)
+    except Exception:  # noqa: BLE001 (another bad override: the top-level list is all we can say)
+        return None
+    node = OmegaConf.select(cfg, section)
+    if not isinstance(node, DictConfig):
+        return None
+    keys = sorted(str(k) for k in node if k != "_target_")
+    group = section.split(".")[0]
+    choice = cfg.hydra.runtime.choices.get(group) if group == section else None
+    where = f"{group}={choice}" if choice is not None else section
+    close = difflib.get_close_matches(leaf, keys, n=1, cutoff=0.6)
+    if close:
+        return f"no such key in {where}; did you mean {section}.{close[0]}? the keys of {where} are {', '.join(keys)}"
+    others = [o for o in _group_options(group) if o != choice] if choice is not None else []
+    owners = [o for o in others if leaf in _yaml_keys(group, o)]
+    if owners:
+        return (f"{key} belongs to {_either(group, owners)} (this run has {where}); "
+                f"the keys of {where} are {', '.join(keys)}")
+    near = difflib.get_close_matches(leaf, sorted({k for o in others for k in _yaml_keys(group, o)}), n=1, cutoff=0.6)
+    if near:
+        owners = [o for o in others if near[0] in _yaml_keys(group, o)]
+        return (f"no such key in {where}; did you mean {section}.{near[0]}? it belongs to {_either(group, owners)} "
+                f"(this run has {where}); the keys of {where} are {', '.join(keys)}")
+    return f"no such key in {where}; the keys of {where} are {', '.join(keys)}"
+
+
+def _first_choice(override: str) -> str:
+    """A sweep's `strategy=ddp,zero` as its first combination composes it (`strategy=ddp`)."""
+    key, _, value = override.partition("=")
+    return override if _is_plain(override) or "(" in value else f"{key}={value.split(',')[0]}"
+
+
+def _either(group: str, options: Sequence[str]) -> str:
+    return " or ".join(f"{group}={o}" for o in options)
+
+
+def _group_options(group: str) -> list[str]:
+    """A config group's choices (conf/<group>/*.yaml; files starting with `_` are shared parts)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _yaml_keys(group: str, option: str) -> list[str]:
+    """The keys conf/<group>/<option>.yaml sets itself (enough to say which choice a key belongs to)."""
+    loaded = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+    return [str(k) for k in loaded if k not in ("defaults", "_target_")] if isinstance(loaded, DictConfig) else []
 
 
 @functools.cache

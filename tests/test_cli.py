@@ -123,8 +123,46 @@ def test_bad_command_lines_are_one_line_and_exit_2_before_hydra(argv, capsys):
         assert fragment in err[0], (fragment, err[0])
 
 
+# A key unknown to its section: the closest key of the section as the run composes it, or the other choice of the
+# group it belongs to; never the top-level list (whose "did you mean data.report?" sent users the wrong way).
+SECTION_TYPOS = {
+    "strategy=ddp strategy.comm_hok=bf16": (
+        "strategy.comm_hok=bf16 is not allowed: no such key in strategy=ddp; did you mean strategy.comm_hook? "
+        "the keys of strategy=ddp are backend, bucket_cap_mb, comm_hook, find_unused_parameters, "
+        "gradient_as_bucket_view, powersgd_rank, powersgd_start_iter"),
+    "data.num_worker=1": (  # data=synthetic (the default) has no loader workers: num_workers is data=loader's
+        "data.num_worker=1 is not allowed: no such key in data=synthetic; did you mean data.num_workers? "
+        "it belongs to data=loader (this run has data=synthetic); the keys of data=synthetic are image_size, name, "
+        "num_classes, pool"),
+    "data=loader data.num_worker=1": (
+        "data.num_worker=1 is not allowed: no such key in data=loader; did you mean data.num_workers? the keys of "
+        "data=loader are image_size, item_delay_ms, name, num_classes, num_workers, persistent_workers, pin_memory, "
+        "prefetch_factor, root, size"),
+    "data.root=/x": (
+        "data.root=/x is not allowed: data.root belongs to data=loader (this run has data=synthetic); the keys of "
+        "data=synthetic are image_size, name, num_classes, pool"),
+    "-m strategy=ddp,zero strategy.comm_hok=bf16": (  # a sweep: the first combination's choice (ddp)
+        "strategy.comm_hok=bf16 is not allowed: no such key in strategy=ddp; did you mean strategy.comm_hook?"),
+    "timing.precison_pct=3": (  # a section that is no group
+        "timing.precison_pct=3 is not allowed: no such key in timing; did you mean timing.precision_pct? the keys of "
+        "timing are max_seconds, precision_pct"),
+}
+
+
+@pytest.mark.parametrize("argv", list(SECTION_TYPOS))
+def test_a_key_unknown_to_its_section_is_named_within_the_section(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.precheck([*argv.split(), "model=tiny_cnn"])
+    assert info.value.code == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert SECTION_TYPOS[argv] in err[0], err[0]
+    assert "batch_size" not in err[0]  # not the top-level keys
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", ["+stratgy=ddp", "-m stratgy=ddp,single", "+strategy.foo=1", "optim.lr=abc"])
+@pytest.mark.parametrize("argv", ["+stratgy=ddp", "-m stratgy=ddp,single", "+strategy.foo=1", "optim.lr=abc",
+                                  "data.root=/x"])
 def test_bad_command_lines_leave_no_folder(argv, tmp_path):
     multirun = argv.startswith("-m")
     out = tmp_path / "out"

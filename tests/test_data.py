@@ -4,6 +4,9 @@ strategy, the wait per window counted, and a slow dataset showing up as a larger
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 import torch
 from conftest import TINY, config_dict, describe, run_cli
@@ -213,3 +216,49 @@ def test_a_slow_dataset_raises_the_data_wait_share(fast_and_slow):
     profiled = next(w for w in slow["windows"] if w["profiled"])
     run = slow["profile"]["run"]
     assert run["shares"]["data_wait"] == pytest.approx(profiled["data_wait_s"] / profiled["seconds"], abs=0.05)
+
+
+# ---- pin_memory=false on a GPU: the copy waits for the previous iteration's kernels, which are not data wait ----
+
+LOAD_S, QUEUED_S = 0.01, 0.1  # the loader's time per batch; the GPU work still queued when the copy starts
+
+
+class PageableBatchPart:
+    """A host tensor in pageable memory (pin_memory=false) as a CUDA copy treats it: `.to(cuda)` returns only
+    once the stream has run everything queued before the copy. It imitates torch's non-blocking=False copy,
+    at::cuda::memcpy_and_sync (torch/include/c10/cuda/CUDAFunctions.h), which ends with
+        C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    (and a `non_blocking=True` copy from pageable memory is staged synchronously just the same)."""
+
+    def __init__(self, copies: list[tuple[str, bool]]) -> None:
+        self.copies = copies
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> str:
+        time.sleep(QUEUED_S)  # the previous iteration's backward and optimizer step finishing on the GPU
+        self.copies.append((str(device), non_blocking))
+        return f"on {device}"
+
+
+class FakeLoader:
+    """What LoaderSource reads of a DataLoader: its pin_memory and batches, each LOAD_S in coming."""
+
+    pin_memory = False
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[str, bool]] = []
+
+    def __iter__(self) -> Any:
+        while True:
+            time.sleep(LOAD_S)
+            yield PageableBatchPart(self.copies), PageableBatchPart(self.copies)
+
+
+def test_the_copy_to_the_gpu_is_not_counted_as_data_wait():
+    """3 batches: the loop waited 3 x 10 ms for the loader; the copies' 6 x 100 ms are the GPU finishing the
+    previous iterations (counted as data wait they would make it 0.63 s, data-bound on a compute-bound run)."""
+    loader = FakeLoader()
+    source = LoaderSource(loader, None, torch.device("cuda", 0))  # type: ignore[arg-type]
+    batches = [source.next() for _ in range(3)]
+    assert batches == [("on cuda:0", "on cuda:0")] * 3
+    assert loader.copies == [("cuda:0", False)] * 6  # pageable memory: a blocking copy
+    assert 3 * LOAD_S <= source.waited < 3 * LOAD_S + QUEUED_S, source.waited

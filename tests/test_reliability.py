@@ -348,6 +348,48 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
     assert [w["end_iter"] for w in record["windows"]] == [20, 40]
 
 
+def test_only_the_first_stop_signal_interrupts_the_launcher():
+    """A second SIGINT (`timeout -s INT` signals the process, then its group; a scheduler may signal twice)
+    lands while the launcher stops the workers: it must not raise again inside that stop (in the elastic
+    agent's logging it became a "--- Logging error ---" traceback; in its wait, workers stopped short), nor
+    after it, while the results and a sweep's report are written."""
+    from harness.core.stops import Interrupted
+    from harness.launch import runner
+
+    before = {s: signal.getsignal(s) for s in runner.STOP_SIGNALS}
+    stopped: list[str] = []
+    try:
+        with pytest.raises(Interrupted, match="^stopped by SIGINT$"):
+            with runner._signals_as_interrupt():
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(5)
+                except Interrupted:
+                    os.kill(os.getpid(), signal.SIGINT)  # the second, while the workers are being stopped
+                    time.sleep(0.05)  # a handler runs at the next bytecode: it would raise here
+                    stopped.append("workers stopped")
+                    raise
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after the run: results and report being written
+            handler = signal.getsignal(sig)
+            assert handler not in (signal.SIG_DFL, signal.default_int_handler), f"{sig.name} now would end the report"
+            os.kill(os.getpid(), sig)
+            time.sleep(0.05)
+        stopped.append("report written")
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert stopped == ["workers stopped", "report written"]
+
+
+def test_the_elastic_agent_leaves_sigint_and_sigterm_to_the_launcher():
+    """torch's agent would register its own SIGINT/SIGTERM handler, which raises on every signal."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from harness.launch import launcher
+
+    assert launcher._agent_signals(LaunchConfig) == {"signals_to_handle": "SIGHUP,SIGQUIT"}
+
+
 @pytest.mark.slow
 def test_worker_killed_with_sigkill_fails_the_run_within_the_bound(tmp_path):
     run_dir = tmp_path / "run"
@@ -431,6 +473,10 @@ def test_sweep_goes_on_past_a_failed_combination(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
+    """SIGINT to the launcher's process alone (a scheduler's `kill -INT`), twice as `timeout -s INT` sends it
+    (to the process, then to its group): the second lands while the first is being handled, and must neither
+    break the stop (a "--- Logging error ---" traceback in the elastic agent's logging, the workers' wait cut
+    short) nor leave a figure on the console that the report does not show."""
     sweep = tmp_path / "sweep"
     first = sweep / "0_single_O0" / "results.json"
     with LiveRun("-m", "strategy=single", "amp=O0", *TINY, "log_every=20", "iterations=40,100000,200000",
@@ -438,8 +484,15 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
         # The first combination finished and the second is training.
         assert run.wait_until(lambda: first.exists() and "/100000 " in run.stdout, START_TIMEOUT_S), run.describe()
         sent = run.signal(signal.SIGINT)
+        time.sleep(0.001)
+        run.signal(signal.SIGINT)
         code = run.wait(timeout=STOP_BOUND_S + 60)
     assert code == EXIT_INTERRUPTED, run.describe()
+    assert "Logging error" not in run.stderr and "Traceback" not in run.stderr, run.describe()
+    status = [line for line in run.stdout.splitlines() if line.startswith("status ")]
+    assert status[0].startswith("status ok · steady-state "), status  # the finished combination: its figure
+    # the interrupted one: what it measured, no steady-state figure (the report times finished runs only)
+    assert "windows measured before it stopped, no steady-state figure" in status[1], status
     assert run.ended_at - sent < STOP_BOUND_S
     results = sweep_results(sweep)
     assert sorted(results) == ["0_single_O0", "1_single_O0"]  # the third never started
@@ -454,6 +507,21 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
     assert not run.survivors(grace=10)
     for r in results.values():
         assert not alive_pids(run_pids(r))
+
+
+def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish():
+    """The report times finished runs only; the console line said "steady-state 211.5 img/s" for an
+    interrupted one, while the report beside it said no combination had run."""
+    from harness.launch.console import status_line
+
+    windows = [{"end_iter": 20, "warmup": True}, {"end_iter": 40, "warmup": False}, {"end_iter": 60, "warmup": False}]
+    ok = {"status": "ok", "throughput_img_s": 211.5, "windows": windows, "error": None}
+    assert status_line(ok) == "status ok · steady-state 211.5 img/s"
+    stopped = {**ok, "status": "interrupted", "error": "stopped by SIGINT"}
+    assert status_line(stopped) == ("status interrupted · 3 windows measured before it stopped, no steady-state "
+                                    "figure · stopped by SIGINT")
+    untimed = {**ok, "throughput_img_s": None, "windows": windows[:1]}  # parity=true: no steady window
+    assert status_line(untimed) == "status ok"
 
 
 # ---------------------------------------------------------------------------------------------------

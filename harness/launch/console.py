@@ -64,8 +64,11 @@ def _who(process: dict[str, Any]) -> str:
 
 def status_line(results: dict[str, Any]) -> str:
     line = f"status {results['status']}"
-    if results.get("throughput_img_s"):
+    if results.get("throughput_img_s") and results["status"] == "ok":
         line += f" · steady-state {results['throughput_img_s']:.1f} img/s"
+    elif results.get("windows") and results["status"] != "ok":  # the report times finished runs only
+        count = len(results["windows"])
+        line += f" · {count} window{'s' if count > 1 else ''} measured before it stopped, no steady-state figure"
     if results.get("data_wait_share") is not None and results["data_wait_share"] >= 0.005:
         line += f" · data wait {100 * results['data_wait_share']:.0f} % of steady time"
     if results.get("energy_j_per_image") is not None:

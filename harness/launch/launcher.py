@@ -35,6 +35,14 @@ from harness.core.devices import Placement
 
 LOOPBACK = "127.0.0.1"
 SHUTDOWN_GRACE_S = 10  # SIGTERM to SIGKILL: time for surviving workers to write their records
+# The elastic agent's own handler for SIGINT/SIGTERM raises on every signal, a second one too (in the middle of
+# its logging or of its wait for the workers to end); the launcher's handler (runner._signals_as_interrupt)
+# raises once and stops the run the same way (the agent's `finally` ends the workers with SIGTERM). torch's
+# LaunchConfig has `signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"` (torchrun's --signals_to_handle),
+# which launch_agent passes on as `os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle`
+# for PContext.start() to register. (A torch without the field keeps its own handler: runner.execute still
+# takes its SignalException as an interrupt.)
+AGENT_SIGNALS = "SIGHUP,SIGQUIT"
 
 logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
 
@@ -142,7 +150,7 @@ def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nproc
         rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
         rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
         max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_grace(LaunchConfig))
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_grace(LaunchConfig), **_agent_signals(LaunchConfig))
     try:
         elastic_launch(config, entry)(spec)
     except ChildFailedError as error:
@@ -158,6 +166,12 @@ def _grace(launch_config: type) -> dict[str, float]:
     torch, has no `shutdown_timeout` in LaunchConfig: its agent keeps its own)."""
     fields = {f.name for f in dataclasses.fields(launch_config)}
     return {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in fields else {}
+
+
+def _agent_signals(launch_config: type) -> dict[str, str]:
+    """The signals the agent handles itself, where this torch lets them be set (see AGENT_SIGNALS)."""
+    fields = {f.name for f in dataclasses.fields(launch_config)}
+    return {"signals_to_handle": AGENT_SIGNALS} if "signals_to_handle" in fields else {}
 
 
 def prune_empty(folder: Path) -> None:

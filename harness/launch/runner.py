@@ -221,9 +221,22 @@ def hold_stop_signals() -> None:
 @contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
     """SIGINT/SIGTERM/SIGUSR2 to the launcher end the run: workers stopped, partial results written.
-    Installed explicitly: a shell starting us in the background leaves SIGINT ignored."""
+    Installed explicitly: a shell starting us in the background leaves SIGINT ignored.
+
+    Only the first signal raises. A second one (`timeout -s INT` signals this process, then its whole group; a
+    scheduler or an impatient user signals twice) would otherwise land inside the stop under way: in the
+    launcher's logging (swallowed there as a "--- Logging error ---" traceback) or in the wait for the workers
+    to end. From the first signal on, further ones are ignored until the process exits (exit 130, after the
+    results and a sweep's report are written); SIGKILL still ends it at once."""
+    fired: list[str] = []
+
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(stopped_by(signal.Signals(signum).name))
+        name = signal.Signals(signum).name
+        if not fired:
+            fired.append(name)
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, _while_stopping)
+        raise Interrupted(stopped_by(name))
 
     try:
         previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
@@ -233,9 +246,16 @@ def _signals_as_interrupt() -> Iterator[None]:
     try:
         _held.check()
         yield
+        if fired:  # raised where something swallowed it (a library's logging): the run was still stopped
+            raise Interrupted(stopped_by(fired[0]))
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        if not fired:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+def _while_stopping(signum: int, frame: FrameType | None) -> None:
+    """A stop signal after the first: the run is already stopping (see _signals_as_interrupt)."""
 
 
 def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, amp: AmpSpec,

@@ -200,23 +200,32 @@ class LoaderSource:
 
     def first(self) -> Batch:
         if self._held is None:
-            self._held = self._fetch()
+            self._held = self._to_device(self._load())
         return self._held
 
     def next(self) -> Batch:
+        """Only the wait for the loader's batch is counted, not its copy to the device: from pageable memory
+        (pin_memory=false) a CUDA copy waits for everything queued on the stream before it, i.e. the previous
+        iteration's kernels (compute, not data)."""
+        if self._held is not None:
+            batch, self._held = self._held, None
+            return batch
         start = time.perf_counter()
-        batch, self._held = (self._held, None) if self._held is not None else (self._fetch(), None)
+        host = self._load()
         self.waited += time.perf_counter() - start
-        return batch
+        return self._to_device(host)
 
-    def _fetch(self) -> Batch:
+    def _load(self) -> Batch:
         try:
-            images, labels = next(self._iterator)
+            return next(self._iterator)
         except StopIteration:
             self._epoch += 1
             self._sampler.set_epoch(self._epoch)
             self._iterator = iter(self._loader)
-            images, labels = next(self._iterator)
+            return next(self._iterator)
+
+    def _to_device(self, batch: Batch) -> Batch:
+        images, labels = batch
         return (images.to(self._device, non_blocking=self._non_blocking),
                 labels.to(self._device, non_blocking=self._non_blocking))
 

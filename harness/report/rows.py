@@ -384,7 +384,7 @@ def summary(rows: Sequence[Row], baseline: str | None) -> str:
         if untimed and failed:
             parts.append(f"{failed} did not run: the reasons are in the table.")
         elif not untimed:
-            parts.append("No combination ran here" + (f" ({failed} did not: the reasons are in the table)"
+            parts.append("No combination finished here" + (f" ({failed} did not: the reasons are in the table)"
                                                        if failed else "") + ".")
         return " ".join(parts)
     won = winners(rows)
