@@ -1,6 +1,6 @@
 """Amp plugins: how forward, backward and the optimizer step are cast and scaled at apex's levels O0-O3.
 
-The levels (what O2 means) are in `amp.levels`; how they are done, in `amp.native` (torch.autocast,
+The levels (what O2 means) are in `harness.core.amp_levels`; how they are done, in `amp.native` (torch.autocast,
 GradScaler, fp32 master weights) and `amp.apex` (NVIDIA apex <= 25.05). conf/amp/ names the plugin class
 with `_target_`, chosen by `amp.impl`.
 """
@@ -11,7 +11,7 @@ import torch
 from hydra.utils import get_class
 
 from amp.base import Amp
-from amp.levels import AmpConfig, AmpSpec, resolve
+from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
 
 __all__ = ["Amp", "AmpConfig", "AmpSpec", "build_amp", "plugin_class", "resolve"]
 

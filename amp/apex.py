@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from amp.base import Amp, OptimizerFactory
-from amp.levels import AmpSpec
-from harness.optional import apex_missing
+from harness.core.amp_levels import AmpSpec
+from harness.core.optional import apex_missing
 
 
 class ApexAmp(Amp):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from amp.levels import AmpSpec
+from harness.core.amp_levels import AmpSpec
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entered every iteration, so made once

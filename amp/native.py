@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from amp.base import NO_CONTEXT, Amp, OptimizerFactory
-from amp.levels import AmpSpec
-from harness.rank.devices import cpu_half_reason
+from harness.core.amp_levels import AmpSpec
+from harness.core.devices import cpu_half_reason
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 

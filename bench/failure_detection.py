@@ -26,8 +26,8 @@ from typing import Any
 
 import common
 
+from harness.core.devices import Placement
 from harness.launch.launcher import launch_workers
-from harness.rank.devices import Placement
 
 
 def entry(spec: dict[str, Any]) -> None:

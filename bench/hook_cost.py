@@ -22,9 +22,10 @@ import common
 import torch
 
 from amp import build_amp
-from amp.levels import AmpConfig, plugin_path, resolve
-from harness.config import FaultConfig
-from harness.rank.worker import StopRequest, fault_injector
+from harness.core.amp_levels import AmpConfig, plugin_path, resolve
+from harness.core.config import FaultConfig
+from harness.core.stops import StopRequest
+from harness.rank.worker import fault_injector
 
 
 class NoOpLoss:

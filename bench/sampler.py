@@ -72,7 +72,7 @@ def read_cost(samples: int) -> dict[str, Any]:
     the machine), reading the known processes' memory, and how often the harness's source lists the tree."""
     import psutil
 
-    from harness.launch.memory import PsutilSource
+    from harness.memory.sampler import PsutilSource
 
     root = psutil.Process(os.getpid())
     listing, reading = [], []

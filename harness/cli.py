@@ -23,8 +23,8 @@ from harness.compose import (
     register_resolvers,
     typed_sweep_axes,
 )
-from harness.config import CONF_DIR, RunConfig
-from harness.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ConfigError, Incompatible
+from harness.core.config import CONF_DIR, RunConfig
+from harness.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ConfigError, Incompatible
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def precheck(argv: Sequence[str]) -> list[str]:
 
 def check_runs(overrides: Sequence[str], multirun: bool) -> None:
     """Compose and check every combination; in a sweep an Incompatible one is left to become a skipped row."""
+    from harness.launch.placement import probe_hardware
     from harness.launch.runner import plan
-    from harness.rank.devices import probe_hardware
 
     with hydra_context():
         hw = probe_hardware()
@@ -73,7 +73,7 @@ def check_runs(overrides: Sequence[str], multirun: bool) -> None:
 
 
 def refuse(error: Exception) -> None:
-    from harness.output.logs import refusals
+    from harness.core.logs import refusals
 
     refusals().error("%s", error)
     sys.exit(EXIT_BAD_INPUT)
@@ -134,7 +134,7 @@ def torchrun_worker(argv: Sequence[str]) -> int:
         return run_worker([a for a in argv if not a.startswith("-")])
     except ConfigError as error:
         if os.environ.get("RANK") == "0":
-            from harness.output.logs import refusals
+            from harness.core.logs import refusals
 
             refusals().error("%s", error)
         return EXIT_BAD_INPUT
@@ -192,7 +192,7 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
         if in_sweep and job_of_its_own():  # the signal ended this job, not the sweep: a row like any other
             return None
         if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
-            from harness.output.callbacks import report_sweep
+            from harness.report.callbacks import report_sweep
 
             report_sweep(Path(hydra_cfg.sweep.dir), cfg_dict.get("report", {}).get("baseline"))
         sys.exit(EXIT_INTERRUPTED)

@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.config import CONF_DIR, RunConfig
-from harness.errors import ConfigError, unknown_key
+from harness.core.config import CONF_DIR, RunConfig
+from harness.core.errors import ConfigError, unknown_key
 
 SWEEP_GROUP = "sweep"
 NO_GRID = "none"  # conf/sweep/none.yaml: sweep only the axes typed
@@ -31,7 +31,7 @@ def has_gpu() -> bool:
 def register_resolvers() -> None:
     """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs, a CPU-sized workload otherwise.
     `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`)."""
-    from amp.levels import plugin_path
+    from harness.core.amp_levels import plugin_path
 
     if not OmegaConf.has_resolver("hw"):
         OmegaConf.register_new_resolver("hw", lambda gpu, cpu: gpu if has_gpu() else cpu)

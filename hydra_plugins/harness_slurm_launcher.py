@@ -28,8 +28,9 @@ if _PluginSlurmLauncher is not None:
             return super().__call__(*args, **kwargs)
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+            from harness.cli import record_not_run
             from harness.launch.submitit_jobs import lost_jobs_as_rows, record_lost, watch_without_accounting
 
             watch_without_accounting()
-            with lost_jobs_as_rows(lambda job, error: record_lost(self, job, error)):
+            with lost_jobs_as_rows(lambda job, error: record_lost(self, job, error, record_not_run)):
                 return super().launch(job_overrides, initial_job_idx)

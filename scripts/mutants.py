@@ -10,6 +10,7 @@ the code is reported as "stale" (update the list with the code).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -38,20 +39,20 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      "return []"),
     ("gloo not pinned to loopback", "harness/launch/launcher.py",
      '"GLOO_SOCKET_IFNAME": interface, ', ""),
-    ("DataParallel syncs only its first GPU", "harness/rank/devices.py",
+    ("DataParallel syncs only its first GPU", "harness/core/devices.py",
      "for index in self.indices:\n                torch.cuda.synchronize(index)",
      "for index in self.indices[:1]:\n                torch.cuda.synchronize(index)"),
-    ("CPU sampler never re-lists the workers", "harness/launch/memory.py",
+    ("CPU sampler never re-lists the workers", "harness/memory/sampler.py",
      "if self._clock() - self._listed_at >= self.RELIST_S:", "if self._listed_at == float(\"-inf\"):"),
     # timing
-    ("run clock = fastest rank", "harness/rank/timing.py",
+    ("run clock = fastest rank", "harness/core/timing.py",
      "cumulative = max(w[i].cumulative_seconds for w in ranks)", "cumulative = min(w[i].cumulative_seconds for w in ranks)"),
-    ("throughput includes warm-up", "harness/rank/timing.py",
+    ("throughput includes warm-up", "harness/core/timing.py",
      "    steady = steady_windows(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0:\n",
      "    steady = list(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0:\n"),
-    ("one warm-up window too many", "harness/rank/timing.py",
+    ("one warm-up window too many", "harness/core/timing.py",
      "warmup=len(self.windows) < self._warmup_windows", "warmup=len(self.windows) <= self._warmup_windows"),
-    ("window loss = mean over ranks dropped (rank 0's)", "harness/rank/timing.py",
+    ("window loss = mean over ranks dropped (rank 0's)", "harness/core/timing.py",
      "loss=statistics.fmean(losses) if losses else None", "loss=losses[0] if losses else None"),
     # report
     ("p10 and p90 swapped", "harness/report/rows.py",
@@ -71,20 +72,20 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("memory win ignores the spread", "harness/report/rows.py",
      "mem[0].mem_max_hi < mem[1].mem_max_lo", "mem[0].mem_max_mib < mem[1].mem_max_mib"),
     # imbalance
-    ("base excess against the largest other", "harness/output/imbalance.py",
+    ("base excess against the largest other", "harness/memory/imbalance.py",
      "others_mean = statistics.fmean(r[\"used_mib\"] for r in others)", "others_mean = max(r[\"used_mib\"] for r in others)"),
-    ("used memory = peak, baseline ignored", "harness/output/imbalance.py",
+    ("used memory = peak, baseline ignored", "harness/memory/imbalance.py",
      'max(0.0, d["peak_mib"] - d.get("baseline_mib", 0.0))', 'd["peak_mib"]'),
-    ("CPU verdict as if GPUs", "harness/output/imbalance.py",
+    ("CPU verdict as if GPUs", "harness/memory/imbalance.py",
      'if (results.get("memory") or {}).get("source") == "psutil":', "if False:"),
     # memory
-    ("baseline counted as a peak", "harness/launch/memory.py",
+    ("baseline counted as a peak", "harness/memory/sampler.py",
      "            self.baseline = sample\n            return\n", "            self.baseline = sample\n"),
-    ("other users' processes kept", "harness/launch/memory.py",
+    ("other users' processes kept", "harness/memory/sampler.py",
      "elif rank is None and pid in before and pid != launcher_pid:", "elif False:"),
-    ("hidden per-process memory = 0", "harness/launch/memory.py",
+    ("hidden per-process memory = 0", "harness/memory/sampler.py",
      "None if used is None else used / MIB", "(used or 0) / MIB"),
-    ("CPU baseline from the sampler, not the rank's start", "harness/launch/memory.py",
+    ("CPU baseline from the sampler, not the rank's start", "harness/memory/sampler.py",
      "if rank is not None and rank.rss_at_start_mib is not None:", "if False:"),
     # amp
     ("static loss scale not divided out", "amp/native.py",
@@ -105,24 +106,24 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      'key=lambda r: r.get("ended_at") or 0)', 'key=lambda r: -(r.get("ended_at") or 0))'),
     ("results overwrite another run", "harness/output/results.py",
      "if path.exists() and not _is_provisional(path):", "if False:"),
-    ("batch not checked against the workers", "harness/rank/devices.py",
+    ("batch not checked against the workers", "harness/launch/placement.py",
      "if global_batch is not None and global_batch % world:", "if False:"),
     ("all_reduce bus factor (n-1)/n", "harness/collectives/arithmetic.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
     ("collective time: mean", "harness/collectives/arithmetic.py",
      'seconds = statistics.median(m["seconds"])', 'seconds = statistics.fmean(m["seconds"])'),
     # issues 16-18: the figures the newer strategies, parity and the breakdown report
-    ("data wait share includes warm-up", "harness/rank/timing.py",
+    ("data wait share includes warm-up", "harness/core/timing.py",
      "    steady = steady_windows(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0 or any(",
      "    steady = list(windows)\n    seconds = sum(w.seconds for w in steady)\n    if not steady or seconds <= 0 or any("),
-    ("ZeRO's optimizer state not divided by the ranks", "harness/rank/footprint.py",
+    ("ZeRO's optimizer state not divided by the ranks", "harness/memory/footprint.py",
      '"optimizer_state": whole.optimizer_state / (world_size if state else 1)', '"optimizer_state": whole.optimizer_state'),
-    ("parity: the first repeat's difference, not the largest", "harness/report/parity.py",
+    ("parity: the first repeat's difference, not the largest", "harness/parity/report.py",
      "row.parity_max_rel = max(rel_diffs) if rel_diffs else None", "row.parity_max_rel = rel_diffs[0] if rel_diffs else None"),
-    ("parity: losses not compared", "harness/report/parity.py",
+    ("parity: losses not compared", "harness/parity/report.py",
      "loss_diffs.append(max(abs(a - b) for a, b in zip(ours, base, strict=False)))", "loss_diffs.append(0.0)"),
     ("compile time: the fastest rank's", "harness/launch/runner.py",
      "compile_seconds = max(compiled) if compiled else None", "compile_seconds = min(compiled) if compiled else None"),
-    ("breakdown shares 10 % off", "harness/rank/breakdown.py",
+    ("breakdown shares 10 % off", "harness/profile/breakdown.py",
      '"shares": {k: (v / span_s if span_s > 0 else None)', '"shares": {k: (v / (span_s * 1.1) if span_s > 0 else None)'),
 ]
 
@@ -137,8 +138,10 @@ def mirrors(path: str, root: Path) -> list[str]:
 
 
 def pytest(root: Path, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # workers started as commands import the mutated copy too
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                           "-o", "addopts=", *args], cwd=root, capture_output=True, text=True, timeout=timeout)
+                           "-o", "addopts=", *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run(name: str, path: str, old: str, new: str, root: Path, timeout: float) -> tuple[str, float]:

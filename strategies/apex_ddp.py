@@ -5,10 +5,10 @@ from __future__ import annotations
 from torch import nn
 
 from amp import AmpSpec
-from harness.config import RunConfig
-from harness.errors import Incompatible
-from harness.optional import apex_missing
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
+from harness.core.optional import apex_missing
 from strategies.base import ProcessGroupStrategy
 
 

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch import nn
 
 from amp import Amp, AmpSpec
-from harness.config import RunConfig
-from harness.errors import Incompatible
-from harness.rank.devices import DeviceOps, Placement
+from harness.core.config import RunConfig
+from harness.core.devices import DeviceOps, Placement
+from harness.core.errors import Incompatible
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 

@@ -13,9 +13,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from amp import AmpSpec
-from harness.config import RunConfig
-from harness.errors import ConfigError, Incompatible
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
 from strategies.base import Backend, ProcessGroupStrategy
 
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from torch import nn
 
 from amp import AmpSpec
-from harness.errors import Incompatible
-from harness.rank.devices import Placement
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
 from strategies.base import Strategy
 
 

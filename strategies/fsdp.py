@@ -42,9 +42,9 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from amp import Amp, AmpSpec
-from harness.config import RunConfig
-from harness.errors import Incompatible
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
 from strategies.base import OptimizerFactory, ProcessGroupStrategy, unwrap
 from strategies.ddp import CommHook
 

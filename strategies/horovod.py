@@ -24,10 +24,10 @@ import torch.distributed as dist
 from torch import nn
 
 from amp import Amp, AmpSpec
-from harness.config import RunConfig
-from harness.errors import Incompatible
-from harness.optional import package_missing
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
+from harness.core.optional import package_missing
 from strategies.base import OptimizerFactory, ProcessGroupStrategy, RankEnv
 
 INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "

@@ -13,9 +13,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from amp import AmpSpec
-from harness.config import RunConfig
-from harness.errors import ConfigError
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError
 from strategies.base import Strategy
 
 

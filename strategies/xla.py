@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from amp import Amp, AmpSpec
-from harness.config import RunConfig
-from harness.errors import ConfigError, Incompatible
-from harness.optional import package_missing
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
+from harness.core.optional import package_missing
 from strategies.base import OptimizerFactory, RankEnv, Strategy
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "

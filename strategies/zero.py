@@ -17,8 +17,8 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from amp import Amp, AmpSpec
-from harness.errors import Incompatible
-from harness.rank.devices import Placement
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
 from strategies.base import Backend, OptimizerFactory
 from strategies.ddp import CommHook, TorchDDP
 

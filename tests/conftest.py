@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from harness.config import RunConfig
+from harness.core.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf"
@@ -88,7 +88,7 @@ STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategi
 def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:
     """A composed-looking config (no Hydra): tiny model, 12 images, 40 iterations; `values` override whole
     sections. An `amp` section without `_target_` gets the plugin its `impl` names."""
-    from amp.levels import plugin_path
+    from harness.core.amp_levels import plugin_path
 
     cfg: dict[str, Any] = {
         "strategy": {"_target_": STRATEGY_TARGETS[name]},
@@ -112,15 +112,15 @@ def run_config(name: str = "single", **values: Any) -> RunConfig:
 def amp_plugin(spec: Any, device: torch.device | None = None) -> Any:
     """The amp plugin conf/amp would name for `spec.impl`, built for `device` (CPU by default)."""
     from amp import build_amp
-    from amp.levels import plugin_path
+    from harness.core.amp_levels import plugin_path
 
     return build_amp(plugin_path(spec.impl), spec, device or torch.device("cpu"))
 
 
 def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> dict[str, Any]:
     """What the runner hands run_rank for an inline run of `config_dict(strategy, **values)` on CPU."""
+    from harness.launch.placement import Hardware
     from harness.launch.runner import plan
-    from harness.rank.devices import Hardware
 
     cfg = config_dict(name, **values)
     decided = plan(RunConfig.from_dict(cfg, name), Hardware(visible_gpus=(), cores=1))

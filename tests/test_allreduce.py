@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from conftest import SHARED_GROUP, TINY, amp_plugin, describe, run_cli
 
 from amp import Amp
-from amp.levels import AmpConfig, AmpSpec, resolve
+from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
+from harness.core.devices import Placement
+from harness.core.timing import WindowClock
 from harness.launch.launcher import loopback_interface
 from harness.rank.data import SyntheticSource
-from harness.rank.devices import Placement
 from harness.rank.models import TinyCNN
-from harness.rank.timing import WindowClock
 from harness.rank.trainer import train
 from strategies.allreduce import ManualAllReduce
 from strategies.base import RankEnv

@@ -15,9 +15,9 @@ from conftest import amp_plugin, sgd, tiny_batch
 from torch import nn
 
 from amp import Amp, plugin_class
-from amp.levels import AmpConfig, AmpSpec, plugin_path, resolve
 from amp.native import CastingModule, NativeAmp
-from harness.errors import ConfigError
+from harness.core.amp_levels import AmpConfig, AmpSpec, plugin_path, resolve
+from harness.core.errors import ConfigError
 from harness.rank.models import TinyCNN
 
 
@@ -402,7 +402,7 @@ def test_half_levels_are_skipped_where_the_cpu_only_emulates_them(monkeypatch, n
     """An AVX2-only CPU has no oneDNN bfloat16 kernels: O1-O3 would time emulation (30x slower than fp32 for
     resnet18 on such a host). Skipped with the reason, unless asked for; never on CUDA, never at O0."""
     import amp.native
-    from harness.rank import devices
+    from harness.core import devices
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
     monkeypatch.setattr(amp.native, "cpu_half_reason", devices.cpu_half_reason.__wrapped__)  # uncached

@@ -12,9 +12,9 @@ from conftest import TINY
 from hydra.utils import get_class
 
 from harness.compose import compose_one, hydra_context
-from harness.errors import Incompatible
+from harness.core.errors import Incompatible
+from harness.launch.placement import probe_hardware
 from harness.launch.runner import execute, plan
-from harness.rank.devices import probe_hardware
 from strategies.horovod import HorovodStrategy
 from strategies.xla import XlaStrategy
 
@@ -25,7 +25,7 @@ def composed(*overrides: str):  # noqa: ANN201
 
 
 def run_config(*overrides: str):  # noqa: ANN201
-    from harness.config import RunConfig
+    from harness.core.config import RunConfig
 
     result = composed(*overrides)
     return RunConfig.from_dict(result.config, result.strategy_name)

@@ -1,4 +1,4 @@
-"""harness.rank.breakdown: profiled windows partitioned by hand-made traces whose answers are worked out by hand,
+"""harness.profile.breakdown: profiled windows partitioned by hand-made traces whose answers are worked out by hand,
 in torch.profiler's Chrome-trace format (ph "X", ts/dur in microseconds, cat cpu_op / user_annotation / kernel /
 cuda_runtime, args.correlation linking a kernel to its launch)."""
 
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness.output.profile import profile_section
-from harness.rank.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
-from harness.rank.timing import Window
+from harness.core.timing import Window
+from harness.profile.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
+from harness.profile.merge import profile_section
 
 MAIN, GLOO = 100, 200
 

@@ -9,10 +9,10 @@ import pytest
 from conftest import REPO, TINY, describe, run_cli
 from omegaconf import OmegaConf
 
-from amp.levels import LEVELS as AMP_LEVELS
 from harness import cli
-from harness.config import CONF_DIR
-from harness.errors import ConfigError
+from harness.core.amp_levels import LEVELS as AMP_LEVELS
+from harness.core.config import CONF_DIR
+from harness.core.errors import ConfigError
 
 # DDP, so that a wrongly started run would show "[ddp ..." progress lines and rank records.
 DDP = ("strategy=ddp", "nprocs=2", *TINY, "iterations=20", "log_every=10")

@@ -6,8 +6,8 @@ import pytest
 
 from harness.collectives.arithmetic import OPS
 from harness.collectives.config import CollectivesConfig, placement_for
-from harness.errors import ConfigError
-from harness.rank.devices import Hardware
+from harness.core.errors import ConfigError
+from harness.launch.placement import Hardware
 
 MiB = 2**20
 NO_GPU = Hardware(visible_gpus=(), cores=2)
@@ -55,7 +55,7 @@ def test_placement_like_ddp():
 
 
 def test_config_is_checked_as_every_section_is():
-    """Unknown keys and wrong types go through harness.options' record check: the closest key, the type."""
+    """Unknown keys and wrong types go through harness.core.options' record check: the closest key, the type."""
     with pytest.raises(ConfigError) as error:
         CollectivesConfig.from_dict({"ops": ["all_reduce"], "repeat": 3})
     assert error.value.key == "collectives.repeat" and "did you mean collectives.repeats?" in str(error.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.collectives.arithmetic import OPS
 from harness.collectives.config import CollectivesConfig, placement_for
 from harness.collectives.worker import measure
-from harness.rank.devices import Hardware
+from harness.launch.placement import Hardware
 
 NO_GPU = Hardware(visible_gpus=(), cores=2)
 

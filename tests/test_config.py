@@ -1,4 +1,4 @@
-"""harness.config: every Hydra group option composes into a valid RunConfig; bad input is one ConfigError."""
+"""harness.core.config: every Hydra group option composes into a valid RunConfig; bad input is one ConfigError."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hydra.utils import get_class, get_object
 
 from harness.cli import group_options
 from harness.compose import compose_one, has_gpu, hydra_context
-from harness.config import RunConfig
-from harness.errors import ConfigError
+from harness.core.config import RunConfig
+from harness.core.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 

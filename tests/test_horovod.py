@@ -21,10 +21,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from amp import Amp, build_amp
-from amp.levels import AmpConfig, resolve
-from harness.errors import Incompatible
-from harness.rank.devices import Placement
-from harness.rank.timing import WindowClock
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
+from harness.core.timing import WindowClock
 from harness.rank.trainer import compile_pass, train
 from strategies.base import RankEnv, Strategy
 from strategies.horovod import INSTALL_HINT, HorovodStrategy

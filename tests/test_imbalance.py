@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.output import imbalance
+from harness.memory import imbalance
 
 
 def results(world_size, devices, peaks, baselines, processes, ranks):

@@ -89,7 +89,7 @@ def test_workers_bootstrap_gloo_and_nccl_over_loopback(monkeypatch, method):
     import os
 
     import harness.launch.launcher as launcher
-    from harness.rank.devices import Placement
+    from harness.core.devices import Placement
 
     seen: dict[str, str] = {}
     monkeypatch.setattr(launcher, f"_{method}", lambda *args: seen.update(os.environ) or [])

@@ -1,4 +1,4 @@
-"""harness.launch.memory: NVML bookkeeping against a fake NVML, psutil against real child processes, the sampler."""
+"""harness.memory.sampler: NVML bookkeeping against a fake NVML, psutil against real child processes, the sampler."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.launch.memory import (
+from harness.memory.sampler import (
     MIB,
     MemorySampler,
     MemoryTracker,
@@ -477,7 +477,7 @@ def test_psutil_counts_a_ranks_dataloader_workers_on_its_device():
     # cpu:0 is rank 0 and its two workers: 900 + 150 + 140; its baseline the rank's own start
     assert memory["per_device"] == [{"device": "cpu:0", "peak_mib": 1190.0, "baseline_mib": 400.0},
                                     {"device": "cpu:1", "peak_mib": 880.0, "baseline_mib": 410.0}]
-    from harness.output import imbalance
+    from harness.memory import imbalance
 
     balance = imbalance.analyze({"memory": memory, "world_size": 2})
     assert [d["pids"] for d in balance.devices] == [[RANK0], [RANK1]]  # devices list the processes driving them
@@ -546,7 +546,7 @@ def test_an_old_driver_without_the_energy_call_is_unavailable_too():
 
 
 def test_energy_per_image_over_the_steady_windows_by_hand():
-    from harness.output.activity import activity_section, counter_at
+    from harness.launch.activity import activity_section, counter_at
 
     # readings every second; GPU 0's counter rises 100 J/s, GPU 1's 50 J/s; utilisation 10 % then 90 %
     readings = [(float(t), {"cuda:0": {"utilization_pct": 10.0 if t < 3 else 90.0, "sm_clock_mhz": 1500.0,
@@ -564,7 +564,7 @@ def test_energy_per_image_over_the_steady_windows_by_hand():
 
 
 def test_energy_per_image_is_none_when_a_gpu_has_no_counter():
-    from harness.output.activity import activity_section
+    from harness.launch.activity import activity_section
 
     readings = [(float(t), {"cuda:0": {"utilization_pct": 1.0, "sm_clock_mhz": 1.0, "power_w": 1.0, "energy_j": 10.0 * t},
                             "cuda:1": {"utilization_pct": 1.0, "sm_clock_mhz": 1.0, "power_w": 1.0, "energy_j": None}})

@@ -19,14 +19,14 @@ from conftest import CLI_TIMEOUT_S, TINY, describe, run_cli, run_config
 from torch import nn
 
 from amp import resolve
-from amp.levels import AmpConfig
 from amp.native import NativeAmp
-from harness.config import RunConfig
-from harness.errors import ConfigError, Incompatible
+from harness.core.amp_levels import AmpConfig
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
+from harness.core.timing import WindowClock
+from harness.memory.footprint import Footprint, footprint, per_rank
 from harness.rank.data import SyntheticSource, synthetic_batches
-from harness.rank.devices import Placement
-from harness.rank.footprint import Footprint, footprint, per_rank
-from harness.rank.timing import WindowClock
 from harness.rank.trainer import train
 from strategies.base import RankEnv
 
@@ -348,8 +348,8 @@ def test_bad_values_are_refused_in_one_line(override, message, capsys):
 @pytest.mark.parametrize("dtype", ["auto", "float16"])  # float16: O1 as on CUDA, with dynamic loss scaling
 def test_the_modern_sweep_has_every_combination_and_skips_what_it_cannot_run(dtype, capsys):
     from harness.compose import combinations, compose_one, hydra_context
+    from harness.launch.placement import probe_hardware
     from harness.launch.runner import plan
-    from harness.rank.devices import probe_hardware
 
     refused = []
     with hydra_context():  # what `run.py -m sweep=modern` composes and checks before it starts
@@ -457,7 +457,7 @@ def test_powersgd_keeps_its_plain_iterations_after_the_compile_pass(monkeypatch)
 def test_compile_cache_is_a_named_folder_and_says_whether_it_was_warm(tmp_path, monkeypatch):
     """compile=true's cache: runs/compile-cache (relative to where the command runs) unless TORCHINDUCTOR_CACHE_DIR
     names one; exported for the workers; `warm` says whether an earlier run had left anything in it."""
-    from harness.compile_cache import prepare_compile_cache, torch_default
+    from harness.core.compile_cache import prepare_compile_cache, torch_default
 
     monkeypatch.chdir(tmp_path)
     # what importing torch._dynamo exports by itself: not the user's choice

@@ -16,14 +16,15 @@ from conftest import REPO, SHARED_GROUP, TINY, describe, run_config
 from test_report import results
 from torch import nn
 
-from harness.errors import ConfigError
-from harness.launch.parity import batchnorm_groups, run_parity
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError
+from harness.launch.placement import probe_hardware
 from harness.launch.runner import plan
-from harness.rank.devices import Placement, probe_hardware
+from harness.parity import report as verdicts
+from harness.parity.merge import batchnorm_groups, run_parity
+from harness.parity.rank import batchnorm_layout, digest
 from harness.rank.models import TinyCNN
-from harness.rank.parity import batchnorm_layout, digest
 from harness.report import build_report, build_rows, find_results
-from harness.report import parity as verdicts
 from strategies.single import ShardedBatchNorm, shard_batchnorm
 
 # ---- the rank's side ----

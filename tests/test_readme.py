@@ -13,7 +13,7 @@ from conftest import REPO
 
 from harness import cli
 from harness.compose import compose_one, has_gpu, hydra_context
-from harness.rank.devices import probe_hardware
+from harness.launch.placement import probe_hardware
 
 COMMAND = re.compile(r"^    (?:python|\.venv/bin/python) (run\.py|-m harness\.collectives|-m harness\.report)(.*)$")
 
@@ -56,7 +56,7 @@ def test_every_run_py_command_is_accepted_as_typed(args, capsys):
 @pytest.mark.parametrize("args", COLLECTIVES, ids=[" ".join(a) for a in COLLECTIVES])
 def test_every_collectives_command_is_accepted_as_typed(args):
     from harness.collectives import CollectivesConfig, placement_for
-    from harness.errors import Incompatible
+    from harness.core.errors import Incompatible
 
     with hydra_context():
         config = compose_one(args, config_name="collectives").config

@@ -42,9 +42,9 @@ from conftest import (
 )
 
 from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, group_options
-from harness.config import OVERSUBSCRIBE_FACTOR
+from harness.core.config import OVERSUBSCRIBE_FACTOR
+from harness.launch.placement import probe_hardware, usable_cores
 from harness.output.results import SCHEMA
-from harness.rank.devices import probe_hardware, usable_cores
 
 # ---------------------------------------------------------------------------------------------------
 # Bad input: one line naming the key, the bad value and what is allowed; exit 2; no worker; no folder.
@@ -317,7 +317,8 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
     """Deterministic form of the race: SIGTERM lands inside write_json_atomic (here: during its fsync).
     What the rank measured must still reach ranks/rank0.json."""
     import harness.output.results
-    from harness.rank.worker import Interrupted, run_rank
+    from harness.core.stops import Interrupted
+    from harness.rank.worker import run_rank
 
     record_dir = tmp_path / "ranks"
     spec = rank_spec(record_dir, "single", batch_size=4, iterations=40, gpus=[], nprocs=1)
@@ -352,8 +353,8 @@ def test_only_the_first_stop_signal_interrupts_the_launcher():
     lands while the launcher stops the workers: it must not raise again inside that stop (in the elastic
     agent's logging it became a "--- Logging error ---" traceback; in its wait, workers stopped short), nor
     after it, while the results and a sweep's report are written."""
+    from harness.core.stops import Interrupted
     from harness.launch import runner
-    from harness.rank.worker import Interrupted
 
     before = {s: signal.getsignal(s) for s in runner.STOP_SIGNALS}
     stopped: list[str] = []
@@ -512,7 +513,7 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
 def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish():
     """The report times finished runs only; the console line said "steady-state 211.5 img/s" for an
     interrupted one, while the report beside it said no combination had run."""
-    from harness.output.console import status_line
+    from harness.launch.console import status_line
 
     windows = [{"end_iter": 20, "warmup": True}, {"end_iter": 40, "warmup": False}, {"end_iter": 60, "warmup": False}]
     ok = {"status": "ok", "throughput_img_s": 211.5, "windows": windows, "error": None}

@@ -9,10 +9,10 @@ import pytest
 from conftest import run_config
 from test_memory import FakeNvml, mib
 
-from harness.errors import Incompatible
-from harness.launch.memory import MemorySampler, NvmlSource
+from harness.core.errors import Incompatible
+from harness.launch.placement import Hardware
 from harness.launch.runner import memory_section, plan
-from harness.rank.devices import Hardware
+from harness.memory.sampler import MemorySampler, NvmlSource
 
 ONE_GPU = Hardware(visible_gpus=(0,), cores=8)
 TWO_GPUS = Hardware(visible_gpus=(0, 1), cores=8)

@@ -37,7 +37,7 @@ def test_its_options_are_checked_against_its_own_signature():
     import pytest
     from conftest import run_config
 
-    from harness.errors import ConfigError
+    from harness.core.errors import ConfigError
 
     assert run_config(strategy={"_target_": "plugins.late_optimizer.LateOptimizer", "scale": 3}).strategy["scale"] == 3
     with pytest.raises(ConfigError, match="strategy.scale=big is not allowed: a number"):

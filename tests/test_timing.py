@@ -1,4 +1,4 @@
-"""harness.rank.timing and the trainer's use of it, driven by a fake clock: windows, warm-up, sync placement."""
+"""harness.core.timing and the trainer's use of it, driven by a fake clock: windows, warm-up, sync placement."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import pytest
 import torch
 from conftest import amp_plugin, tiny_batch
 
-from amp.levels import AmpConfig, resolve
-from harness.rank.data import SyntheticSource
-from harness.rank.models import TinyCNN
-from harness.rank.timing import (
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.timing import (
     AutoStop,
     Window,
     WindowClock,
@@ -19,6 +17,8 @@ from harness.rank.timing import (
     steady_throughput,
     steady_windows,
 )
+from harness.rank.data import SyntheticSource
+from harness.rank.models import TinyCNN
 from harness.rank.trainer import train
 
 

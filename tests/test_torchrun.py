@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from amp.levels import resolve
+from harness.core.amp_levels import resolve
 from harness.launch import torchrun
-from harness.launch.memory import MemoryTracker, Sample, SamplerFindings
+from harness.launch.placement import Hardware, TorchrunWorld, place
 from harness.launch.runner import memory_section
-from harness.rank.devices import Hardware, TorchrunWorld, place
+from harness.memory.sampler import MemoryTracker, Sample, SamplerFindings
 from harness.report import build_rows
 from tests.conftest import REPO, TINY, config_dict, run_config
 

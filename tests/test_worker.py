@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import rank_spec
 
-from harness.rank.worker import Interrupted, StopRequest, run_rank
+from harness.core.stops import Interrupted, StopRequest
+from harness.rank.worker import run_rank
 
 
 def test_the_handler_notes_and_never_raises():

@@ -12,9 +12,9 @@ import sys
 import pytest
 from test_backends import run_config
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
+from harness.launch.placement import probe_hardware
 from harness.launch.runner import plan
-from harness.rank.devices import probe_hardware
 from strategies.xla import INSTALL_HINT, XlaStrategy
 
 HAVE_XLA = importlib.util.find_spec("torch_xla") is not None
@@ -35,8 +35,8 @@ SCRIPT = """
 import json, sys, torch
 from torch import nn
 from amp import Amp
-from amp.levels import AmpConfig, resolve
-from harness.rank.devices import Placement
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.devices import Placement
 from strategies.base import RankEnv
 from strategies.xla import XlaStrategy
 import torch_xla

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from harness.collectives.runner import remove_if_empty_run, run_benchmark
 from harness.compose import register_resolvers
-from harness.config import CONF_DIR
-from harness.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, ConfigError
-from harness.output.logs import refusals
+from harness.core.config import CONF_DIR
+from harness.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, ConfigError
+from harness.core.logs import refusals
 
 
 def main() -> None:

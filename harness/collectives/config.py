@@ -1,4 +1,4 @@
-"""The benchmark's typed config: the `collectives.*` keys checked as every other section is (harness.options'
+"""The benchmark's typed config: the `collectives.*` keys checked as every other section is (harness.core.options'
 record check for unknown keys and types, then ranges), one line naming the key on failure; and where its
 workers go, placed by the same checks config.yaml's `gpus`/`nprocs`/`dist` get."""
 
@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.collectives.arithmetic import DTYPES, OPS, parse_size, size_ladder
-from harness.config import check_dist, check_gpus, check_nprocs
-from harness.errors import ConfigError
-from harness.options import check_record
-from harness.rank.devices import Hardware, Placement, place_workers
+from harness.core.config import check_dist, check_gpus, check_nprocs
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError
+from harness.core.options import check_record
+from harness.launch.placement import Hardware, place_workers
 
 Size = int | str  # 4096, "4KiB", "64MiB", "1GiB"
 SIZE_HINT = "a size such as 4096, 4KiB, 64MiB or 1GiB"

@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from harness.collectives.arithmetic import element_count, format_size, table_row
 from harness.collectives.config import CollectivesConfig
-from harness.output.logs import setup_worker
+from harness.core.devices import Placement
+from harness.core.logs import setup_worker
 from harness.output.results import write_json_atomic
-from harness.rank.devices import Placement
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from harness.rank.devices import Placement
+from harness.core.devices import Placement
 
 LOOPBACK = "127.0.0.1"
 SHUTDOWN_GRACE_S = 10  # SIGTERM to SIGKILL: time for surviving workers to write their records

@@ -19,27 +19,21 @@ import psutil
 from hydra.utils import get_class
 
 from amp import AmpSpec, plugin_class, resolve
-from harness.compile_cache import prepare_compile_cache
-from harness.config import RunConfig
-from harness.errors import ConfigError, Incompatible
+from harness.core.compile_cache import prepare_compile_cache
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
+from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
+from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
+from harness.launch.activity import activity_section, steady_spans
 from harness.launch.launcher import WorkerFailure, launch_workers
-from harness.launch.memory import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
-from harness.launch.parity import run_parity
-from harness.output import imbalance
-from harness.output.activity import activity_section, steady_spans
-from harness.output.profile import profile_section
+from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
+from harness.memory import imbalance
+from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
-from harness.rank.devices import Hardware, Placement, TorchrunWorld, place, probe_hardware
-from harness.rank.timing import Window, data_wait_share, merge_ranks, steady_throughput
-from harness.rank.worker import (
-    STOP_SIGNALS,
-    Interrupted,
-    StopRequest,
-    caused_by,
-    last_line,
-    run_rank,
-    stopped_by,
-)
+from harness.parity.merge import run_parity
+from harness.profile.merge import profile_section
+from harness.rank.worker import run_rank
 
 log = logging.getLogger(__name__)
 
@@ -394,6 +388,6 @@ def _describe_source(source: Any) -> dict[str, Any]:
 
 
 def _log_summary(results: dict[str, Any], run_dir: Path) -> None:
-    from harness.output.console import log_run_summary
+    from harness.launch.console import log_run_summary
 
     log_run_summary(results, run_dir)

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from harness.rank.worker import last_line
+from harness.core.stops import last_line
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,11 @@ def lost_jobs_as_rows(record: Callable[[SlurmJob, UncompletedJobError], JobRetur
         SlurmJob.results = original  # type: ignore[method-assign]
 
 
-def record_lost(launcher: Any, job: SlurmJob, error: UncompletedJobError) -> JobReturn:
-    """The row of a job that left no result (`launcher`: the sweep's SlurmLauncher): status failed, and why."""
-    from harness.cli import record_not_run
+def record_lost(launcher: Any, job: SlurmJob, error: UncompletedJobError,
+                record_not_run: Callable[..., dict[str, Any]]) -> JobReturn:
+    """The row of a job that left no result (`launcher`: the sweep's SlurmLauncher): status failed, and why,
+    written by `record_not_run` (the command line's, handed down by the launcher plugin: the parent's side
+    does not import the command line above it)."""
 
     overrides, _, job_num = job.submission().args[:3]
     assert launcher.hydra_context is not None and launcher.config is not None

@@ -20,9 +20,10 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from harness.compose import Composed, compose_one, hydra_context
-from harness.config import CONF_DIR, RunConfig
-from harness.errors import ConfigError
-from harness.launch.memory import MemorySampler, Sample, SamplerFindings, open_source
+from harness.core.config import CONF_DIR, RunConfig
+from harness.core.errors import ConfigError
+from harness.core.logs import setup_worker
+from harness.launch.placement import TorchrunWorld, probe_hardware
 from harness.launch.runner import (
     base_results,
     measurements,
@@ -32,9 +33,8 @@ from harness.launch.runner import (
     read_records,
     run_status,
 )
-from harness.output.logs import setup_worker
+from harness.memory.sampler import MemorySampler, Sample, SamplerFindings, open_source
 from harness.output.results import PARAMETERS_NAME, environment, write_provisional
-from harness.rank.devices import TorchrunWorld, probe_hardware
 from harness.rank.worker import rank_identity, run_rank
 
 log = logging.getLogger(__name__)

@@ -1,2 +1,1 @@
-"""What comes out of a run: the results file, the terminal and log lines, the memory-balance verdict and
-the sweep's report callback."""
+"""The results file (results.py); what else came out of a run now lives with its feature or its side."""

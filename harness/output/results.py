@@ -100,7 +100,7 @@ def harness_commit() -> str | None:
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    from harness.rank.devices import cpu_half_reason
+    from harness.core.devices import cpu_half_reason
 
     env = {
         "torch": torch.__version__,

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.config import DataConfig
+from harness.core.config import DataConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from amp import Amp
+from harness.core.timing import Window, WindowClock
 from harness.rank.data import BatchSource
-from harness.rank.timing import Window, WindowClock
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 NoSync = Callable[[], contextlib.AbstractContextManager[Any]]

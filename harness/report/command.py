@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.output.logs import setup_cli
+from harness.core.logs import setup_cli
 
 log = logging.getLogger("harness.report")
 

@@ -9,7 +9,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.report import parity
+from harness.parity import report as parity
 from harness.report.rows import PER, Context, Row, reproducibility, summary, winners
 from harness.report.tables import table_rows
 

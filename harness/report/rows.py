@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.output import imbalance
+from harness.memory import imbalance
 from harness.output.results import RESULTS_NAME, load_results
-from harness.report import parity
+from harness.parity import report as parity
 
 PER = 20  # the user's unit: seconds per 20 iterations
 
@@ -58,7 +58,7 @@ class Row:
     variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
     theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
     sources: list[str] = field(default_factory=list)
-    parity: str | None = None  # numerical parity verdict (harness.report.parity); None: the row ran without it
+    parity: str | None = None  # numerical parity verdict (harness.parity.report); None: the row ran without it
     parity_reference: str | None = None  # the row compared with
     parity_max_abs: float | None = None  # largest |parameter - reference's|, over tensors and repeats
     parity_max_rel: float | None = None  # the same over the tensor's largest |reference value|

@@ -7,7 +7,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.report import parity
+from harness.parity import report as parity
 from harness.report.rows import PER, WIN_WORDS, Row, reproducibility, summary, winners
 
 
@@ -138,7 +138,7 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
     else is in report.md). Reasons are grouped into footnotes, one per distinct reason."""
     from rich.table import Table
 
-    from harness.output.console import render
+    from harness.launch.console import render
 
     won = winners(rows)
     title = f"Strategies side by side (speedup against {baseline})" if baseline else "Strategies side by side"

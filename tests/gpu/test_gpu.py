@@ -98,7 +98,7 @@ def test_dataparallel_on_one_gpu_is_a_baseline(tmp_path, record_property):
 
 
 def test_memory_one_device_report(tmp_path, record_property):
-    from harness.output import imbalance
+    from harness.memory import imbalance
 
     r = ok(*run("strategy=single", *WORK, tmp_path=tmp_path))
     report = imbalance.analyze(r)
@@ -130,10 +130,10 @@ def test_window_times_agree_with_cuda_events(record_property):
     """The harness's window clock (perf_counter between device syncs) against CUDA events recorded at the
     same edges: within 2 %."""
     from amp import build_amp
-    from amp.levels import AmpConfig, plugin_path, resolve
+    from harness.core.amp_levels import AmpConfig, plugin_path, resolve
+    from harness.core.timing import WindowClock
     from harness.rank.data import SyntheticSource
     from harness.rank.models import torchvision_model
-    from harness.rank.timing import WindowClock
     from harness.rank.trainer import train
 
     device = torch.device("cuda", 0)
@@ -247,7 +247,7 @@ def test_ddp_on_two_gpus_one_pid_per_gpu(tmp_path, record_property):
 
 @needs_gpus(2)
 def test_dataparallel_on_two_gpus_one_pid_on_both_and_a_heavier_base(tmp_path, record_property):
-    from harness.output import imbalance
+    from harness.memory import imbalance
 
     r = ok(*run("strategy=dp", "gpus=[0,1]", *WORK, tmp_path=tmp_path))
     report = imbalance.analyze(r)

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from amp import Amp, AmpSpec
-from harness.errors import Incompatible
-from harness.rank.devices import Placement
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
 from strategies.base import OptimizerFactory, Strategy
 
 

@@ -2,8 +2,8 @@
 
 Nothing here needs hardware: `RunConfig.from_dict` refuses an unknown key, a value of the wrong type or
 out of range, in one line naming the key, the value and what is allowed (ConfigError). Plugin sections
-(strategy, model, optim, amp) are checked against their plugin's own signature (harness.options). Where
-the run can go on this machine is decided after, by harness.rank.devices.place.
+(strategy, model, optim, amp) are checked against their plugin's own signature (harness.core.options). Where
+the run can go on this machine is decided after, by harness.launch.placement.place.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amp.levels import AmpConfig
-from harness.errors import ConfigError, unknown_key
-from harness.options import check_plugin, check_record
+from harness.core.amp_levels import AmpConfig
+from harness.core.errors import ConfigError, unknown_key
+from harness.core.options import check_plugin, check_record
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FAULT_KINDS = ("raise", "exit", "oom")
 LAUNCHERS = ("elastic", "spawn")
 START_METHODS = ("spawn", "fork", "forkserver")

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from harness.rank.timing import Window
+from harness.core.timing import Window
 
 Readings = list[tuple[float, dict[str, dict[str, float | None]]]]
 AVERAGED = ("utilization_pct", "sm_clock_mhz", "power_w")

@@ -1,25 +1,17 @@
-"""The one place that knows CUDA from CPU: which devices a run uses, how ranks map to them,
-how to wait for them, and what their allocators saw. Everything else asks through here."""
+"""The parent's side of devices: which devices a run uses and how ranks map to them (probing the hardware,
+placing a run or a set of workers). The records both sides share are in harness.core.devices."""
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from harness.errors import ConfigError, Incompatible
-
-OUT_OF_MEMORY_MARKERS = (
-    "CUDA out of memory",  # the caching allocator, when re-raised as a plain RuntimeError
-    "Cuda failure 'out of memory'",  # NCCL (e.g. DistBackendError from a collective)
-    "CUDA error: out of memory",  # a kernel launch or cudaMalloc outside the allocator
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-)
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
 
 
 @dataclass(frozen=True)
@@ -36,25 +28,6 @@ class Hardware:
 
     def token(self, gpu: int) -> str:
         return self.tokens[self.visible_gpus.index(gpu)] if self.tokens else str(gpu)
-
-
-@functools.cache
-def cpu_half_reason(dtype: str) -> str | None:
-    """Why `dtype` on this CPU would time emulated kernels (None where oneDNN has native ones: AVX-512 for
-    bfloat16, AVX-512-FP16 or AMX for float16). Emulated half convolutions run tens of times slower than
-    fp32 (30x for resnet18 on an AVX2-only host, README), so O1-O3 would measure the emulation."""
-    check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
-    if check is None:
-        return None
-    try:
-        native = bool(getattr(torch.ops.mkldnn, check)())
-    except (AttributeError, RuntimeError):  # a torch without the check: cannot tell, do not refuse
-        return None
-    if native:
-        return None
-    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native {dtype} kernels, so O1-O3 would "
-            "time emulated convolutions (tens of times slower than fp32), not mixed precision; "
-            "amp.allow_emulated=true runs it anyway")
 
 
 def usable_cores() -> int:
@@ -98,45 +71,6 @@ def nvml_physical_index(uuid: str) -> int | None:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no package, a MIG handle (no index): positions instead
         return None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a run's processes go. Derived once in the parent and handed to every worker."""
-
-    accelerator: str  # "cuda" or "cpu"
-    gpus: tuple[int, ...]  # physical ids used, in rank order; () on CPU
-    torch_indices: tuple[int, ...]  # the same GPUs as torch numbers them inside the worker process
-    nprocs: int  # worker processes on this node
-    one_process_per_device: bool
-    devices: tuple[str, ...]  # labels by physical id: cuda:3, or cpu / cpu:<rank>
-    threads_per_process: int
-    global_batch: int
-    worker_env: dict[str, str] = field(default_factory=dict)
-    gpu_tokens: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES tokens of `gpus` (UUIDs stay UUIDs)
-    explicit_gpus: bool = False  # the user named the GPUs (gpus=[...]) rather than taking all
-    notes: tuple[str, ...] = ()
-    nodes: int = 1  # > 1 only under a multi-node torchrun; `nprocs` and `devices` are this node's
-    node_rank: int = 0
-
-    @property
-    def world_size(self) -> int:
-        return self.nprocs * self.nodes
-
-    @property
-    def local_batch(self) -> int:
-        return self.global_batch // self.world_size
-
-    def rank_device(self, local_rank: int) -> str:
-        """The device label a rank drives (one-process strategies: the first, i.e. base, device)."""
-        return self.devices[local_rank] if self.one_process_per_device else self.devices[0]
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Placement:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 @dataclass(frozen=True)
@@ -234,55 +168,3 @@ def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int
                      threads_per_process=threads,  # no batch: one item per worker, so local_batch stays 1
                      global_batch=world if global_batch is None else global_batch,
                      worker_env=worker_env, gpu_tokens=tokens, explicit_gpus=requested_gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
-
-
-class DeviceOps:
-    """What a rank needs from its devices: where tensors go, how to wait, what the allocator saw."""
-
-    def __init__(self, accelerator: str, torch_indices: Sequence[int], labels: Sequence[str] = ()) -> None:
-        self.accelerator = accelerator
-        self.indices = list(torch_indices)
-        self.labels = list(labels) or [f"{accelerator}:{i}" for i in self.indices]  # physical ids, for reports
-        if accelerator == "cuda":
-            torch.cuda.set_device(self.indices[0])  # before anything is created: no stray context on GPU 0
-            self.device = torch.device("cuda", self.indices[0])
-        else:
-            self.device = torch.device("cpu")
-
-    @property
-    def dist_backend(self) -> str:
-        return "nccl" if self.accelerator == "cuda" else "gloo"
-
-    def synchronize(self) -> None:
-        """Wait for every device this process drives (DataParallel drives several)."""
-        if self.accelerator == "cuda":
-            for index in self.indices:
-                torch.cuda.synchronize(index)
-
-    def reset_peaks(self) -> None:
-        if self.accelerator == "cuda":
-            for index in self.indices:
-                torch.cuda.reset_peak_memory_stats(index)
-
-    def allocator_peaks(self) -> list[dict[str, Any]]:
-        """torch's caching-allocator peaks per device (GPU only: the CPU allocator keeps none)."""
-        if self.accelerator != "cuda":
-            return []
-        mib = 2**20
-        return [{"device": label, "max_allocated_mib": torch.cuda.max_memory_allocated(i) / mib,
-                 "max_reserved_mib": torch.cuda.max_memory_reserved(i) / mib}
-                for i, label in zip(self.indices, self.labels, strict=True)]
-
-    @staticmethod
-    def is_out_of_memory(error: BaseException) -> bool:
-        """Out of memory, however it arrives: the allocator's own error, or a library that ran out inside
-        (NCCL's "Cuda failure 'out of memory'", cuBLAS/cuDNN handles that could not be allocated)."""
-        seen: set[int] = set()
-        while error is not None and id(error) not in seen:
-            seen.add(id(error))
-            if isinstance(error, torch.OutOfMemoryError | MemoryError):
-                return True
-            if any(marker in str(error) for marker in OUT_OF_MEMORY_MARKERS):
-                return True
-            error = error.__cause__ or error.__context__
-        return False

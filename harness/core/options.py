@@ -17,7 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from hydra.utils import get_object
 
-from harness.errors import ConfigError, unknown_key
+from harness.core.errors import ConfigError, unknown_key
 
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 
 LEVELS = ("O0", "O1", "O2", "O3")
 IMPLS = {"native": "amp.native.NativeAmp", "apex": "amp.apex.ApexAmp"}  # amp.impl -> the plugin class

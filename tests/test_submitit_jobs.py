@@ -188,7 +188,7 @@ def test_a_cluster_whose_sacct_answers_or_fails_otherwise_keeps_sacct(monkeypatc
 @pytest.fixture
 def two_fake_gpus(monkeypatch):
     """torch.cuda as on a machine with two GPUs: probe_hardware reads `torch.cuda.is_available()` and
-    `torch.cuda.device_count()` (harness/rank/devices.py), nothing else."""
+    `torch.cuda.device_count()` (harness/launch/placement.py), nothing else."""
     import torch
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -197,12 +197,12 @@ def two_fake_gpus(monkeypatch):
 
 
 def launcher_warnings(caplog, *overrides):
-    from harness.output.callbacks import LauncherCheck
+    from harness.report.callbacks import LauncherCheck
 
     cfg = hydra_config(*overrides)
     assert cfg.hydra.callbacks.launcher_check._target_.endswith("LauncherCheck")  # Hydra calls it
     caplog.clear()
-    with caplog.at_level("WARNING", logger="harness.output.callbacks"):
+    with caplog.at_level("WARNING", logger="harness.report.callbacks"):
         LauncherCheck().on_multirun_start(config=cfg)
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
@@ -229,8 +229,8 @@ def test_a_stop_signal_before_the_run_starts_is_held_and_stops_the_run_at_once(m
     import os
     import signal
 
+    from harness.core.stops import Interrupted, StopRequest
     from harness.launch import runner
-    from harness.rank.worker import Interrupted, StopRequest
 
     held = StopRequest()
     monkeypatch.setattr(runner, "_held", held)

@@ -189,7 +189,7 @@ def _parameters(run: Run) -> dict[str, Any] | None:
     path = run.folder / PARAMETERS_NAME
     if not path.is_file():
         return None
-    from harness.rank.parity import load_parameters
+    from harness.parity.rank import load_parameters
 
     return load_parameters(path)
 

@@ -9,12 +9,12 @@ from conftest import amp_plugin, sgd, tiny_batch
 from fake_apex import fake_apex  # noqa: F401 (fixture)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from amp.levels import AmpConfig, resolve
-from harness.errors import Incompatible
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.devices import Placement
+from harness.core.errors import Incompatible
+from harness.core.timing import WindowClock
 from harness.rank.data import SyntheticSource
-from harness.rank.devices import Placement
 from harness.rank.models import TinyCNN
-from harness.rank.timing import WindowClock
 from harness.rank.trainer import train
 from strategies.ddp import TorchDDP
 from strategies.zero import ZeroDDP

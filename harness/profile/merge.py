@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.rank.timing import Window, steady_windows
+from harness.core.timing import Window, steady_windows
 
 
 def profile_section(records: Sequence[dict[str, Any]], windows: Sequence[Window], run_dir: Path) -> dict[str, Any]:

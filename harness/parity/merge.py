@@ -15,8 +15,8 @@ from typing import Any
 
 from hydra.utils import get_class
 
-from harness.config import RunConfig
-from harness.rank.devices import Placement
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
 
 
 def fingerprint(cfg: RunConfig) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from harness.rank.timing import Window
+from harness.core.timing import Window
 
 log = logging.getLogger(__name__)
 SPAN = "harness.window"

@@ -22,7 +22,7 @@ class LauncherCheck(Callback):
 
 
 def gpu_count() -> int:
-    from harness.rank.devices import probe_hardware
+    from harness.launch.placement import probe_hardware
 
     return len(probe_hardware().visible_gpus)
 
@@ -53,7 +53,7 @@ class ReportCallback(Callback):
 def report_sweep(sweep_dir: Path, baseline: str | None) -> None:
     """The report of every run under `sweep_dir`, its table also kept in the sweep's own `sweep.log`
     (each job's lines are in the job's run.log; the last job's would otherwise get the report's)."""
-    from harness.output.logs import add_file
+    from harness.core.logs import add_file
     from harness.report import build_report
 
     root = logging.getLogger()
