@@ -387,3 +387,12 @@ def test_runs_without_a_steady_window_are_said_to_be_untimed_not_missing(tmp_pat
     said = summary(rows, baseline)
     assert said.startswith("No timing: single O0 ran without a steady window") and "No combination ran" not in said
     assert said.endswith("1 did not run: the reasons are in the table.")
+
+
+def test_every_strategy_yaml_has_its_own_colour() -> None:
+    """A new conf/strategy/*.yaml gets a colour without editing plots.py; no two strategies share one."""
+    from harness.report.plots import PALETTE, STRATEGY_ORDER
+
+    yamls = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "strategy").glob("*.yaml")}
+    assert yamls <= set(STRATEGY_ORDER)
+    assert len(STRATEGY_ORDER) <= len(PALETTE) and len(set(STRATEGY_ORDER)) == len(STRATEGY_ORDER)

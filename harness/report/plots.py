@@ -11,7 +11,11 @@ from typing import Any
 from harness.report.rows import Row
 
 PLOT_ROWS = 20  # combinations drawn per plot
-STRATEGY_ORDER = ("single", "dp", "ddp", "apex_ddp", "allreduce", "ignite", "zero", "fsdp")
+FIRST = ("single", "dp", "ddp", "apex_ddp", "allreduce", "ignite", "zero", "fsdp")  # the colours reports had
+# Every strategy with a yaml gets a stable colour without touching this file: the historical ones keep theirs,
+# the rest follow in name order.
+STRATEGY_ORDER = FIRST + tuple(sorted(
+    p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "strategy").glob("*.yaml") if p.stem not in FIRST))
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", "#7f7f7f",
            "#bcbd22")
 AMP_STYLE = {  # level -> (line style, marker, bar hatching)
