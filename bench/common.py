@@ -1,6 +1,6 @@
 """Shared helpers for the benchmarks in bench/: pinned settings, subprocess runs of `run.py` and of the
 bare comparators, a check that nobody else used the CPU during a measurement, statistics, tables, and
-the README block each script owns inside the Performance section.
+the block each script owns in benchmarks/README.md (`--write-readme`; the main job reads its command from README.md).
 
 Every figure a script prints comes from runs it made itself, on this machine, in this invocation.
 """
@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the bare comparators import the same model classes as the harness
 
-README = REPO / "README.md"
+README = REPO / "README.md"  # the main job's command is read from it
+RESULTS = REPO / "benchmarks" / "README.md"  # the figures: one block per benchmark between the perf markers
 PERF_START, PERF_END = "<!-- perf:start -->", "<!-- perf:end -->"
 PLACEHOLDER = "(figures from `bench/` land here)"
 # The README order of the sub-blocks, whichever script writes first.
@@ -272,8 +273,9 @@ class Guard:
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs (seconds)")
     parser.add_argument("--write-readme", action="store_true",
-                        help="replace this benchmark's block in the README's Performance section")
-    parser.add_argument("--readme", type=Path, default=README, help="the README to write (default: the repo's)")
+                        help="replace this benchmark's block in benchmarks/README.md")
+    parser.add_argument("--readme", type=Path, default=RESULTS,
+                        help="the Markdown file to write (default: the repo's benchmarks/README.md)")
     parser.add_argument("--runs-dir", type=Path, default=None,
                         help="keep the runs' folders here (default: a temporary folder, removed at the end)")
     parser.add_argument("--max-background", type=float, default=0.05,
@@ -493,7 +495,7 @@ def readme_block(heading: str, command: str, settings: dict[str, Any], tables: S
     return "\n".join(parts).rstrip() + "\n"
 
 
-def write_readme_block(name: str, body: str, readme: Path = README) -> None:
+def write_readme_block(name: str, body: str, readme: Path = RESULTS) -> None:
     """Replace (or add, in BLOCK_ORDER) `<!-- bench:NAME:start -->...end -->` inside the perf markers,
     in one read-modify-write; nothing outside the markers changes."""
     text = readme.read_text()

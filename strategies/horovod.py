@@ -8,7 +8,7 @@ port reaches the other ranks through the harness's process group, and each rank 
 horovodrun would before `hvd.init()`. That process group (gloo, or nccl on GPUs) is the harness's control
 channel only: the barrier before the clock and the iterations=auto decision. One node only.
 
-Horovod is built from source against the installed torch (README: "Horovod, XLA and MPI").
+Horovod is built from source against the installed torch (docs/backends.md: "Horovod, XLA and MPI").
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from harness.core.optional import package_missing
 from strategies.base import OptimizerFactory, ProcessGroupStrategy, RankEnv
 
 INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "
-                "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod==0.28.1 (README: 'Horovod, XLA and MPI')")
+                "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod==0.28.1 (docs/backends.md: 'Horovod, XLA and MPI')")
 
 
 def _hvd() -> Any:

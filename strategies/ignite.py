@@ -138,7 +138,7 @@ def xla_tpu_refusal() -> str:
     why = ("auto, gloo or nccl: Ignite's xla-tpu backend runs in processes started by torch_xla's own "
            "multiprocessing (xmp.spawn), not by a launcher; strategy=xla times XLA devices instead")
     if package_missing("torch_xla", "missing"):
-        return f"{why}; torch_xla is not installed (README: 'Horovod, XLA and MPI')"
+        return f"{why}; torch_xla is not installed (docs/backends.md: 'Horovod, XLA and MPI')"
     import ignite
     import torch_xla
     import torch_xla.core.xla_model as xm

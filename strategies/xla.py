@@ -2,7 +2,7 @@
 devices by SPMD.
 
 torch_xla is published only for its own torch version (torch_xla 2.9.0 needs torch 2.9.0), so it lives in
-an environment of its own (README: "Horovod, XLA and MPI"); without it the run is skipped with that reason.
+an environment of its own (docs/backends.md: "Horovod, XLA and MPI"); without it the run is skipped with that reason.
 
 One process drives every XLA device, as XLA's SPMD mode intends: parameters are replicated, the batch is
 split along its first dimension (`mark_sharding` on the model's input) and the compiler inserts the
@@ -34,7 +34,7 @@ from strategies.base import OptimizerFactory, RankEnv, Strategy
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
                 "pip install torch==2.9.0 torchvision==0.24.0 torch_xla==2.9.0, then pip install -e . "
-                "(README: 'Horovod, XLA and MPI')")
+                "(docs/backends.md: 'Horovod, XLA and MPI')")
 
 
 class ShardedInput(nn.Module):

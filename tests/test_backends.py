@@ -88,7 +88,7 @@ def test_a_sweep_without_the_package_records_a_skipped_row_with_the_recipe(strat
     results = execute(result.config, result.strategy_name, tmp_path / "run", in_sweep=True)
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == written["status"] == "skipped"
-    assert cls.unavailable_reason() in written["error"] and "README" in written["error"]
+    assert cls.unavailable_reason() in written["error"] and "docs/backends.md" in written["error"]
 
 
 def test_xla_devices_follow_nprocs_unless_set():

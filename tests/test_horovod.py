@@ -1,5 +1,5 @@
 """strategy=horovod: refused or skipped with the build recipe where horovod is missing (CI), and where it is
-installed (README: "Horovod, XLA and MPI"), two workers started like DDP's average their gradients."""
+installed (docs/backends.md: "Horovod, XLA and MPI"), two workers started like DDP's average their gradients."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def _one_step(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (README: 'Horovod, XLA and MPI')")
+@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (docs/backends.md: 'Horovod, XLA and MPI')")
 def test_two_workers_start_from_rank_0_weights_and_average_gradients(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

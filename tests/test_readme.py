@@ -1,5 +1,6 @@
-"""Every command line the README shows is checked as typed: composed, its values checked, and placed on
-this machine (a command naming GPUs this machine lacks must be refused, saying so)."""
+"""Every command line the README and docs/*.md show is checked as typed: composed, its values checked, and
+placed on this machine (a command naming GPUs this machine lacks must be refused, saying so). The README stays
+short (at most 300 lines) and every relative link in it and in docs/ points at a file that exists."""
 
 from __future__ import annotations
 
@@ -18,12 +19,22 @@ from harness.launch.placement import probe_hardware
 COMMAND = re.compile(r"^    (?:python|\.venv/bin/python) (run\.py|-m harness\.collectives|-m harness\.report)(.*)$")
 
 
-def readme_commands(tool: str) -> list[list[str]]:
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+README_LINES = 300
+
+
+def documents() -> list[Path]:
+    """The README and every page beside it in docs/: the files whose command lines and links are checked."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def readme_commands(tool: str, files: list[Path] | None = None) -> list[list[str]]:
     found = []
-    for line in (REPO / "README.md").read_text().splitlines():
-        match = COMMAND.match(line)
-        if match and match.group(1) == tool:
-            found.append(shlex.split(match.group(2), comments=True))
+    for path in documents() if files is None else files:
+        for line in path.read_text().splitlines():
+            match = COMMAND.match(line)
+            if match and match.group(1) == tool:
+                found.append(shlex.split(match.group(2), comments=True))
     return found
 
 
@@ -37,6 +48,25 @@ COLLECTIVES = readme_commands("-m harness.collectives")
 
 def test_the_readme_has_the_commands_this_test_checks():
     assert len(RUN_COMMANDS) >= 10 and len(COLLECTIVES) >= 3 and readme_commands("-m harness.report")
+    assert len(readme_commands("run.py", [REPO / "README.md"])) >= 8  # the everyday commands stay in the README
+    assert len(documents()) > 10 and len(readme_commands("run.py", documents()[1:])) >= 8  # and docs/ has its own
+
+
+def test_the_readme_is_at_most_300_lines():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; the reference belongs in docs/"
+
+
+@pytest.mark.parametrize("page", documents(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves_to_a_file(page):
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue  # a web address, or an anchor in the same page
+        path = (page.parent / target.split("#")[0]).resolve()
+        if not path.exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)}: links to missing files: {broken}"
 
 
 @pytest.mark.parametrize("args", RUN_COMMANDS, ids=[" ".join(a) for a in RUN_COMMANDS])

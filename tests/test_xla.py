@@ -1,5 +1,5 @@
 """strategy=xla: skipped with the install recipe where torch_xla is missing (CI's environment), and in the
-XLA environment (README: "Horovod, XLA and MPI") data-parallel over two XLA devices really splits the batch
+XLA environment (docs/backends.md: "Horovod, XLA and MPI") data-parallel over two XLA devices really splits the batch
 and trains the same model as one device."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _eager_reference() -> dict[str, list[float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_XLA, reason="torch_xla is not installed (README: 'Horovod, XLA and MPI')")
+@pytest.mark.skipif(not HAVE_XLA, reason="torch_xla is not installed (docs/backends.md: 'Horovod, XLA and MPI')")
 def test_two_xla_devices_split_the_batch_and_train_like_eager_torch():
     runs = {}
     for devices in (1, 2):

@@ -25,7 +25,7 @@ OUT_OF_MEMORY_MARKERS = (
 def cpu_half_reason(dtype: str) -> str | None:
     """Why `dtype` on this CPU would time emulated kernels (None where oneDNN has native ones: AVX-512 for
     bfloat16, AVX-512-FP16 or AMX for float16). Emulated half convolutions run tens of times slower than
-    fp32 (30x for resnet18 on an AVX2-only host, README), so O1-O3 would measure the emulation."""
+    fp32 (30x for resnet18 on an AVX2-only host, docs/strategies.md), so O1-O3 would measure the emulation."""
     check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
     if check is None:
         return None

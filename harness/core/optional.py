@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-APEX_HELP = ("build NVIDIA apex from source at tag 25.05 or older (README: 'Building NVIDIA apex'); "
+APEX_HELP = ("build NVIDIA apex from source at tag 25.05 or older (docs/backends.md: 'Building NVIDIA apex'); "
              "never `pip install apex`, an unrelated package")
 
 

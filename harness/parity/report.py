@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # that tensor, the largest over tensors. Why 1e-4: float32 keeps 24 bits (eps 1.2e-7); a data-parallel
 # strategy sums the same gradients in another order (per rank, then across ranks), which changes each step's
 # update by a few eps, and the steps compound it: 7e-7 after 20 SGD steps of tiny_cnn, 1.2e-5 to 1.6e-5 after
-# the default CPU run's 60 steps of tiny_cnn without batch-norm (README, "Numerical parity"). A real defect (gradients summed
+# the default CPU run's 60 steps of tiny_cnn without batch-norm (docs/parity.md). A real defect (gradients summed
 # instead of averaged, a rank's shard lost, a wrong learning rate) moves the parameters by 1e-3 or more after
 # one step: 1e-4 sits a decade from each.
 PARAM_RTOL = 1e-4

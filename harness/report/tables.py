@@ -127,7 +127,7 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
               "", f"How reproducible: {reproducibility(rows)}."]
     said = parity.notes(rows)
     if said:
-        lines += ["", "Numerical parity (parity=true; README, \"Numerical parity\"):", *[f"- {s}" for s in said]]
+        lines += ["", "Numerical parity (parity=true; docs/parity.md):", *[f"- {s}" for s in said]]
     if skipped:
         lines += ["", "Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """On a real GPU: every path the CPU suite can only check against fakes. One GPU covers most of it;
 multi-GPU cases say why they were skipped. Without CUDA every test is skipped with the reason.
 
-Run through `bash scripts/gpu_check.sh` (README, "Checking a GPU machine"): the figures each test records
+Run through `bash scripts/gpu_check.sh` (docs/gpu.md): the figures each test records
 with `record_property` land in pytest's JUnit XML, from which scripts/gpu_summary.py writes gpu-check.md."""
 
 from __future__ import annotations
