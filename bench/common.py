@@ -1,6 +1,6 @@
 """Shared helpers for the benchmarks in bench/: pinned settings, subprocess runs of `run.py` and of the
 bare comparators, a check that nobody else used the CPU during a measurement, statistics, tables, and
-the block each script owns in benchmarks/README.md (`--write-readme`; the main job reads its command from README.md).
+the page each script owns in benchmarks/.
 
 Every figure a script prints comes from runs it made itself, on this machine, in this invocation.
 """
@@ -12,7 +12,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -32,32 +31,51 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the bare comparators import the same model classes as the harness
 
-README = REPO / "README.md"  # the main job's command is read from it
-RESULTS = REPO / "benchmarks" / "README.md"  # the figures: one block per benchmark between the perf markers
-PERF_START, PERF_END = "<!-- perf:start -->", "<!-- perf:end -->"
-PLACEHOLDER = "(figures from `bench/` land here)"
-# The README order of the sub-blocks, whichever script writes first.
-BLOCK_ORDER = ("index", "overhead", "sampler", "ddp", "fidelity", "report", "scaling", "detection", "hooks",
-               "main_job", "profile", "modern")
-INDEX = """\
-Benchmarks of the harness itself (`bench/`), each one command, each runnable on a CPU-only machine in a few
-minutes; add `--write-readme` to replace its block below with the figures of that run, `--quick` for a
-seconds-long check (what `tests/test_bench.py` runs).
+README = REPO / "README.md"  # the main job's command is read from it (bench/main_job.py)
+RESULTS_DIR = REPO / "benchmarks"  # one page per benchmark, <name>.md, and the index, README.md
 
-| # | measures | command | goal |
-|---|---|---|---|
-| 1 | harness overhead: `run.py strategy=single` vs a bare PyTorch loop | `python bench/overhead.py` | ≥ 0.99 |
-| 2 | memory sampler overhead: off vs 10/100/1000 ms | `python bench/sampler.py` | default < 0.5 % |
-| 3 | DDP through the harness vs plain `torchrun` | `python bench/ddp_vs_torchrun.py` | ≥ 0.98 |
-| 4 | timing fidelity: the harness's clock vs whole-process wall time (N vs 2N iterations) | `python bench/timing_fidelity.py` | within 2 % |
-| 5 | report over 1,000 results files | `python bench/report_speed.py` | < 5 s |
-| 6 | DDP with 1, 2, 4 workers on 2 cores (oversubscription) | `python bench/scaling.py` | reported |
-| 7 | a worker's death to the survivors' SIGTERM, per launcher | `python bench/failure_detection.py` | reported |
-| 8 | per-iteration cost of the trainer's own calls | `python bench/hook_cost.py` | reported |
-| 9 | the README's main job from a fresh clone | `python bench/main_job.py` | reported |
-| 10 | what `profile=true` costs: steady throughput on/off, the profiled window, start/stop | `python bench/profile_cost.py` | on/off ≈ 1 |
-| 11 | ZeRO, FSDP2 and DDP's communication hooks against DDP: throughput, memory against the theory | `python bench/modern.py` | reported |
 
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: its script `bench/<name>.py` writes `benchmarks/<name>.md`; the index lists them in order."""
+
+    name: str
+    title: str
+    measures: str
+    goal: str
+
+
+BENCHES = (
+    Bench("overhead", "Harness overhead",
+          "harness overhead: `run.py strategy=single` vs a bare PyTorch loop", "≥ 0.99"),
+    Bench("sampler", "Memory sampler overhead", "memory sampler overhead: off vs 10/100/1000 ms", "default < 0.5 %"),
+    Bench("ddp_vs_torchrun", "DDP through the harness vs plain torchrun",
+          "DDP through the harness vs plain `torchrun`", "≥ 0.98"),
+    Bench("timing_fidelity", "Timing fidelity",
+          "timing fidelity: the harness's clock vs whole-process wall time (N vs 2N iterations)", "within 2 %"),
+    Bench("report_speed", "Report speed", "report over 1,000 results files", "< 5 s"),
+    Bench("scaling", "Scaling on CPU (oversubscription)", "DDP with 1, 2, 4 workers on 2 cores (oversubscription)",
+          "reported"),
+    Bench("failure_detection", "Failure detection", "a worker's death to the survivors' SIGTERM, per launcher",
+          "reported"),
+    Bench("hook_cost", "Per-iteration cost of the trainer's calls", "per-iteration cost of the trainer's own calls",
+          "reported"),
+    Bench("main_job", "The main job from a fresh clone", "the README's main job from a fresh clone", "reported"),
+    Bench("profile_cost", "What profiling costs",
+          "what `profile=true` costs: steady throughput on/off, the profiled window, start/stop", "on/off ≈ 1"),
+    Bench("modern", "Sharding and communication hooks on CPU",
+          "ZeRO, FSDP2 and DDP's communication hooks against DDP: throughput, memory against the theory", "reported"),
+)
+INDEX_INTRO = """\
+# Benchmarks of the harness itself
+
+Back to the [README](../README.md).
+
+Each benchmark is one command (`bench/<name>.py`), runnable on a CPU-only machine in a few minutes; add
+`--write-results` to replace its page here (`benchmarks/<name>.md`) with the figures of that run, `--quick` for a
+seconds-long check (what `tests/test_bench.py` runs; it writes nothing here unless `--results-dir` names a folder).
+"""
+INDEX_METHOD = """\
 How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or
 `harness.launch.runner.execute` in a fresh process that composes the config from `conf/` as `run.py` does (to
 alternate harness and comparator in one process, which removes process-to-process noise), or the script's
@@ -68,6 +86,15 @@ more than 0.05 cores is measured again (up to 3 times) once the machine has been
 anyway is marked `*`. This VM's throughput also drifts by 5–15 % over tens of seconds with nothing else
 running (the host), so each table shows medians with min–max, never a single run.
 """
+
+
+def index_page() -> str:
+    """benchmarks/README.md: the benchmarks in order, each with its command and its page."""
+    rows = [f"| {n} | {b.measures} | `python bench/{b.name}.py` | {b.goal} | [{b.name}.md]({b.name}.md) |"
+            for n, b in enumerate(BENCHES, 1)]
+    table = ["| # | measures | command | goal | figures |", "|---|---|---|---|---|", *rows]
+    return "\n".join([INDEX_INTRO, *table, "", INDEX_METHOD])
+
 
 # The CPU-sized workload of conf/ (what `run.py` does by default on a machine without a GPU), spelled out
 # so the bare comparators run exactly the same thing.
@@ -272,10 +299,11 @@ class Guard:
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs (seconds)")
-    parser.add_argument("--write-readme", action="store_true",
-                        help="replace this benchmark's block in benchmarks/README.md")
-    parser.add_argument("--readme", type=Path, default=RESULTS,
-                        help="the Markdown file to write (default: the repo's benchmarks/README.md)")
+    parser.add_argument("--write-results", action="store_true",
+                        help="replace this benchmark's page benchmarks/<name>.md with the figures of this run")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="the folder --write-results writes to (default: the repo's benchmarks/; "
+                             "with --quick it must be given, so a quick check never writes into the repo)")
     parser.add_argument("--runs-dir", type=Path, default=None,
                         help="keep the runs' folders here (default: a temporary folder, removed at the end)")
     parser.add_argument("--max-background", type=float, default=0.05,
@@ -283,6 +311,19 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retries", type=int, default=3, help="re-measurements per disturbed round (default 3)")
     parser.add_argument("--quiet-wait", type=float, default=None,
                         help="seconds to wait for an idle machine before each round (default 120, 0 with --quick)")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The script's arguments and the common ones; `results_dir` resolved. A --quick run's figures are no
+    results: --quick --write-results is refused unless --results-dir names where they go."""
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    if args.quick and args.write_results and args.results_dir is None:
+        parser.error("--quick --write-results would put a quick check's figures in benchmarks/: "
+                     "give --results-dir")
+    if args.results_dir is None:
+        args.results_dir = RESULTS_DIR
+    return args
 
 
 def guard_from(args: argparse.Namespace) -> Guard:
@@ -452,7 +493,7 @@ def verdict(met: bool) -> str:
     return "**met**" if met else "**missed**"
 
 
-# ---- output: a table on the terminal, the same table in the README ----
+# ---- output: a table on the terminal, the same table on the benchmark's page ----
 
 @dataclass
 class Table:
@@ -483,11 +524,21 @@ class Table:
         return "\n".join(lines)
 
 
-def readme_block(heading: str, command: str, settings: dict[str, Any], tables: Sequence[Table],
-                 lines: Sequence[str]) -> str:
+def bench(name: str) -> Bench:
+    for b in BENCHES:
+        if b.name == name:
+            return b
+    raise BenchError(f"no benchmark named {name!r} in BENCHES (known: {', '.join(b.name for b in BENCHES)})")
+
+
+def results_page(name: str, settings: dict[str, Any], tables: Sequence[Table], lines: Sequence[str]) -> str:
+    """The Markdown page of one benchmark's figures: heading, the command, machine and commit, settings, tables."""
+    b = bench(name)
+    number = BENCHES.index(b) + 1
     stamp = _dt.date.today().isoformat()
-    parts = [f"### {heading}", "",
-             f"`{command}` — measured {stamp} on {machine_line()}; harness at commit {harness_commit()}.", "",
+    parts = [f"# {number}. {b.title}", "",
+             f"`python bench/{name}.py --write-results` — measured {stamp} on {machine_line()}; harness at commit "
+             f"{harness_commit()}.", "",
              f"Pinned: {settings_line(settings)}.", ""]
     for table in tables:
         parts += [f"*{table.title}*", "", table.markdown(), ""]
@@ -495,34 +546,12 @@ def readme_block(heading: str, command: str, settings: dict[str, Any], tables: S
     return "\n".join(parts).rstrip() + "\n"
 
 
-def write_readme_block(name: str, body: str, readme: Path = RESULTS) -> None:
-    """Replace (or add, in BLOCK_ORDER) `<!-- bench:NAME:start -->...end -->` inside the perf markers,
-    in one read-modify-write; nothing outside the markers changes."""
-    text = readme.read_text()
-    if PERF_START not in text or PERF_END not in text:
-        raise BenchError(f"{readme} has no {PERF_START} ... {PERF_END} section")
-    p0 = text.index(PERF_START) + len(PERF_START)
-    p1 = text.index(PERF_END, p0)
-    perf = _put_block(text[p0:p1].replace(PLACEHOLDER, ""), name, body)
-    if name != "index":
-        perf = _put_block(perf, "index", INDEX)
-    perf = "\n" + re.sub(r"end -->\n+(?=<!-- bench:)", "end -->\n\n", perf.strip("\n")) + "\n"
-    readme.write_text(text[:p0] + perf + text[p1:])
-    print(f"README: wrote the {name} block in {readme}", flush=True)
-
-
-def _put_block(perf: str, name: str, body: str) -> str:
-    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    block = f"{start}\n{body.strip()}\n{end}"
-    if start in perf and end in perf:
-        i, j = perf.index(start), perf.index(end) + len(end)
-        perf = perf[:i] + block + perf[j:]
-    else:
-        after = BLOCK_ORDER[BLOCK_ORDER.index(name) + 1:] if name in BLOCK_ORDER else ()
-        positions = [perf.index(m) for m in (f"<!-- bench:{n}:start -->" for n in after) if m in perf]
-        if positions:
-            i = min(positions)
-            perf = perf[:i] + block + "\n\n" + perf[i:]
-        else:
-            perf = perf.rstrip() + "\n\n" + block + "\n"
-    return perf
+def write_results(name: str, body: str, folder: Path = RESULTS_DIR) -> None:
+    """Write `folder/<name>.md` (this benchmark's page) and the index `folder/README.md`; no other file is
+    touched, and a file whose text would not change is not written at all."""
+    bench(name)  # an unknown name would be a page the index does not list: refused before writing anything
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, text in ((folder / f"{name}.md", body.strip() + "\n"), (folder / "README.md", index_page())):
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    print(f"results: wrote {folder / f'{name}.md'}", flush=True)

@@ -1,7 +1,7 @@
 """DDP through the harness against plain torchrun: `run.py strategy=ddp nprocs=2` vs
 `torchrun --standalone --nproc-per-node=2` running the plain DDP script below, doing the same work.
 
-    python bench/ddp_vs_torchrun.py [--model resnet18] [--repeats 5] [--write-readme]
+    python bench/ddp_vs_torchrun.py [--model resnet18] [--repeats 5] [--write-results]
 
 Same model class, seed (weights identical on every rank, data seed + rank), global batch split over the
 ranks, SGD settings, gloo on the loopback interface, OMP_NUM_THREADS = torch.set_num_threads = cores //
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5, help="A/B pairs (default 5)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON settings, started by torchrun
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     if args.worker:
         plain_ddp_worker(json.loads(args.worker))
         return 0
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = common.median(h_start) - common.median(t_start)
     print(f"the harness's own command_startup_seconds: {common.fmt_spread(h_own_start, 2)}", flush=True)
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [f"- Throughput harness/torchrun = {ratio:.3f} (median of {repeats} pairs) — goal ≥ {GOAL} "
                  f"{common.verdict(met)}.",
                  f"- Command to first iteration: harness {common.median(h_start):.2f} s, torchrun "
@@ -181,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                  + guard.summary() + "."
                  + (f" The torchrun comparator itself failed {len(comparator_failures)} time(s) (a worker killed by "
                     "SIGABRT) and was started again." if comparator_failures else ""), *NOTES]
-        body = common.readme_block("3. DDP through the harness vs plain torchrun",
-                                   "python bench/ddp_vs_torchrun.py --write-readme", settings, [table], lines)
-        common.write_readme_block("ddp", body, args.readme)
+        body = common.results_page("ddp_vs_torchrun", settings, [table], lines)
+        common.write_results("ddp_vs_torchrun", body, args.results_dir)
     return 0
 
 
@@ -192,8 +190,8 @@ NOTES = [
     "What differs on the harness's side: the workers run the same trainer loop as every strategy (nothing per "
     "iteration beyond a few Python calls); the launcher process additionally runs the memory sampler, whose "
     "wake-ups preempt one of the two single-threaded workers on a 2-core machine while the other waits at the "
-    "next all-reduce (see block 2). The spread of the ratio is this "
-    "VM's run-to-run drift (see block 4's coefficient of variation); the median is the estimate. Startup: before "
+    "next all-reduce (see [benchmark 2](sampler.md)). The spread of the ratio is this "
+    "VM's run-to-run drift (see [benchmark 4](timing_fidelity.md)'s coefficient of variation); the median is the estimate. Startup: before "
     "the rendezvous `run.py` lets Hydra compose and validates the config and imports the runner (torch, the "
     "elastic launcher), and every spawned worker re-imports `run.py` (Hydra, OmegaConf) as multiprocessing's "
     "`__main__` before unpickling its entry point; torchrun only imports torch.distributed before starting "

@@ -1,7 +1,7 @@
 """How soon the launcher stops the survivors when a worker dies: from a worker's death (SIGKILL, or an
 exception) to the other worker's SIGTERM.
 
-    python bench/failure_detection.py [--trials 10] [--write-readme]
+    python bench/failure_detection.py [--trials 10] [--write-results]
 
 Two workers are started by the harness's own launcher (`harness.launch.launcher.launch_workers`, `elastic` and
 `spawn`), running a small entry of this script instead of the trainer, so nothing but the launcher is
@@ -81,8 +81,7 @@ def trial(method: str, death: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     trials = 1 if args.quick else args.trials
     os.environ.update(common.pinned_env(1))  # the workers inherit it
     settings = {"workers": 2, "trials per case": trials, "launchers": "elastic (monitor interval 0.1 s), spawn",
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {method}, {death}: median {statistics.median(times):.3f} s, max {max(times):.3f} s", flush=True)
     table.print()
     print(json.dumps({k: [round(t, 4) for t in v] for k, v in found.items()}), flush=True)
-    if args.write_readme:
+    if args.write_results:
         elastic = found["elastic/SIGKILL"] + found["elastic/exception"]
         lines = [f"- elastic (the default): the survivor's SIGTERM came {statistics.median(elastic):.3f} s after the "
                  f"death (median of {len(elastic)}; at most {max(elastic):.3f} s): the agent polls its workers every "
@@ -111,9 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                  "How it is measured: the launcher is the harness's own (`harness.launch.launcher.launch_workers`), the "
                  "workers run a small entry of this script (rank 0 notes when SIGTERM arrives, rank 1 is killed or "
                  "raises), so only the launcher's reaction is timed. Both times are `time.time()` on one machine."]
-        body = common.readme_block("7. Failure detection", "python bench/failure_detection.py --write-readme",
-                                   settings, [table], lines)
-        common.write_readme_block("detection", body, args.readme)
+        body = common.results_page("failure_detection", settings, [table], lines)
+        common.write_results("failure_detection", body, args.results_dir)
     return 0
 
 

@@ -1,6 +1,6 @@
 """What the common trainer adds per iteration: the cost of each call it makes that a bare loop does not.
 
-    python bench/hook_cost.py [--write-readme]
+    python bench/hook_cost.py [--write-results]
 
 The trainer calls `before_step(it)` (stop request and fault injection), enters `amp.forward_context()`,
 and goes through `amp.backward/step/zero_grad` where a bare loop calls `loss.backward()`,
@@ -71,8 +71,7 @@ def bare_iteration_us(number: int, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     number, repeats = (2000, 3) if args.quick else (200_000, 9)
     torch.set_num_threads(common.cores())
     settings = {"calls per timing": number, "timings (median kept)": repeats, "precision": "O0 (fp32)",
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     table.print()
     print(f"added per iteration: {total:.3f} µs, {100 * total / iteration:.2f} % of a bare tiny_cnn iteration "
           f"({iteration:.0f} µs; background load {load.background:.3f} cores)", flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [f"- Every call the trainer makes that a bare loop does not adds {max(added):.2f} µs at most; "
                  f"together {total:.2f} µs per iteration: {100 * total / iteration:.2f} % of one iteration of the "
                  f"smallest model here (tiny_cnn, 8 px, batch 8: {iteration:.0f} µs in a bare loop), far less of a "
@@ -123,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                  "How: `timeit` on each call with targets that do nothing (a loss whose backward returns at once, an "
                  "optimizer whose step and zero_grad do nothing), beside the direct call to the same target; the "
                  f"median of {repeats} timings of {number:,} calls. Background load {load.background:.3f} cores."]
-        body = common.readme_block("8. Per-iteration cost of the trainer's calls", "python bench/hook_cost.py "
-                                   "--write-readme", settings, [table], lines)
-        common.write_readme_block("hooks", body, args.readme)
+        body = common.results_page("hook_cost", settings, [table], lines)
+        common.write_results("hook_cost", body, args.results_dir)
     return 0
 
 

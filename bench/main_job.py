@@ -1,6 +1,6 @@
 """The README's main job as a new user meets it: a fresh clone, the README's first command, timed.
 
-    python bench/main_job.py [--write-readme]
+    python bench/main_job.py [--write-results]
 
 Clones this repository's HEAD into a temporary folder, reads the main-job command from the README (the
 indented line after "Run the main job"), and runs its `&&`-separated parts one after another in the clone
@@ -29,8 +29,7 @@ def main_job_command(readme: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     command = main_job_command(common.README.read_text())
     parts = [p.strip() for p in command.split("&&")]
     if args.quick:  # the same steps on the tiniest sweep, reusing this venv instead of installing
@@ -64,15 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     sweep = took
     print(f"main job: {total:.0f} s in all, the sweep {sweep:.0f} s; rows {statuses}; background load "
           f"{load.background:.2f} cores", flush=True)
-    if args.write_readme:
+    if args.write_results:
         minutes = f"{int(total // 60)} min {int(total % 60)} s"
         lines = [f"- From a fresh clone, the README's main-job command took {minutes} in all, of which the sweep "
                  f"(`run.py -m`) took {int(sweep // 60)} min {int(sweep % 60)} s; its report has "
                  + ", ".join(f"{n} {s}" for s, n in statuses.items()) + " rows.",
                  f"- Background load (other processes) during the run: {load.background:.2f} cores."]
-        body = common.readme_block("9. The main job from a fresh clone", "python bench/main_job.py --write-readme",
-                                   settings, [table], lines)
-        common.write_readme_block("main_job", body, args.readme)
+        body = common.results_page("main_job", settings, [table], lines)
+        common.write_results("main_job", body, args.results_dir)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Sharding and compressed communication on CPU: ZeRO, FSDP2 and DDP's communication hooks against DDP.
 
-    python bench/modern.py [--rounds 2] [--write-readme]
+    python bench/modern.py [--rounds 2] [--write-results]
 
 Two gloo workers on the same global batch, through `run.py`. Each round runs every configuration back to
 back in a rotated order; the table shows medians over the rounds: throughput, the ratio to plain DDP, each
@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
 
     model = "tiny_cnn" if args.quick else args.model
     size = 8 if args.quick else common.CPU_WORKLOAD["image_size"]
@@ -89,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"per rank against DDP's {theory['ddp']:.3g}.")
     table.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines += ["", "vs ddp = throughput / DDP's on the same workers and batch. Worker memory growth is the "
                   "largest worker's resident-memory peak above its start (psutil); the theory counts only "
                   "parameters, gradients and optimizer state. " + guard.summary() + "."]
-        body = common.readme_block("11. Sharding and communication hooks on CPU", "python bench/modern.py "
-                                   "--write-readme", settings, [table], lines)
-        common.write_readme_block("modern", body, args.readme)
+        body = common.results_page("modern", settings, [table], lines)
+        common.write_results("modern", body, args.results_dir)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Harness overhead: the harness's `strategy=single` run against a bare hand-written PyTorch loop doing the
 same work (same model class, seed, batch, SGD settings, threads, iterations, warm-up exclusion).
 
-    python bench/overhead.py [--models resnet18,tiny_cnn] [--write-readme]
+    python bench/overhead.py [--models resnet18,tiny_cnn] [--write-results]
 
 Two comparisons, both alternating A B, B A, ...:
 
@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--process-pairs", type=int, default=None, help="run.py pairs per model (default 3)")
     parser.add_argument("--bare-worker", help=argparse.SUPPRESS)  # internal: JSON settings of one bare run
     parser.add_argument("--inprocess-worker", help=argparse.SUPPRESS)  # internal: JSON settings
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     if args.bare_worker:
         settings = json.loads(args.bare_worker)
         Path(settings["out"]).write_text(json.dumps({"windows": bare_loop(settings)}))
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"min–max {min(ratios):.3f}–{max(ratios):.3f}).")
     table.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [*verdicts, "",
                  "In one process: a fresh process composes the config from `conf/` as `run.py` does, then alternates "
                  "`harness.launch.runner.execute` (exactly what `run.py strategy=single` runs after composing: inline rank, "
@@ -213,9 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                  "`bench/overhead.py` (same model class, seed, batch, SGD settings, threads and warm-up exclusion, "
                  "windows timed with `time.perf_counter`). Fresh processes: `run.py` as typed against the bare loop "
                  "in its own process. " + guard.summary() + ".", *NOTES]
-        body = common.readme_block("1. Harness overhead", "python bench/overhead.py --write-readme", settings,
-                                   [table], lines)
-        common.write_readme_block("overhead", body, args.readme)
+        body = common.results_page("overhead", settings, [table], lines)
+        common.write_results("overhead", body, args.results_dir)
     return 0
 
 
@@ -225,9 +223,9 @@ NOTES = [
     "time and to the background-load check: it is the host), which is more than the 1 % being measured. The "
     "medians of many short alternating pairs in one process are the best estimate; the fresh-process pairs can "
     "land on either side of 1 for the same reason. The one cost found is the memory sampler thread, which runs "
-    "inside the training process for `strategy=single` (block 2 measures it alone, with the reason). The rest of the harness adds nothing per "
+    "inside the training process for `strategy=single` ([benchmark 2](sampler.md) measures it alone, with the reason). The rest of the harness adds nothing per "
     "iteration but a few Python calls (`before_step`, `forward_context`, `amp.backward/step/zero_grad`: under "
-    "0.3 µs each, measured in benchmark 8) next to a sub-millisecond iteration.",
+    "0.3 µs each, measured in [benchmark 8](hook_cost.md)) next to a sub-millisecond iteration.",
 ]
 
 

@@ -1,6 +1,6 @@
 """What profile=true costs: the same DDP run through `run.py` with the profiler off and on, alternating.
 
-    python bench/profile_cost.py [--model resnet18] [--rounds 3] [--write-readme]
+    python bench/profile_cost.py [--model resnet18] [--rounds 3] [--write-results]
 
 Three figures per round: (1) steady-state throughput with profile=true against profile=false — the profiled
 window is left out of the steady figures, so this ratio should stay at 1 within the machine's noise (the
@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
 
     model = "tiny_cnn" if args.quick else args.model
     size = 8 if args.quick else common.CPU_WORKLOAD["image_size"]
@@ -83,16 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     table.add("trace per rank (MiB)", common.fmt_spread(trace_mib, 1))
     table.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [f"- Steady-state throughput with the profiler on is {common.median(ratios):.3f} of the run "
                  "without it (median of the rounds; the min–max is this machine's run-to-run noise).",
                  f"- The profiled window itself takes {common.median(slowdowns):.2f}× a steady window: that is "
                  "why it is left out of every steady figure.",
                  "", "Starting and stopping the profiler happen at window edges, outside the run's clock; they "
                  "lengthen the run by the figure in the table, not its windows. " + guard.summary() + "."]
-        body = common.readme_block("10. What profiling costs", "python bench/profile_cost.py --write-readme",
-                                   settings, [table], lines)
-        common.write_readme_block("profile", body, args.readme)
+        body = common.results_page("profile_cost", settings, [table], lines)
+        common.write_results("profile_cost", body, args.results_dir)
     return 0
 
 

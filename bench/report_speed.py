@@ -1,6 +1,6 @@
 """Report speed: `python -m harness.report` over 1,000 synthetic results.json files.
 
-    python bench/report_speed.py [--files 1000] [--repeats 3] [--write-readme]
+    python bench/report_speed.py [--files 1000] [--repeats 3] [--write-results]
 
 The files follow the results contract (harness/launch/runner.py `_base_results` + `_measurements`, memory and env
 sections included) with GPU-shaped devices and per-PID memory, so every part of the report has work to do.
@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3, help="CLI runs of the sweep layout (default 3; distinct: 1)")
     parser.add_argument("--layouts", default="sweep,distinct")
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
 
     count = 20 if args.quick else args.files
     repeats = 1 if args.quick else args.repeats
@@ -146,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         for layout in layouts:
             table.add(layout, "—", "pending", "harness.report not available yet", "pending")
         table.print()
-        if args.write_readme:
-            body = common.readme_block("5. Report speed", "python bench/report_speed.py --write-readme", settings,
-                                       [table], ["Pending: `harness.report` is not in this checkout yet."])
-            common.write_readme_block("report", body, args.readme)
+        if args.write_results:
+            body = common.results_page("report_speed", settings, [table],
+                                       ["Pending: `harness.report` is not in this checkout yet."])
+            common.write_results("report_speed", body, args.results_dir)
         return 0
 
     with common.runs_dir(args, "report") as work:
@@ -182,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{common.verdict(met)}.")
     table.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines += ["", "CLI wall time as a user sees it (interpreter start and imports included); the stage times "
                   "are `build_report`'s parts timed in one process after the CLI runs. " + guard.summary() + ".",
                   *NOTES]
-        body = common.readme_block("5. Report speed", "python bench/report_speed.py --write-readme", settings,
-                                   [table], lines)
-        common.write_readme_block("report", body, args.readme)
+        body = common.results_page("report_speed", settings, [table], lines)
+        common.write_results("report_speed", body, args.results_dir)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Sampler overhead: the same `run.py` run with the memory sampler off and on at 10, 100 and 1000 ms.
 
-    python bench/sampler.py [--models resnet18,tiny_cnn] [--rounds 4] [--write-readme]
+    python bench/sampler.py [--models resnet18,tiny_cnn] [--rounds 4] [--write-results]
 
 All runs of a model happen in one fresh process that composes each configuration from conf/ as `run.py`
 does and calls `harness.launch.runner.execute` (what `run.py strategy=single` runs: the sampler thread lives in the
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="resnet18,tiny_cnn")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of the four settings per model (default 6)")
     parser.add_argument("--inprocess-worker", help=argparse.SUPPRESS)  # internal: JSON settings
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     if args.inprocess_worker:
         settings = json.loads(args.inprocess_worker)
         Path(settings["out"]).write_text(json.dumps(inprocess_worker(settings)))
@@ -163,16 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     direct = core_share(cost, 0.1)
     print(f"direct: the sampler's own work is {100 * direct:.3f} % of a core at 100 ms", flush=True)
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [*verdicts,
                  f"- Direct measurement: the sampler's own work is {100 * direct:.3f} % of one core at the default "
                  f"100 ms (tree listed {relist}); the end-to-end figures also include what its wake-ups cost the "
                  "training threads.", "",
                  "The end-to-end ratio compares runs of the same round only (rotated order); its spread (min–max) is "
                  "the machine's run-to-run noise, so the medians are estimates whose precision that spread shows. " + guard.summary() + ".", *NOTES]
-        body = common.readme_block("2. Memory sampler overhead", "python bench/sampler.py --write-readme", settings,
-                                   [table, micro], lines)
-        common.write_readme_block("sampler", body, args.readme)
+        body = common.results_page("sampler", settings, [table, micro], lines)
+        common.write_results("sampler", body, args.results_dir)
     return 0
 
 
@@ -185,7 +183,7 @@ NOTES = [
     "reading /proc of every process on the machine); the harness now lists the tree once a second and reads only "
     "the known processes' memory per sample (second table). Which row to judge by: the tiny model's iterations "
     "are sub-millisecond and steady on this VM, so its columns resolve fractions of a percent and fall "
-    "monotonically with the interval; resnet18's neighbouring runs differ by 5–15 % here (block 4's CV), so its "
+    "monotonically with the interval; resnet18's neighbouring runs differ by 5–15 % here ([benchmark 4](timing_fidelity.md)'s CV), so its "
     "medians of a few rounds are not even monotonic in the interval (a 10 ms sampler cannot cost less than a "
     "100 ms one) and cannot resolve 0.5 %. Where the default still costs more than the goal, the remedy left is "
     "fewer wake-ups for one-process CPU runs (a longer default interval, e.g. 500 ms) or a sampler outside the "

@@ -1,6 +1,6 @@
 """Scaling on CPU: DDP with 1, 2 and 4 gloo workers on the same global batch, through `run.py`.
 
-    python bench/scaling.py [--nprocs 1,2,4] [--rounds 2] [--write-readme]
+    python bench/scaling.py [--nprocs 1,2,4] [--rounds 2] [--write-results]
 
 The cores do not grow with the workers: every configuration shares the same machine, and the harness gives
 each worker cores // nprocs threads (at least 1), so 4 workers on 2 cores is the "more processes than
@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
 
     model = "tiny_cnn" if args.quick else args.model
     size = 8 if args.quick else common.CPU_WORKLOAD["image_size"]
@@ -85,12 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                          f"{rate:.1f} img/s, {rate / reference:.2f} of one worker on all cores.")
     table.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines += ["", "Efficiency = throughput / throughput of `ddp nprocs=1` on the same cores and global batch. "
                   + guard.summary() + ".", *NOTES]
-        body = common.readme_block("6. Scaling on CPU (oversubscription)", "python bench/scaling.py --write-readme",
-                                   settings, [table], lines)
-        common.write_readme_block("scaling", body, args.readme)
+        body = common.results_page("scaling", settings, [table], lines)
+        common.write_results("scaling", body, args.results_dir)
     return 0
 
 

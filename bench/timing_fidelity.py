@@ -1,6 +1,6 @@
 """Timing fidelity against a clock the harness does not own: a differential measurement from outside.
 
-    python bench/timing_fidelity.py [--model resnet18] [--n 400] [--pairs 5] [--write-readme]
+    python bench/timing_fidelity.py [--model resnet18] [--n 400] [--pairs 5] [--write-results]
 
 Each pair runs `run.py` twice as a user types it, identical but for the iteration count, N and 2N, in
 alternating order, and times each whole process from this script (start to exit, time.perf_counter).
@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=400, help="iterations of the shorter run (the longer runs 2N)")
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=5)
-    common.add_common_args(parser)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
 
     model = "tiny_cnn" if args.quick else args.model
     size, batch = (8, 8) if args.quick else (common.CPU_WORKLOAD["image_size"], common.CPU_WORKLOAD["batch_size"])
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     table.print()
     summary.print()
     print(guard.summary(), flush=True)
-    if args.write_readme:
+    if args.write_results:
         lines = [f"- The harness's time for the extra {n} iterations differs from the whole-process wall-time "
                  f"difference by {median_diff:+.2f} % (median of {pairs} pairs; min–max {min(diffs):+.2f}–"
                  f"{max(diffs):+.2f} %) — goal within {GOAL_PCT} % {common.verdict(met)}.",
@@ -98,9 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                  "never reads. The harness's figure is the difference of its cumulative times at the last edge. "
                  "A pair's figure also holds the machine's drift between its two runs (see the CV), which is why "
                  "the median over pairs is the estimate. " + guard.summary() + "."]
-        body = common.readme_block("4. Timing fidelity", "python bench/timing_fidelity.py --write-readme", settings,
-                                   [table, summary], lines)
-        common.write_readme_block("fidelity", body, args.readme)
+        body = common.results_page("timing_fidelity", settings, [table, summary], lines)
+        common.write_results("timing_fidelity", body, args.results_dir)
     return 0
 
 

@@ -30,6 +30,9 @@ SCRIPTS = {
 }
 
 
+SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
+
+
 @pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
 def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
@@ -41,11 +44,11 @@ def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     def run(script: str) -> tuple[str, tuple[subprocess.CompletedProcess[str], Path]]:
         folder = root / script.removesuffix(".py")
         folder.mkdir()
-        readme = folder / "README.md"
-        readme.write_text("x\n<!-- perf:start -->\n<!-- perf:end -->\n")
+        before = snapshot(common.RESULTS_DIR)
         proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--runs-dir", str(folder / "runs")],
                               cwd=folder, capture_output=True, text=True, timeout=300)
-        return script, (proc, readme)
+        assert snapshot(common.RESULTS_DIR) == before, f"{script} --quick wrote into benchmarks/"
+        return script, (proc, folder)
 
     scripts = [item.callspec.params["script"] for item in request.session.items
                if getattr(item, "originalname", None) == "test_bench_script_runs_quick_and_prints_its_table"]
@@ -57,41 +60,87 @@ def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.mark.xdist_group("bench")  # one worker runs the shared --quick runs
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_bench_script_runs_quick_and_prints_its_table(script, quick_runs):
-    proc, readme = quick_runs[script]
+    proc, folder = quick_runs[script]
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for header in SCRIPTS[script]:
         assert header in proc.stdout, proc.stdout[-3000:]
     assert "OMP_NUM_THREADS" in proc.stdout and "machine:" in proc.stdout  # the pinned settings are printed
-    assert readme.read_text() == "x\n<!-- perf:start -->\n<!-- perf:end -->\n"  # no README write without the flag
+    assert sorted(p.name for p in folder.iterdir()) == ["runs"]  # no results page without --write-results
 
 
-def test_readme_block_replaces_only_its_own_block(tmp_path):
-    readme = tmp_path / "README.md"
-    before, after = "# title\n\nintro\n\n## Performance\n\n", "\n\n## Later section\nkept\n"
-    readme.write_text(before + f"{common.PERF_START}\n{common.PLACEHOLDER}\n{common.PERF_END}" + after)
-
-    common.write_readme_block("scaling", "scaling v1", readme)
-    common.write_readme_block("overhead", "overhead v1", readme)
-    common.write_readme_block("scaling", "scaling v2", readme)
-    text = readme.read_text()
-
-    assert text.startswith(before) and text.endswith(common.PERF_END + after)
-    perf = text[text.index(common.PERF_START):text.index(common.PERF_END)]
-    assert common.PLACEHOLDER not in perf
-    assert "scaling v1" not in perf and perf.count("scaling v2") == 1
-    assert perf.index("overhead v1") < perf.index("scaling v2")  # README order, whichever ran first
-    assert perf.count("python bench/report_speed.py") == 1  # the index of the six commands, once, first
-    assert perf.index("<!-- bench:index:start -->") < perf.index("overhead v1")
-    common.write_readme_block("overhead", "overhead v1", readme)
-    assert readme.read_text() == text  # rewriting a block with the same text changes nothing
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `folder`: its bytes and its modification time (ns), to see what a writer touched."""
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_readme_block_refuses_a_readme_without_the_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("no markers\n")
-    with pytest.raises(common.BenchError):
-        common.write_readme_block("overhead", "x", readme)
-    assert readme.read_text() == "no markers\n"
+def test_write_results_replaces_only_its_own_page(tmp_path):
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "notes.md").write_text("kept\n")
+
+    common.write_results("scaling", "# scaling v1\n", folder)
+    common.write_results("overhead", "# overhead v1\n", folder)
+    overhead = snapshot(folder)["overhead.md"]
+    common.write_results("scaling", "# scaling v2\n", folder)
+
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "notes.md", "overhead.md", "scaling.md"]
+    assert (folder / "notes.md").read_text() == "kept\n"
+    assert (folder / "scaling.md").read_text() == "# scaling v2\n"  # replaced whole, nothing of v1 left
+    assert snapshot(folder)["overhead.md"] == overhead  # another bench's page: not even rewritten
+    index = (folder / "README.md").read_text()
+    assert index == common.index_page()
+    for b in common.BENCHES:  # every bench once, in BENCHES' order, linking its page
+        assert index.count(f"`python bench/{b.name}.py`") == 1 and f"]({b.name}.md)" in index
+    positions = [index.index(f"]({b.name}.md)") for b in common.BENCHES]
+    assert positions == sorted(positions)
+
+    before = snapshot(folder)
+    common.write_results("overhead", "# overhead v1\n", folder)
+    assert snapshot(folder) == before  # rewriting a page with the same text changes nothing, not even mtimes
+
+
+def test_write_results_refuses_an_unknown_bench_and_writes_nothing(tmp_path):
+    folder = tmp_path / "benchmarks"
+    with pytest.raises(common.BenchError, match="no benchmark named 'nope'"):
+        common.write_results("nope", "x", folder)
+    assert not folder.exists()
+
+
+def test_every_bench_script_has_its_entry_and_its_page():
+    """BENCHES, the scripts in bench/ and the pages in benchmarks/ name the same benchmarks; each page is the
+    one its script writes (its heading is the index's number and title)."""
+    names = [b.name for b in common.BENCHES]
+    assert sorted(names) == sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "common") == \
+        sorted(SCRIPTS_STEMS)
+    assert sorted(p.stem for p in common.RESULTS_DIR.glob("*.md")) == sorted([*names, "README"])
+    assert (common.RESULTS_DIR / "README.md").read_text() == common.index_page()
+    for n, b in enumerate(common.BENCHES, 1):
+        page = (common.RESULTS_DIR / f"{b.name}.md").read_text()
+        assert page.startswith(f"# {n}. {b.title}\n\n`python bench/{b.name}.py --write-results` — measured ")
+        assert f'common.write_results("{b.name}", ' in (BENCH / f"{b.name}.py").read_text()
+
+
+def test_results_page_is_what_the_page_files_look_like():
+    table = common.Table("t", ["a", "b"])
+    table.add("x", "1|2")
+    page = common.results_page("modern", {"cores": 2}, [table], ["- a line"])
+    assert page.startswith("# 11. Sharding and communication hooks on CPU\n\n`python bench/modern.py --write-results`")
+    assert "Pinned: cores 2.\n\n*t*\n\n| a | b |\n|:---|---:|\n| x | 1/2 |\n\n- a line\n" in page
+
+
+def test_quick_write_results_without_a_folder_is_refused(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    with pytest.raises(SystemExit) as info:
+        common.parse_args(parser, ["--quick", "--write-results"])
+    assert info.value.code == 2
+    args = common.parse_args(argparse.ArgumentParser(), ["--quick", "--write-results", "--results-dir", str(tmp_path)])
+    assert args.results_dir == tmp_path
+    assert common.parse_args(argparse.ArgumentParser(), []).results_dir == common.RESULTS_DIR
 
 
 def test_statistics_helpers():

@@ -57,16 +57,50 @@ def test_the_readme_is_at_most_300_lines():
     assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; the reference belongs in docs/"
 
 
-@pytest.mark.parametrize("page", documents(), ids=lambda p: str(p.relative_to(REPO)))
-def test_every_relative_link_resolves_to_a_file(page):
+def linked_pages() -> list[Path]:
+    """The pages whose links are checked: the README, docs/ and the benchmarks' pages in benchmarks/."""
+    return [*documents(), *sorted((REPO / "benchmarks").glob("*.md"))]
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    found: set[str] = set()
+    for line in page.read_text().splitlines():
+        if match := re.match(r"#{1,6} (.+)", line):
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+            found.add(slug)
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """The page's relative links whose file, or whose heading (`#anchor` in a Markdown page), does not exist."""
     broken = []
     for target in LINK.findall(page.read_text()):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
-            continue  # a web address, or an anchor in the same page
-        path = (page.parent / target.split("#")[0]).resolve()
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
         if not path.exists():
             broken.append(target)
-    assert not broken, f"{page.relative_to(REPO)}: links to missing files: {broken}"
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+@pytest.mark.parametrize("page", linked_pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves_to_a_file(page):
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(REPO)}: links to missing files or headings: {broken}"
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("## Horovod, XLA and MPI\n")
+    page.write_text("# A title, with `code`\n\n[a](#a-title-with-code) [b](other.md#horovod-xla-and-mpi) "
+                    "[c](missing.md) [d](#nope) [e](other.md#a-title-with-code) [f](https://example.org/x)\n")
+    assert anchors(page) == {"a-title-with-code"}
+    assert broken_links(page) == ["missing.md", "#nope (no such heading)", "other.md#a-title-with-code (no such heading)"]
+    assert len(linked_pages()) >= len(documents()) + 12  # the benchmarks' index and their eleven pages too
 
 
 @pytest.mark.parametrize("args", RUN_COMMANDS, ids=[" ".join(a) for a in RUN_COMMANDS])
