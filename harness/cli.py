@@ -219,25 +219,25 @@ def _record_refused(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path,
 def record_not_run(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
                    status: str, error: str) -> dict[str, Any]:
     """results.json for a combination that measured nothing (refused, or its job lost), from its config."""
-    from harness.output.results import SCHEMA, write_results
+    from harness.core.results import RunRecord, write_results
 
     model = cfg_dict["model"].get("name") or str(cfg_dict["model"].get("_target_", "?")).rpartition(".")[2]
-    results = {"schema": SCHEMA, "status": status, "error": error,
-               "strategy": strategy_name, "amp": cfg_dict["amp"]["level"], "model": model, "devices": [],
-               "world_size": None, "nodes": 1, "global_batch": cfg_dict["batch_size"],
-               "iterations": cfg_dict["iterations"], "iterations_requested": cfg_dict["iterations"],
-               "log_every": cfg_dict["log_every"], "windows": [], "per_rank_windows": {},
-               "throughput_img_s": None, "memory": {"source": None, "per_device": [], "per_process": []},
-               "overrides": overrides, "config": cfg_dict}
+    iterations = cfg_dict["iterations"]  # a number, or "auto"/None for iterations=auto
+    known: dict[str, Any] = {"global_batch": cfg_dict["batch_size"],
+                             "iterations": iterations if isinstance(iterations, int) else None,
+                             "iterations_requested": cfg_dict["iterations"], "log_every": cfg_dict["log_every"],
+                             "overrides": overrides, "config": cfg_dict}
     try:  # an Incompatible combination is a valid config: its row is labelled like the runs beside it
         from harness.launch.runner import variant_fields
 
-        results.update(variant_fields(RunConfig.from_dict(cfg_dict, strategy_name)))
+        known.update(variant_fields(RunConfig.from_dict(cfg_dict, strategy_name)))
     except ConfigError:
         pass
-    write_results(run_dir, results)
-    log.info("[%s %s] %s: %s", strategy_name, results["amp"], status, error)
-    return results
+    record = RunRecord.not_run(status=status, error=error, strategy=strategy_name, amp=cfg_dict["amp"]["level"],
+                               model=model, **known)
+    write_results(run_dir, record)
+    log.info("[%s %s] %s: %s", strategy_name, record.amp, status, error)
+    return record.to_dict()
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:

@@ -326,3 +326,30 @@ def shared_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     proc = run_sweep(*SHARED_SWEEP, sweep_dir=sweep, timeout=400)
     assert proc.returncode == 0, describe(proc)
     return sweep, proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def results_files_match_the_shipped_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterable[None]:
+    """Every results.json the harness wrote during the session (schema 2; files a test wrote by hand as older
+    input carry their own schema) is checked against harness/core/results.schema.json at the session's end: a
+    writer that drifts from the records fails the suite, naming the file."""
+    yield
+    import jsonschema
+
+    from harness.core.results import SCHEMA
+    from harness.core.results_schema import SCHEMA_PATH
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    invalid = []
+    for path in tmp_path_factory.getbasetemp().rglob("results.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a test's deliberately broken file; the report's own tests cover those
+        if isinstance(data, dict) and data.get("schema") == SCHEMA:
+            errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+            if errors:
+                where = "/".join(map(str, errors[0].absolute_path)) or "(top)"
+                invalid.append(f"{path}: {where}: {errors[0].message}")
+    if invalid:
+        pytest.fail(f"{len(invalid)} results.json not matching the shipped schema; first: {invalid[0]}")

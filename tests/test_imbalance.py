@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.results import from_dict
 from harness.memory import imbalance
 
 
 def results(world_size, devices, peaks, baselines, processes, ranks):
-    return {"strategy": "dp" if world_size == 1 else "ddp", "amp": "O0", "model": "resnet101",
+    return from_dict({"schema": 2, "status": "ok", "strategy": "dp" if world_size == 1 else "ddp", "amp": "O0",
+            "model": "resnet101",
             "world_size": world_size, "devices": devices, "ranks": ranks,
             "memory": {"source": "nvml",
                        "per_device": [{"device": d, "peak_mib": p, "baseline_mib": b}
                                       for d, p, b in zip(devices, peaks, baselines, strict=True)],
-                       "per_process": processes}}
+                       "per_process": processes}})
 
 
 def test_dataparallel_base_gpu_excess_worked_by_hand(tmp_path):
@@ -64,7 +66,8 @@ def test_balanced_ddp_verdict():
 def test_one_device_and_missing_nvml():
     one = results(1, ["cuda:0"], [800.0], [100.0], [], [{"rank": 0, "device": "cuda:0"}])
     assert imbalance.analyze(one).verdict == "one device (cuda:0, 700 MiB): nothing to compare"
-    missing = {"world_size": 2, "memory": {"source": None, "per_device": [], "per_process": []}}
+    missing = from_dict({"schema": 2, "status": "ok", "strategy": "ddp", "amp": "O0", "model": "m", "world_size": 2,
+                         "memory": {"source": None, "per_device": [], "per_process": []}})
     report = imbalance.analyze(missing)
     assert report.base_excess_mib is None and "no per-device memory data" in report.verdict
 
@@ -83,7 +86,7 @@ def test_cpu_processes_get_a_process_verdict_never_a_gpu_one():
     devices = ["cpu:0", "cpu:1"]
     procs = [{"pid": 10 + i, "rank": i, "device": d, "peak_mib": 900.0, "role": "rank"} for i, d in enumerate(devices)]
     r = results(2, devices, [900.0, 600.0], [300.0, 300.0], procs, [{"rank": i, "device": d} for i, d in enumerate(devices)])
-    r["memory"]["source"] = "psutil"
+    r.memory.source = "psutil"
     report = imbalance.analyze(r)
     assert report.base_excess_pct == pytest.approx(100.0)  # grew 600 vs 300 MiB
     assert report.verdict.startswith("CPU worker processes grew by 300 MiB–600 MiB")

@@ -477,9 +477,11 @@ def test_psutil_counts_a_ranks_dataloader_workers_on_its_device():
     # cpu:0 is rank 0 and its two workers: 900 + 150 + 140; its baseline the rank's own start
     assert memory["per_device"] == [{"device": "cpu:0", "peak_mib": 1190.0, "baseline_mib": 400.0},
                                     {"device": "cpu:1", "peak_mib": 880.0, "baseline_mib": 410.0}]
+    from harness.core.results import from_dict
     from harness.memory import imbalance
 
-    balance = imbalance.analyze({"memory": memory, "world_size": 2})
+    balance = imbalance.analyze(from_dict({"schema": 2, "status": "ok", "strategy": "ddp", "amp": "O0", "model": "m",
+                                           "memory": memory, "world_size": 2}))
     assert [d["pids"] for d in balance.devices] == [[RANK0], [RANK1]]  # devices list the processes driving them
 
 

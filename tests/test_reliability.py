@@ -43,8 +43,8 @@ from conftest import (
 
 from harness.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, group_options
 from harness.core.config import OVERSUBSCRIBE_FACTOR
+from harness.core.results import SCHEMA, RunRecord, from_dict
 from harness.launch.placement import probe_hardware, usable_cores
-from harness.output.results import SCHEMA
 
 # ---------------------------------------------------------------------------------------------------
 # Bad input: one line naming the key, the bad value and what is allowed; exit 2; no worker; no folder.
@@ -221,7 +221,8 @@ def run_folder(path: Path, finished: bool) -> dict[str, bytes | None]:
              ".hydra/overrides.yaml": "- sentinel=true\n", "ranks/rank0.json": '{"rank": 0, "sentinel": true}\n',
              "run.log": "sentinel\n"}
     if finished:
-        files["results.json"] = json.dumps({"schema": SCHEMA, "status": "ok", "error": None, "sentinel": True})
+        files["results.json"] = json.dumps(RunRecord.not_run(status="failed", error="sentinel: another run's",
+                                                             strategy="single", amp="O0", model="tiny_cnn").to_dict())
     for name, text in files.items():
         (path / name).write_text(text)
     return snapshot(path)
@@ -316,13 +317,13 @@ def test_injected_fault_ends_the_run_and_keeps_what_was_measured(fault_runs, kin
 def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, monkeypatch):
     """Deterministic form of the race: SIGTERM lands inside write_json_atomic (here: during its fsync).
     What the rank measured must still reach ranks/rank0.json."""
-    import harness.output.results
+    import harness.core.results
     from harness.core.stops import Interrupted
     from harness.rank.worker import run_rank
 
     record_dir = tmp_path / "ranks"
     spec = rank_spec(record_dir, "single", batch_size=4, iterations=40, gpus=[], nprocs=1)
-    real_fsync = harness.output.results.os.fsync
+    real_fsync = harness.core.results.os.fsync
     sent = []
 
     def fsync_then_sigterm(fd: int) -> None:
@@ -333,7 +334,7 @@ def test_a_sigterm_while_a_rank_writes_its_record_does_not_lose_it(tmp_path, mon
             sent.append(handler)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(harness.output.results.os, "fsync", fsync_then_sigterm)
+    monkeypatch.setattr(harness.core.results.os, "fsync", fsync_then_sigterm)
     previous, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
     try:
         try:
@@ -532,7 +533,7 @@ def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish()
 def minimal_ok_results() -> dict[str, Any]:
     windows = [{"end_iter": 20, "seconds": 0.2, "cumulative_seconds": 0.2, "warmup": True, "loss": 2.3},
                {"end_iter": 40, "seconds": 0.1, "cumulative_seconds": 0.3, "warmup": False, "loss": 2.1}]
-    return {"schema": SCHEMA, "status": "ok", "error": None, "strategy": "single", "amp": "O0", "model": "tiny_cnn",
+    return from_dict({"schema": SCHEMA, "status": "ok", "error": None, "strategy": "single", "amp": "O0", "model": "tiny_cnn",
             "devices": ["cpu"], "world_size": 1, "nodes": 1, "global_batch": 8, "local_batch": 8, "image_size": 8,
             "iterations": 40, "log_every": 20, "windows": windows, "per_rank_windows": {"0": windows},
             "throughput_img_s": 1600.0, "startup_seconds": 1.0,
@@ -540,6 +541,7 @@ def minimal_ok_results() -> dict[str, Any]:
             "ranks": [{"rank": 0, "pid": 4242, "device": "cpu", "status": "ok", "error": None}],
             "memory": {"source": "psutil", "per_device": [{"device": "cpu", "peak_mib": 300.0, "baseline_mib": 0.0}],
                        "per_process": [{"pid": 4242, "rank": 0, "device": "cpu", "peak_mib": 300.0, "role": "rank"}]}}
+                     ).to_dict()  # complete, as the harness writes it
 
 
 def test_report_skips_an_unreadable_results_file_and_names_it(tmp_path):

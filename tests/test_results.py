@@ -1,4 +1,4 @@
-"""harness.output.results: the results file contract (checked on real runs), atomic writes, no overwrites."""
+"""harness.core.results: the results file contract (checked on real runs), atomic writes, no overwrites."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import DDP_RUN, SINGLE_RUN
 
-from harness.output import results as results_mod
-from harness.output.results import (
+from harness.core import results as results_mod
+from harness.core.results import (
     SCHEMA,
     STATUSES,
     environment,
@@ -107,7 +107,7 @@ def documented_fields() -> set[str]:
 
 
 def minimal(status: str = "ok") -> dict:
-    return {"schema": SCHEMA, "status": status, "error": None}
+    return {"schema": SCHEMA, "status": status, "error": None, "strategy": "single", "amp": "O0", "model": "tiny"}
 
 
 def test_write_json_atomic_leaves_only_the_file(tmp_path):
@@ -135,11 +135,11 @@ def test_write_json_atomic_failure_keeps_the_old_file_and_no_temp(tmp_path, monk
 
 
 def test_write_results_refuses_to_overwrite(tmp_path):
-    path = write_results(tmp_path, {**minimal(), "run": 1})
+    path = write_results(tmp_path, {**minimal(), "error": "the first"})
     assert path == tmp_path / "results.json"
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
-        write_results(tmp_path, {**minimal(), "run": 2})
-    assert load_results(path)["run"] == 1
+        write_results(tmp_path, {**minimal(), "error": "the second"})
+    assert load_results(path).error == "the first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
@@ -165,3 +165,82 @@ def test_environment_has_the_contract_keys_and_takes_extras():
     assert env["hostname"] and env["torch"] and env["python"] == ".".join(map(str, sys.version_info[:3]))
     assert os.path.basename(sys.executable) in env["command"]
     assert environment()["driver"] is None and environment()["gpu_names"] == []
+
+
+# ---- typed records: one definition, a not-run record as complete as a run's, old files, the shipped schema ----
+
+OLD_NOT_RUN = {  # schema 1's record of a refused combination (harness/cli.py before the typed records): 22 keys
+    "schema": 1, "status": "skipped", "error": "strategy=dp: needs CUDA GPUs; this machine has none (ran nothing)",
+    "strategy": "dp", "amp": "O1", "model": "resnet18", "devices": [], "world_size": None, "nodes": 1,
+    "global_batch": 32, "iterations": 60, "iterations_requested": 60, "log_every": 20, "windows": [],
+    "per_rank_windows": {}, "throughput_img_s": None,
+    "memory": {"source": None, "per_device": [], "per_process": []}, "overrides": ["strategy=dp", "amp=O1"],
+    "config": {"batch_size": 32}, "strategy_options": {}, "variant": "", "compile": False, "grad_accum": 1,
+}
+
+
+def test_a_not_run_record_has_every_key_a_run_has():
+    from harness.core.results import RunRecord
+
+    record = RunRecord.not_run(status="skipped", error="needs CUDA", strategy="dp", amp="O0", model="resnet18")
+    written = record.to_dict()
+    ran = RunRecord(schema=SCHEMA, status="ok", strategy="ddp", amp="O0", model="resnet18").to_dict()
+    assert set(written) == set(ran) and len(written) >= 48
+    assert written["schema"] == SCHEMA and written["status"] == "skipped" and written["error"] == "needs CUDA"
+    assert written["windows"] == [] and written["throughput_img_s"] is None and written["precision"] is None
+    assert written["memory"] == {"source": None, "samples": None, "per_device": [], "per_process": [],
+                                 "warning": None}
+
+
+def test_a_schema_1_record_loads_with_defaults_for_what_it_lacks(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(OLD_NOT_RUN))
+    record = load_results(path)
+    assert record.schema == 1 and record.status == "skipped" and record.strategy == "dp"
+    assert record.precision is None and record.ranks == [] and record.memory.per_device == []
+    assert record.env.torch is None and record.profile is None and record.started_at is None
+
+
+def test_a_schema_this_harness_does_not_read_is_refused_in_one_line_naming_the_versions(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**OLD_NOT_RUN, "schema": 7}))
+    with pytest.raises(ValueError) as caught:
+        load_results(path)
+    assert str(caught.value) == "results.json schema 7 is not one this harness reads (1, 2)"
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"throughput_img_s": "fast"}, "throughput_img_s"),
+    ({"windows": [{"end_iter": 20, "seconds": 1.0, "warmup": False}]}, "windows.0.cumulative_seconds"),
+    ({"memory": {"per_device": [{"device": "cpu:0", "peak": 1.0}]}}, "memory.per_device.0.peak"),
+    ({"bogus": 1}, "bogus"),
+    ({"status": "great"}, "status"),
+])
+def test_a_key_or_type_outside_the_records_is_refused_naming_where(tmp_path, change, where):
+    with pytest.raises(ValueError) as caught:
+        write_results(tmp_path, {**minimal(), **change})
+    assert str(caught.value).startswith(f"results.json: {where}: ")
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_the_shipped_schema_is_the_one_the_records_generate():
+    from harness.core import results_schema
+
+    assert results_schema.SCHEMA_PATH.read_text() == results_schema.text(), \
+        "harness/core/results.schema.json is stale: run python -m harness.core.results_schema"
+
+
+def test_the_shipped_schema_accepts_a_written_record_and_rejects_incomplete_or_mistyped_ones():
+    import jsonschema
+
+    from harness.core.results import RunRecord
+    from harness.core.results_schema import SCHEMA_PATH
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    written = RunRecord.not_run(status="failed", error="lost", strategy="ddp", amp="O2", model="m").to_dict()
+    assert not list(validator.iter_errors(written))
+    missing = {k: v for k, v in written.items() if k != "throughput_img_s"}
+    assert [e.message for e in validator.iter_errors(missing)] == ["'throughput_img_s' is a required property"]
+    mistyped = {**written, "world_size": "two"}
+    assert len(list(validator.iter_errors(mistyped))) == 1
+    assert list(validator.iter_errors(OLD_NOT_RUN))  # schema 1: loads (above), but is not what is written now

@@ -154,7 +154,7 @@ def test_rank_0_killed_without_a_chance_to_write_still_leaves_a_failed_record(tm
 
 
 def test_a_provisional_record_is_replaced_by_the_real_one_and_nothing_else_is(tmp_path):
-    from harness.output.results import write_provisional, write_results
+    from harness.core.results import write_provisional, write_results
 
     write_provisional(tmp_path, {"schema": 1, "status": None}, "killed before writing")
     write_results(tmp_path, {"schema": 1, "status": "ok"})

@@ -19,8 +19,8 @@ from typing import Any
 from harness.collectives.arithmetic import OPS, bus_factor, format_size, table_rows
 from harness.collectives.config import CollectivesConfig, placement_for
 from harness.collectives.writers import to_markdown, write_csv, write_plot
+from harness.core.results import environment, write_json_atomic
 from harness.launch.placement import Hardware, probe_hardware
-from harness.output.results import environment, write_json_atomic
 
 RESULTS_NAME = "collectives.json"  # not results.json: the strategy report gathers every results.json
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from harness.collectives.arithmetic import element_count, format_size, table_row
 from harness.collectives.config import CollectivesConfig
 from harness.core.devices import Placement
 from harness.core.logs import setup_worker
-from harness.output.results import write_json_atomic
+from harness.core.results import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from harness.core.compile_cache import prepare_compile_cache
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
+from harness.core.results import PARAMETERS_NAME, SCHEMA, RunRecord, environment, from_dict, write_results
 from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
 from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
@@ -30,7 +31,6 @@ from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
-from harness.output.results import PARAMETERS_NAME, SCHEMA, environment, write_results
 from harness.parity.merge import run_parity
 from harness.profile.merge import profile_section
 from harness.rank.worker import run_rank
@@ -102,10 +102,11 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
             raise Unavailable(missing)
         reason = missing
     if reason is not None:
-        results = {**base, "status": "skipped", "error": f"strategy={cfg.strategy_name}: {reason}"}
-        write_results(run_dir, results)
-        log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, results["error"])
-        return results
+        known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
+        record = RunRecord.not_run(status="skipped", error=f"strategy={cfg.strategy_name}: {reason}", **known)
+        write_results(run_dir, record)
+        log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
+        return record.to_dict()
 
     for note in placement.notes:
         log.info("note: %s", note)
@@ -196,15 +197,18 @@ def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], i
     return {"gpu_activity": activity, "energy_j_per_image": per_image}
 
 
-def publish(run_dir: Path, results: dict[str, Any]) -> None:
-    """Write results.json, show the run, and its memory balance when it spans devices."""
-    write_results(run_dir, results)
+def publish(run_dir: Path, results: dict[str, Any]) -> RunRecord:
+    """Write results.json (checked as a record: no key or type the schema lacks), show the run, and its
+    memory balance when it spans devices."""
+    record = from_dict({"schema": SCHEMA, **results})
+    write_results(run_dir, record)
     _log_summary(results, run_dir)
-    if len(results["memory"]["per_device"]) >= 2:
-        balance = imbalance.write(results, run_dir)
+    if len(record.memory.per_device) >= 2:
+        balance = imbalance.write(record, run_dir)
         log.info("memory balance (%s): %s", balance.layout, balance.verdict)
         for flag in balance.flags:
             log.info("  ! %s", flag)
+    return record
 
 
 _held = StopRequest()  # stop signals that came before this process's run started: hold_stop_signals()

@@ -23,6 +23,7 @@ from harness.compose import Composed, compose_one, hydra_context
 from harness.core.config import CONF_DIR, RunConfig
 from harness.core.errors import ConfigError
 from harness.core.logs import setup_worker
+from harness.core.results import PARAMETERS_NAME, environment, write_provisional
 from harness.launch.placement import TorchrunWorld, probe_hardware
 from harness.launch.runner import (
     base_results,
@@ -34,7 +35,6 @@ from harness.launch.runner import (
     run_status,
 )
 from harness.memory.sampler import MemorySampler, Sample, SamplerFindings, open_source
-from harness.output.results import PARAMETERS_NAME, environment, write_provisional
 from harness.rank.worker import rank_identity, run_rank
 
 log = logging.getLogger(__name__)

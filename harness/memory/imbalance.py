@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.results import ProcessMemory, RunRecord
+
 IMBALANCE_THRESHOLD_PCT = 10.0  # below this the devices count as balanced
 
 
@@ -29,16 +31,15 @@ def _mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB" if abs(value) >= 1024 else f"{value:.0f} MiB"
 
 
-def analyze(results: dict[str, Any]) -> Imbalance:
-    memory = results.get("memory") or {}
-    per_device = memory.get("per_device") or []
-    processes = memory.get("per_process") or []
-    rows = [{"device": d["device"], "used_mib": max(0.0, d["peak_mib"] - d.get("baseline_mib", 0.0)),
-             "pids": sorted({p["pid"] for p in processes if p["device"] == d["device"] and p.get("role") != "data"})}
-            for d in per_device]
+def analyze(results: RunRecord) -> Imbalance:
+    memory = results.memory
+    processes = memory.per_process
+    rows = [{"device": d.device, "used_mib": max(0.0, (d.peak_mib or 0.0) - (d.baseline_mib or 0.0)),
+             "pids": sorted({p.pid for p in processes if p.device == d.device and p.role != "data"})}
+            for d in memory.per_device]
     report = Imbalance(devices=rows)
     if not rows:
-        report.verdict = f"no per-device memory data (source: {memory.get('source')}): nothing to compare"
+        report.verdict = f"no per-device memory data (source: {memory.source}): nothing to compare"
         return report
     report.layout, report.flags = _pid_layout(results, processes)
     if len(rows) < 2:
@@ -56,21 +57,21 @@ def analyze(results: dict[str, Any]) -> Imbalance:
     return report
 
 
-def _pid_layout(results: dict[str, Any], processes: list[dict[str, Any]]) -> tuple[str, list[str]]:
-    rank_device = {r["rank"]: r["device"] for r in results.get("ranks", [])}
+def _pid_layout(results: RunRecord, processes: list[ProcessMemory]) -> tuple[str, list[str]]:
+    rank_device = {r.rank: r.device for r in results.ranks}
     flags = []
     for p in processes:
-        own = rank_device.get(p.get("rank"))
-        if p.get("role") == "rank" and own is not None and p["device"] != own and results.get("world_size", 1) > 1:
-            held = "an unknown amount" if p.get("peak_mib") is None else _mib(p["peak_mib"])
-            flags.append(f"PID {p['pid']} (rank {p['rank']}) holds {held} on {p['device']}, "
+        own = rank_device.get(p.rank) if p.rank is not None else None
+        if p.role == "rank" and own is not None and p.device != own and (results.world_size or 1) > 1:
+            held = "an unknown amount" if p.peak_mib is None else _mib(p.peak_mib)
+            flags.append(f"PID {p.pid} (rank {p.rank}) holds {held} on {p.device}, "
                          f"not its own {own}: a stray CUDA context; call torch.cuda.set_device(local_rank) "
                          "before creating anything on the GPU")
-        elif p.get("role") == "other":
-            flags.append(f"PID {p['pid']} (not part of this run) appeared on {p['device']} during the run")
-    ranked = [p for p in processes if p.get("role") == "rank"]
-    pids = {(p.get("node"), p["pid"]) for p in ranked}  # a PID is per node (containers repeat them)
-    devices = {p["device"] for p in ranked}
+        elif p.role == "other":
+            flags.append(f"PID {p.pid} (not part of this run) appeared on {p.device} during the run")
+    ranked = [p for p in processes if p.role == "rank"]
+    pids = {(p.node, p.pid) for p in ranked}  # a PID is per node (containers repeat them)
+    devices = {p.device for p in ranked}
     if not ranked:
         layout = "no per-process data"
     elif len(pids) == 1:
@@ -82,8 +83,8 @@ def _pid_layout(results: dict[str, Any], processes: list[dict[str, Any]]) -> tup
     return layout, flags
 
 
-def _verdict(results: dict[str, Any], report: Imbalance) -> str:
-    if (results.get("memory") or {}).get("source") == "psutil":
+def _verdict(results: RunRecord, report: Imbalance) -> str:
+    if results.memory.source == "psutil":
         return _cpu_verdict(report)
     pct = report.base_excess_pct
     if pct is None or report.base_excess_mib is None:
@@ -92,7 +93,7 @@ def _verdict(results: dict[str, Any], report: Imbalance) -> str:
         ratio = f" (max/min {report.max_min_ratio:.2f})" if report.max_min_ratio else ""
         return f"memory is balanced across devices{ratio}"
     advice = ("DataParallel gathers outputs and reduces gradients there; DDP spreads memory evenly, "
-              "or lower the batch") if results.get("world_size") == 1 else \
+              "or lower the batch") if results.world_size == 1 else \
         "look for work done on rank 0 only (logging, evaluation, a stray context)"
     return (f"base {report.base_device} uses {_mib(report.base_excess_mib)} ({pct:.0f}%) more than the "
             f"others; {advice}")
@@ -109,9 +110,9 @@ def _cpu_verdict(report: Imbalance) -> str:
     return f"CPU worker processes grew by {spread} of resident memory during the run: balanced"
 
 
-def to_markdown(results: dict[str, Any], report: Imbalance) -> str:
-    lines = [f"# Memory balance: {results.get('strategy')} · amp {results.get('amp')} · {results.get('model')}", "",
-             f"Source: {(results.get('memory') or {}).get('source')}; PID layout: {report.layout}.", "",
+def to_markdown(results: RunRecord, report: Imbalance) -> str:
+    lines = [f"# Memory balance: {results.strategy} · amp {results.amp} · {results.model}", "",
+             f"Source: {results.memory.source}; PID layout: {report.layout}.", "",
              "| device | used MiB (peak − baseline) | PIDs |", "|---|---:|---|"]
     for row in report.devices:
         lines.append(f"| {row['device']} | {row['used_mib']:.1f} | {', '.join(map(str, row['pids']))} |")
@@ -126,7 +127,7 @@ def to_markdown(results: dict[str, Any], report: Imbalance) -> str:
     return "\n".join(lines)
 
 
-def write(results: dict[str, Any], run_dir: Path) -> Imbalance:
+def write(results: RunRecord, run_dir: Path) -> Imbalance:
     report = analyze(results)
     (run_dir / "imbalance.md").write_text(to_markdown(results, report))
     return report

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.output.results import PARAMETERS_NAME
+from harness.core.results import PARAMETERS_NAME
 
 __all__ = ["PARAMETERS_NAME", "batchnorm_layout", "digest", "load_parameters", "rank_parity", "save_parameters"]
 

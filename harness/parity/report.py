@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.output.results import PARAMETERS_NAME
+from harness.core.results import PARAMETERS_NAME, Parity, RunRecord
 
 if TYPE_CHECKING:
     from harness.report.rows import Row
@@ -40,16 +40,16 @@ FAILED = (DIFFERS, REPLICAS)
 class Run:
     """What parity needs of one ok run: its results and its folder (where rank 0 left parameters.pt)."""
 
-    results: dict[str, Any]
+    results: RunRecord
     folder: Path
 
     @property
-    def parity(self) -> dict[str, Any]:
-        return self.results.get("parity") or {}
+    def parity(self) -> Parity | None:
+        return self.results.parity
 
     @property
     def dtype(self) -> str | None:
-        return (self.results.get("precision") or {}).get("dtype")
+        return self.results.precision.dtype if self.results.precision else None
 
 
 def annotate(rows: Sequence[Row], runs: Sequence[Sequence[Run]]) -> None:
@@ -61,9 +61,9 @@ def annotate(rows: Sequence[Row], runs: Sequence[Sequence[Run]]) -> None:
             continue
         first = mine[0]
         reference = _pick_reference(i, rows, runs, candidates, first)
-        differing = sorted({rank for r in mine for rank in r.parity.get("differing_ranks") or []})
+        differing = sorted({rank for r in mine for rank in r.parity.differing_ranks or []})
         if reference is None:
-            wanted = "at its own amp level" if first.parity.get("reference") == "same_amp" else "at O0"
+            wanted = "at its own amp level" if first.parity.reference == "same_amp" else "at O0"
             _set(row, NO_REFERENCE, None, f"no strategy=single row {wanted} ran with parity=true on the same "
                  "model, optimizer, data, seed, global batch and iterations: add one to the sweep")
         elif reference == i:
@@ -85,11 +85,11 @@ def _pick_reference(i: int, rows: Sequence[Row], runs: Sequence[Sequence[Run]], 
                     first: Run) -> int | None:
     """The reference row for row i: a `single` row with the same fingerprint at the wanted amp level, with the
     same batch-norm split if there is one (so that the comparison can be judged), the row itself first."""
-    same_amp = first.parity.get("reference") == "same_amp"
+    same_amp = first.parity.reference == "same_amp"
     fitting = []
     for j in candidates:
         other = _with_parity(runs[j])[0]
-        if other.parity.get("fingerprint") != first.parity.get("fingerprint"):
+        if other.parity.fingerprint != first.parity.fingerprint:
             continue
         if same_amp and (rows[j].amp != rows[i].amp or other.dtype != first.dtype):
             continue
@@ -98,15 +98,15 @@ def _pick_reference(i: int, rows: Sequence[Row], runs: Sequence[Sequence[Run]], 
         fitting.append(j)
     pieces = _pieces(first)
     fitting.sort(key=lambda j: (_pieces(_with_parity(runs[j])[0]) != pieces, j != i,
-                                _with_parity(runs[j])[0].parity.get("batchnorm_groups") not in (None, 1)))
+                                _with_parity(runs[j])[0].parity.batchnorm_groups not in (None, 1)))
     return fitting[0] if fitting else None
 
 
 def _pieces(run: Run) -> tuple[int | None, str | None]:
     """How the run cuts each global batch for batch-norm: how many pieces, and how (results.json from before
     `batchnorm_split` have none: consecutive, as they then were unless data=loader)."""
-    groups = run.parity.get("batchnorm_groups")
-    return groups, run.parity.get("batchnorm_split") or ("consecutive" if groups not in (None, 1) else None)
+    groups = run.parity.batchnorm_groups
+    return groups, run.parity.batchnorm_split or ("consecutive" if groups not in (None, 1) else None)
 
 
 def _compare(row: Row, mine: Sequence[Run], reference: Row, theirs: Sequence[Run]) -> None:
@@ -122,7 +122,7 @@ def _compare(row: Row, mine: Sequence[Run], reference: Row, theirs: Sequence[Run
                 return
             abs_diffs.append(max((params[k] - ref_params[k]).abs().max().item() for k in params))
             rel_diffs.append(max(_relative(params[k], ref_params[k]) for k in params))
-        ours, base = run.parity.get("losses") or [], ref.parity.get("losses") or []
+        ours, base = run.parity.losses or [], ref.parity.losses or []
         if ours and base:
             loss_diffs.append(max(abs(a - b) for a, b in zip(ours, base, strict=False)))
     row.parity_reference = reference.label
@@ -134,8 +134,8 @@ def _compare(row: Row, mine: Sequence[Run], reference: Row, theirs: Sequence[Run
              "reference's folder: parameters cannot be compared (the loss curves can)")
         return
     first = mine[0]
-    groups, ref_groups = first.parity.get("batchnorm_groups"), ref.parity.get("batchnorm_groups")
-    lossy = first.parity.get("lossy") or ref.parity.get("lossy")
+    groups, ref_groups = first.parity.batchnorm_groups, ref.parity.batchnorm_groups
+    lossy = first.parity.lossy or ref.parity.lossy
     if first.dtype != "float32" or ref.dtype != "float32":
         row.parity = MIXED
         row.parity_note = (f"computes in {first.dtype} against a {ref.dtype} reference: the drift is reported, not "
@@ -149,7 +149,7 @@ def _compare(row: Row, mine: Sequence[Run], reference: Row, theirs: Sequence[Run
                            "no float32 tolerance applies; the drift is reported")
     elif _pieces(first) != _pieces(ref):
         row.parity = BATCHNORM
-        row.parity_note = batchnorm_note(groups, ref_groups, first.parity.get("batchnorm_split"))
+        row.parity_note = batchnorm_note(groups, ref_groups, first.parity.batchnorm_split)
     elif row.parity_max_rel <= PARAM_RTOL and not math.isnan(row.parity_max_rel):
         row.parity = AGREES
         row.parity_note = f"within float32 rounding (max relative difference ≤ {PARAM_RTOL:g})"

@@ -27,10 +27,10 @@ from harness.core.compile_cache import use_compile_cache
 from harness.core.config import FaultConfig, RunConfig
 from harness.core.devices import DeviceOps, Placement
 from harness.core.logs import setup_worker
+from harness.core.results import write_json_atomic
 from harness.core.stops import Interrupted, StopRequest, caused_by, last_line
 from harness.core.timing import AutoStop, Window, WindowClock
 from harness.memory.footprint import footprint, per_rank
-from harness.output.results import write_json_atomic
 from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges

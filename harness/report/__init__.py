@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.output.results import write_json_atomic
+from harness.core.results import write_json_atomic
 from harness.report.command import main
 from harness.report.page import to_html
 from harness.report.plots import write_plots

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
 from harness.memory import imbalance
-from harness.output.results import RESULTS_NAME, load_results
 from harness.parity import report as parity
 
 PER = 20  # the user's unit: seconds per 20 iterations
@@ -76,7 +76,7 @@ class Row:
         return max(1, len(self.devices))
 
 
-def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, RunRecord]], list[str]]:
     """Every readable results.json under `paths`; unreadable ones are named in a warning and skipped."""
     found, skipped = [], []
     for root in paths:
@@ -94,40 +94,69 @@ def _natural(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
-def _key(results: dict[str, Any]) -> tuple[Any, ...]:
-    precision = results.get("precision") or {}
-    return (results.get("strategy"), results.get("amp"), precision.get("impl"), precision.get("dtype"),
-            results.get("model"), tuple(results.get("devices") or ()), results.get("global_batch"),
-            results.get("image_size"), results.get("iterations_requested", results.get("iterations")),
-            results.get("launcher"), results.get("variant") or "", _options(results))
+@dataclass(frozen=True)
+class Combination:
+    """What makes runs one row: runs with equal combinations are repeats of each other and pooled."""
+
+    strategy: str
+    amp: str
+    impl: str | None
+    dtype: str | None
+    model: str
+    devices: tuple[str, ...]
+    global_batch: int | None
+    image_size: int | None
+    iterations: int | str | None  # as asked for: a number or "auto"
+    launcher: str | None
+    variant: str  # the strategy's own short word on its options, compile, grad_accum: always in the label
+    options: tuple[str, ...]  # the strategy's and the model's options: in the label when peers differ in them
+
+    @classmethod
+    def of(cls, results: RunRecord) -> Combination:
+        precision = results.precision
+        return cls(results.strategy, results.amp, precision.impl if precision else None,
+                   precision.dtype if precision else None, results.model, tuple(results.devices),
+                   results.global_batch, results.image_size,
+                   results.iterations_requested if results.iterations_requested is not None else results.iterations,
+                   results.launcher, results.variant, _options(results))
+
+    def peer_of(self, other: Combination) -> bool:
+        """The same strategy at the same amp level: what labels tell apart."""
+        return (self.strategy, self.amp) == (other.strategy, other.amp)
+
+    def same_work(self, other: Combination) -> bool:
+        """The same model, batch and image size at the same amp level (implementation and dtype): what a
+        multi-device row's efficiency is measured against, whatever the strategy and devices."""
+        return ((self.amp, self.impl, self.dtype, self.model, self.global_batch, self.image_size)
+                == (other.amp, other.impl, other.dtype, other.model, other.global_batch, other.image_size))
 
 
-VARIANT, OPTIONS = 10, 11  # _key's indices: the variant is always in the label when set; options when they vary
+# The fields a label may name when a row's peers differ in them, with the word it uses.
+LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devices", "global_batch": "batch",
+            "image_size": "px", "iterations": "it", "launcher": "launcher", "options": ""}
 
 
-def _options(results: dict[str, Any]) -> tuple[str, ...]:
+def _options(results: RunRecord) -> tuple[str, ...]:
     """The strategy's and the model's own options (`model.norm=none`): runs that differ in them are different
     rows (and a label names what differs)."""
-    config = results.get("config") or {}
+    config = results.config
     strategy = sorted((config.get("strategy") or {}).items())  # its _target_ too: a plugin under a known name
     model = sorted((k, v) for k, v in (config.get("model") or {}).items() if k not in ("_target_", "name"))
     return tuple(f"strategy.{k}={v}" for k, v in strategy) + tuple(f"model.{k}={v}" for k, v in model)
 
 
-def _label(group: Sequence[dict[str, Any]], varying: set[int], common: frozenset[str] = frozenset(),
+def _label(key: Combination, varying: set[str], common: frozenset[str] = frozenset(),
            said: frozenset[str] = frozenset()) -> str:
     """`said`: option names its peers' variants spell short (`comm_hook=fp16`): this row's value of the same
     option is spelled the same way (`comm_hook=none`, not `strategy.comm_hook=none`)."""
-    key = _key(group[0])
-    parts = [f"{key[0]} {key[1]}", *([key[VARIANT]] if key[VARIANT] else [])]
-    names = {2: "impl", 3: "dtype", 4: "model", 5: "devices", 6: "batch", 7: "px", 8: "it", 9: "launcher"}
-    for index in sorted(varying - {VARIANT}):
-        if index == OPTIONS:  # options: only those its peers do not all share, and not said by the variant
-            parts += [_short(o, said) for o in key[OPTIONS] if o not in common
-                      and o.partition("=")[0].rpartition(".")[2] + "=" not in key[VARIANT]]
+    parts = [f"{key.strategy} {key.amp}", *([key.variant] if key.variant else [])]
+    for name in (n for n in LABELLED if n in varying):
+        if name == "options":  # options: only those its peers do not all share, and not said by the variant
+            parts += [_short(o, said) for o in key.options if o not in common
+                      and o.partition("=")[0].rpartition(".")[2] + "=" not in key.variant]
             continue
-        value = ",".join(key[index]) if index == 5 else key[index]
-        parts.append(f"{names[index]}={value}")
+        value = getattr(key, name)
+        parts.append(f"{LABELLED[name]}={','.join(value) if name == 'devices' else value}")
     return " ".join(parts)
 
 
@@ -137,23 +166,25 @@ def _short(option: str, said: frozenset[str]) -> str:
     return option.removeprefix("strategy.") if name.removeprefix("strategy.") in said else option
 
 
-def _said(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[str]:
+def _said(key: Combination, keys: Sequence[Combination]) -> frozenset[str]:
     """The option names the variants of this row's peers (same strategy and amp level) spell out."""
-    return frozenset(part.partition("=")[0] for k in keys if k[:2] == key[:2] for part in k[VARIANT].split()
+    return frozenset(part.partition("=")[0] for k in keys if k.peer_of(key) for part in k.variant.split()
                      if "=" in part)
 
 
-UNKNOWN = (None, ())  # a skipped combination's fields it never learned
+def _known(value: Any) -> bool:
+    """A combination that never ran (refused, skipped) did not learn its devices or precision: unknown values
+    neither differ from its peers' nor go into its label."""
+    return value not in (None, ())
 
 
-def _varying(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], set[int]]:
+def _varying(keys: Sequence[Combination]) -> dict[Combination, set[str]]:
     """Fields that tell apart rows sharing a strategy and amp level (only those go into a label)."""
     result = {}
     for key in keys:
-        peers = [k for k in keys if k[:2] == key[:2]]
-        # a skipped combination never ran: its unknown fields (None) neither differ nor go into its label
-        result[key] = {i for i in range(2, len(key)) if key[i] not in UNKNOWN
-                       and len({k[i] for k in peers if k[i] not in UNKNOWN}) > 1}
+        peers = [k for k in keys if k.peer_of(key)]
+        result[key] = {name for name in LABELLED if _known(getattr(key, name))
+                       and len({getattr(k, name) for k in peers if _known(getattr(k, name))}) > 1}
     return result
 
 
@@ -161,21 +192,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _row(group: list[dict[str, Any]], label: str) -> Row:
+def _row(group: list[RunRecord], label: str) -> Row:
     first = group[0]
-    ok = [r for r in group if r.get("status") == "ok"]
-    statuses = sorted({r.get("status", "?") for r in group})
-    status = statuses[0] if len(statuses) == 1 else "/".join(f"{s} {sum(r['status'] == s for r in group)}" for s in statuses)
-    reasons = [r.get("error") for r in group if r.get("error")]
-    row = Row(label=label, strategy=first.get("strategy", "?"), amp=first.get("amp", "?"),
-              model=first.get("model", "?"), devices=list(first.get("devices") or []),
-              processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.get("global_batch"),
+    ok = [r for r in group if r.status == "ok"]
+    statuses = sorted({r.status for r in group})
+    status = statuses[0] if len(statuses) == 1 else "/".join(f"{s} {sum(r.status == s for r in group)}" for s in statuses)
+    reasons = [r.error for r in group if r.error]
+    row = Row(label=label, strategy=first.strategy, amp=first.amp, model=first.model, devices=list(first.devices),
+              processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.global_batch,
               status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok),
-              variant=first.get("variant") or "")
+              variant=first.variant)
     if not ok:
         return row
 
-    steady = [w["seconds"] * PER / r["log_every"] for r in ok for w in r["windows"] if _steady(w)]
+    steady = [w.seconds * PER / (r.log_every or 1) for r in ok for w in r.windows if _steady(w)]
     row.steady_windows = len(steady)
     if steady:
         row.s_per_20 = statistics.median(steady)
@@ -183,39 +213,36 @@ def _row(group: list[dict[str, Any]], label: str) -> Row:
     edges: dict[int, list[float]] = {}
     losses: dict[int, list[float]] = {}
     for r in ok:
-        for w in r["windows"]:
-            edges.setdefault(w["end_iter"], []).append(w["cumulative_seconds"])
-            if w.get("loss") is not None:
-                losses.setdefault(w["end_iter"], []).append(w["loss"])
+        for w in r.windows:
+            edges.setdefault(w.end_iter, []).append(w.cumulative_seconds)
+            if w.loss is not None:
+                losses.setdefault(w.end_iter, []).append(w.loss)
     row.cumulative = [(it, statistics.median(v)) for it, v in sorted(edges.items()) if len(v) == len(ok)]
     row.losses = [(it, statistics.median(v)) for it, v in sorted(losses.items())]
     row.final_loss = row.losses[-1][1] if row.losses else None
 
-    rates = [r["throughput_img_s"] for r in ok if r.get("throughput_img_s")]
+    rates = [r.throughput_img_s for r in ok if r.throughput_img_s]
     row.spread_known = len(rates) >= 2 or len(steady) >= 3
     if rates:
         row.throughput = statistics.median(rates)
         if len(rates) > 1:
             row.throughput_lo, row.throughput_hi = min(rates), max(rates)
         else:
-            per_window = [ok[0]["global_batch"] * ok[0]["log_every"] / w["seconds"]
-                          for w in ok[0]["windows"] if _steady(w) and w["seconds"] > 0]
+            per_window = [(ok[0].global_batch or 0) * (ok[0].log_every or 0) / w.seconds
+                          for w in ok[0].windows if _steady(w) and w.seconds > 0]
             if per_window:  # the run's rate lies within its windows' range; keep the spread around it
                 row.throughput_lo = min(percentile(per_window, 10), row.throughput)
                 row.throughput_hi = max(percentile(per_window, 90), row.throughput)
-    startups = [r["startup_seconds"] for r in ok if r.get("startup_seconds") is not None]
-    row.startup_s = statistics.median(startups) if startups else None
-    compiles = [r["compile_seconds"] for r in ok if r.get("compile_seconds") is not None]
-    row.compile_s = statistics.median(compiles) if compiles else None
-    theories = [r["memory_theory"]["total_mib"] for r in ok if r.get("memory_theory")]
-    row.theory_mib = statistics.median(theories) if theories else None
+    row.startup_s = _median_of([r.startup_seconds for r in ok])
+    row.compile_s = _median_of([r.compile_seconds for r in ok])
+    row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
     _pool_memory(row, ok)
     _pool_breakdown(row, ok)
     return row
 
 
-def _steady(window: dict[str, Any]) -> bool:
-    return not window["warmup"] and not window.get("profiled")
+def _steady(window: WindowRecord) -> bool:
+    return not window.warmup and not window.profiled
 
 
 def _median_of(values: Sequence[float | None]) -> float | None:
@@ -223,12 +250,11 @@ def _median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def _pool_breakdown(row: Row, ok: Sequence[dict[str, Any]]) -> None:
+def _pool_breakdown(row: Row, ok: Sequence[RunRecord]) -> None:
     """Data wait, the profiled window's parts (the slowest rank's) and energy, each the median over repeats."""
-    row.data_wait_share = _median_of([r.get("data_wait_share") for r in ok])
-    row.energy_j_per_image = _median_of([r.get("energy_j_per_image") for r in ok])
-    runs = [((r.get("profile") or {}).get("run")) for r in ok]
-    runs = [run for run in runs if run]
+    row.data_wait_share = _median_of([r.data_wait_share for r in ok])
+    row.energy_j_per_image = _median_of([r.energy_j_per_image for r in ok])
+    runs = [r.profile.run for r in ok if r.profile and r.profile.run]
     if not runs:
         return
     row.breakdown = {part: statistics.median(run["shares"][part] for run in runs) for part in runs[0]["shares"]}
@@ -237,9 +263,8 @@ def _pool_breakdown(row: Row, ok: Sequence[dict[str, Any]]) -> None:
     row.breakdown_view = runs[0]["view"]
 
 
-def _rank_pids(results: dict[str, Any]) -> int:
-    per_process = (results.get("memory") or {}).get("per_process", [])
-    return len({(p.get("node"), p["pid"]) for p in per_process if p.get("role") == "rank"})
+def _rank_pids(results: RunRecord) -> int:
+    return len({(p.node, p.pid) for p in results.memory.per_process if p.role == "rank"})
 
 
 def _median_int(values: Sequence[int]) -> int | None:
@@ -247,12 +272,12 @@ def _median_int(values: Sequence[int]) -> int | None:
     return int(statistics.median_low(values)) if values else None
 
 
-def _pool_memory(row: Row, ok: Sequence[dict[str, Any]]) -> None:
+def _pool_memory(row: Row, ok: Sequence[RunRecord]) -> None:
     """Memory of every repeat: per device the median of the repeats' use, the row's figures the median of
     the repeats' largest (and smallest) device, with min-max over repeats as the spread."""
     balances = [imbalance.analyze(r) for r in ok]
     runs = [b for b in balances if b.devices]
-    row.sources = sorted({(r.get("memory") or {}).get("source") or "none" for r in ok})
+    row.sources = sorted({r.memory.source or "none" for r in ok})
     row.memory_source = row.sources[0] if len(row.sources) == 1 else "+".join(row.sources)
     if not runs:
         return
@@ -273,17 +298,19 @@ def _pool_memory(row: Row, ok: Sequence[dict[str, Any]]) -> None:
     row.mem_imbalance_pct = statistics.median(excess) if excess else None
 
 
-def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | None = None) -> tuple[list[Row], str | None]:
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    folders: dict[tuple[Any, ...], list[Path]] = {}
-    for path, results in found:
-        groups.setdefault(_key(results), []).append(results)
-        folders.setdefault(_key(results), []).append(path.parent)
+def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]],
+               baseline: str | None = None) -> tuple[list[Row], str | None]:
+    groups: dict[Combination, list[RunRecord]] = {}
+    folders: dict[Combination, list[Path]] = {}
+    for path, loaded in found:
+        results = loaded if isinstance(loaded, RunRecord) else from_dict(loaded)
+        groups.setdefault(Combination.of(results), []).append(results)
+        folders.setdefault(Combination.of(results), []).append(path.parent)
     varying = _varying(list(groups))
     keys = list(groups)
-    rows = [_row(groups[k], _label(groups[k], varying[k], _common_options(k, keys), _said(k, keys))) for k in keys]
+    rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys))) for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
-                            if r.get("status") == "ok"] for k in keys])
+                            if r.status == "ok"] for k in keys])
     base = _pick_baseline(rows, baseline)
     if base is not None and base.throughput:
         for row in rows:
@@ -296,20 +323,20 @@ def build_rows(found: Sequence[tuple[Path, dict[str, Any]]], baseline: str | Non
     return rows, base.label if base else None
 
 
-def _common_options(key: tuple[Any, ...], keys: Sequence[tuple[Any, ...]]) -> frozenset[str]:
+def _common_options(key: Combination, keys: Sequence[Combination]) -> frozenset[str]:
     """The options every row with this strategy and amp level shares (left out of its label)."""
-    peers = [set(k[OPTIONS]) for k in keys if k[:2] == key[:2]]
+    peers = [set(k.options) for k in keys if k.peer_of(key)]
     return frozenset(set.intersection(*peers)) if peers else frozenset()
 
 
-def _one_device_reference(key: tuple[Any, ...], row: Row, keys: Sequence[tuple[Any, ...]],
+def _one_device_reference(key: Combination, row: Row, keys: Sequence[Combination],
                           rows: Sequence[Row]) -> Row | None:
     """What a multi-device row's efficiency is measured against: the one-device run of the same model, batch,
     image size and amp level (`single` first). One-device rows have no efficiency: there is nothing to scale."""
     if row.n_devices < 2:
         return None
     same = [r for k, r in zip(keys, rows, strict=True)
-            if r.n_devices == 1 and r.throughput and k[1:5] == key[1:5] and k[6:8] == key[6:8]]
+            if r.n_devices == 1 and r.throughput and k.same_work(key)]
     same.sort(key=lambda r: r.strategy != "single")
     return same[0] if same else None
 
@@ -425,23 +452,23 @@ class Context:
     commits: list[str]
 
 
-def context(found: Sequence[tuple[Path, dict[str, Any]]]) -> Context:
-    envs = [r.get("env") or {} for _, r in found]
-    env = next((e for e in envs if e), {})
-    gpus = env.get("gpu_names") or []
+def context(found: Sequence[tuple[Path, RunRecord]]) -> Context:
+    envs = [r.env for _, r in found]
+    env = next((e for e in envs if e.torch or e.cpu), envs[0] if envs else None)
+    gpus = env.gpu_names if env else []
     if gpus:
         names = sorted(set(gpus))
-        machine = ", ".join(f"{gpus.count(n)}× {n}" for n in names) + f" (driver {env.get('driver')})"
+        machine = ", ".join(f"{gpus.count(n)}× {n}" for n in names) + f" (driver {env.driver if env else None})"
     else:
         machine = "no GPU"
-    if env.get("cpu"):
-        machine = f"{env['cpu']} ({env.get('cpu_capability', '?')}), " + machine
-    versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "python") if env.get(k))
-    if env.get("torch_built_for_cuda"):
-        versions += f", torch built for CUDA {env['torch_built_for_cuda']}"
-    started = [r.get("started_at") for _, r in found if r.get("started_at")]
-    finished = [r.get("finished_at") for _, r in found if r.get("finished_at")]
+    if env and env.cpu:
+        machine = f"{env.cpu} ({env.cpu_capability or '?'}), " + machine
+    versions = ", ".join(f"{k} {getattr(env, k)}" for k in ("torch", "python") if env and getattr(env, k))
+    if env and env.torch_built_for_cuda:
+        versions += f", torch built for CUDA {env.torch_built_for_cuda}"
+    started = [r.started_at for _, r in found if r.started_at]
+    finished = [r.finished_at for _, r in found if r.finished_at]
     return Context(runs=len(found), first_started=min(started) if started else None,
                    last_finished=max(finished) if finished else None, machine=machine, versions=versions,
-                   commands=sorted({e["command"] for e in envs if e.get("command")}),
-                   commits=sorted({e["harness_commit"] for e in envs if e.get("harness_commit")}))
+                   commands=sorted({e.command for e in envs if e.command}),
+                   commits=sorted({e.harness_commit for e in envs if e.harness_commit}))
