@@ -224,9 +224,9 @@ def test_report_csv_holds_plain_numbers(sweep):
     report.build_report([sweep], sweep, quiet=True)
     with open(sweep / "report.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
-    from harness.report.tables import CSV_TEXT
+    from harness.report.tables import TEXT_CSV
 
-    text = set(CSV_TEXT)  # the text columns; every other one holds a number
+    text = set(TEXT_CSV)  # the text columns; every other one holds a number
     assert {"combination", "strategy", "amp", "model", "devices", "status", "reason", "variant"} <= text
     numbers = [{k: float(v) for k, v in row.items() if k not in text} for row in table]
     ddp = numbers[[row["combination"] for row in table].index("ddp O0")]
@@ -396,3 +396,57 @@ def test_every_strategy_yaml_has_its_own_colour() -> None:
     yamls = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "strategy").glob("*.yaml")}
     assert yamls <= set(STRATEGY_ORDER)
     assert len(STRATEGY_ORDER) <= len(PALETTE) and len(set(STRATEGY_ORDER)) == len(STRATEGY_ORDER)
+
+
+# ---- columns: one definition (harness/report/columns.py) for the terminal, report.md, report.csv, index.html ----
+
+def _outputs(sweep):
+    import csv
+    import re
+
+    report.build_report([sweep], sweep, quiet=True)
+    rows, base = report.build_rows(report.find_results([sweep])[0])
+    md = (sweep / "report.md").read_text()
+    md_header = next(line for line in md.splitlines() if line.startswith("| combination"))
+    with open(sweep / "report.csv", newline="") as handle:
+        csv_header = next(csv.reader(handle))
+    html_header = re.findall(r"<th[^>]*>([^<]*)</th>", (sweep / "index.html").read_text())
+    terminal = report.terminal_table(rows, base, width=200)
+    return rows, [c.strip() for c in md_header.strip("|").split("|")], csv_header, html_header, terminal
+
+
+def test_report_csv_names_each_column_once(sweep):
+    _, _, csv_header, _, _ = _outputs(sweep)
+    assert len(csv_header) == len(set(csv_header)), sorted(h for h in csv_header if csv_header.count(h) > 1)
+    assert csv_header.count("startup_s") == 1
+
+
+def test_every_output_takes_its_columns_from_the_one_definition(sweep):
+    import html
+
+    from harness.report import columns
+
+    rows, md, csv_header, html_header, terminal = _outputs(sweep)
+    defined = columns.columns(rows)
+    table = [c.header for c in defined if c.header is not None and c.shown(rows)]
+    assert md == table and [html.unescape(h) for h in html_header] == table
+    assert csv_header == [name for c in defined for name, _ in c.csv]
+    heads = [c.terminal for c in defined if c.terminal]
+    assert heads == ["combination", "s/20 it", "img/s", "speedup", "mem MiB", "status"]
+    head_line = next(line for line in terminal.splitlines() if "combination" in line)
+    assert [h for h in heads if h in head_line] == heads
+    assert head_line.index("img/s") < head_line.index("speedup") < head_line.index("mem MiB")
+
+
+def test_a_column_added_to_the_definition_appears_in_every_output(sweep, monkeypatch):
+    from harness.report import columns
+
+    defined = columns.columns
+    extra = columns.Column("answer", lambda r: "42", csv=(("answer_csv", lambda r: 42),),
+                           terminal="answer!", terminal_cell=lambda r: "forty-two")
+    monkeypatch.setattr(columns, "columns", lambda rows: [*defined(rows)[:-1], extra, defined(rows)[-1]])
+    rows, md, csv_header, html_header, terminal = _outputs(sweep)
+    assert md[-2:] == ["answer", "status"] and html_header[-2:] == ["answer", "status"]
+    assert csv_header[-3:] == ["answer_csv", "status", "reason"]
+    assert "answer!" in terminal and "forty-two" in terminal
+    assert "| 42 | ok |" in (sweep / "report.md").read_text()

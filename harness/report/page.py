@@ -10,10 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.parity import report as parity
+from harness.report import columns
 from harness.report.rows import PER, Context, Row, reproducibility, summary, winners
-from harness.report.tables import table_rows
-
-NUMERIC_FROM = 1  # every column but the first (the combination) and the last (status) holds a figure
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222}
@@ -65,19 +63,17 @@ def _sort_value(cell: str) -> str:
 
 def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
             ctx: Context | None = None) -> str:
-    header, body = table_rows(rows)
+    shown, body = columns.table(rows)
     won = winners(rows)
-    starred = {("img/s", won.get("throughput")), (f"s/{PER} it (p10–p90)", won.get("s_per_20")),
-               ("mem max MiB", won.get("mem_max_mib"))}
-    last = len(header) - 1
-    head = "".join(f'<th class="{"name" if i == 0 else ""}">{html.escape(h)}</th>' for i, h in enumerate(header))
+    head = "".join(f'<th class="{"name" if i == 0 else ""}">{html.escape(c.header or "")}</th>'
+                   for i, c in enumerate(shown))
     trs = []
     for row, cells in zip(rows, body, strict=True):
         tds = []
-        for i, cell in enumerate(cells):
-            klass = "name" if i == 0 else "status" if i == last else ""
-            star = "★ " if (header[i], row.label) in starred else ""
-            tds.append(f'<td class="{klass}" data-v="{html.escape(_sort_value(cell) if NUMERIC_FROM <= i < last else cell)}">'
+        for i, (column, cell) in enumerate(zip(shown, cells, strict=True)):
+            klass = "name" if i == 0 else "status" if column.header == "status" else ""
+            star = "★ " if column.star and won.get(column.star) == row.label else ""
+            tds.append(f'<td class="{klass}" data-v="{html.escape(_sort_value(cell) if column.numeric else cell)}">'
                        f"{star}{html.escape(cell)}</td>")
         trs.append("<tr>" + "".join(tds) + "</tr>")
     figures = "".join(f'<figure><img src="{html.escape(p.name)}" alt="{html.escape(p.stem.replace("_", " "))}">'
