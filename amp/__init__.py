@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from hydra.utils import get_class
 
-from amp.base import Amp
+from amp.base import Amp, OptimizerSpec, ShardedPrecision
 from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
 
-__all__ = ["Amp", "AmpConfig", "AmpSpec", "build_amp", "plugin_class", "resolve"]
+__all__ = ["Amp", "AmpConfig", "AmpSpec", "OptimizerSpec", "ShardedPrecision", "build_amp", "plugin_class", "resolve"]
 
 
 def plugin_class(target: str) -> type[Amp]:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from amp.base import Amp, OptimizerFactory
+from amp.base import Amp
 from harness.core.amp_levels import AmpSpec
 from harness.core.optional import apex_missing
 
@@ -29,7 +29,10 @@ class ApexAmp(Amp):
             return "amp.impl=apex casts to float16 only: use amp.dtype=float16 or amp.impl=native"
         return None
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def connect(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """apex casts and builds its masters in one call over the model and its optimizer, before any parallel
+        wrapper (apex/amp/_initialize.py, check_models: "Parallel wrappers should only be applied to the
+        model(s) AFTER the model(s) have been returned from amp.initialize.")."""
         from apex import amp
 
         self._amp = amp
@@ -38,7 +41,7 @@ class ApexAmp(Amp):
                                    "loss_scale": spec.loss_scale}
         if spec.cast_model:  # apex refuses these for O0/O1
             options.update(keep_batchnorm_fp32=spec.keep_batchnorm_fp32, master_weights=spec.master_weights)
-        model, self._optimizer = amp.initialize(model, make_optimizer(model.parameters()), **options)
+        model, self._optimizer = amp.initialize(model, optimizer, **options)
         return model, self._optimizer
 
     def backward(self, loss: torch.Tensor) -> None:

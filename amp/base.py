@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,8 +12,39 @@ from torch import nn
 
 from harness.core.amp_levels import AmpSpec
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entered every iteration, so made once
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer the config names (`optim`: its class and keywords). Strategies build it in one place
+    (`Strategy.build_optimizer`), and one that shards it (ZeRO) hands the class and keywords on as they are."""
+
+    cls: type[torch.optim.Optimizer]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, optim: Mapping[str, Any]) -> OptimizerSpec:
+        """`conf/optim/*.yaml`: `_target_` the class, the rest its keywords (`_partial_` aside)."""
+        from hydra.utils import get_class
+
+        return cls(get_class(str(optim["_target_"])), {k: v for k, v in optim.items() if not k.startswith("_")})
+
+    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return self.cls(params, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class ShardedPrecision:
+    """What a strategy that shards parameters (FSDP2) does in place of the plugin's casting: whether the model
+    is cast first, the dtypes its units gather, reduce and return in (FSDP2's MixedPrecisionPolicy), and
+    whether batch-norm layers are units of their own, kept fp32."""
+
+    cast_model: bool = False
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    norms_apart: bool = False
 
 
 class Amp:
@@ -34,9 +66,24 @@ class Amp:
         """Why this level has nothing meaningful to measure on this machine (recorded as `skipped`)."""
         return None
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Cast the model and build its optimizer; runs before the strategy wraps the model."""
-        return model, make_optimizer(model.parameters())
+    # ---- set-up, in the order Strategy.setup_module calls them ----
+
+    def cast_module(self, model: nn.Module) -> nn.Module:
+        """The precision phase: the model cast as the level says (before any wrapper sees its parameters)."""
+        return model
+
+    def optimizer_params(self, model: nn.Module) -> Iterable[nn.Parameter]:
+        """The parameters the optimizer steps: the model's, or fp32 master copies the plugin keeps."""
+        return model.parameters()
+
+    def connect(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model and its optimizer, once both exist and before any wrapper (apex's amp.initialize)."""
+        return model, optimizer
+
+    def sharded_precision(self, reduce_dtype: torch.dtype | None) -> ShardedPrecision:
+        """This level for a strategy that shards parameters (FSDP2): fp32, gradients reduced in `reduce_dtype`
+        (the strategy's compression, or None)."""
+        return ShardedPrecision(reduce_dtype=reduce_dtype)
 
     def wrap_module(self, model: nn.Module) -> nn.Module:
         """Casting that must happen inside forward (so it reaches DataParallel's replica threads)."""

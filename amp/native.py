@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from amp.base import NO_CONTEXT, Amp, OptimizerFactory
+from amp.base import NO_CONTEXT, Amp, ShardedPrecision
 from harness.core.amp_levels import AmpSpec
 from harness.core.devices import cpu_half_reason
 
@@ -65,19 +66,35 @@ class NativeAmp(Amp):
         self._master_params: list[nn.Parameter] = []
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def cast_module(self, model: nn.Module) -> nn.Module:
+        """O2/O3: the model in half (batch-norm fp32 where kept); O2's fp32 master copies made from it."""
         if not self.spec.cast_model:
-            return model, make_optimizer(model.parameters())
+            return model
         model.to(self.half)
         if self.spec.keep_batchnorm_fp32:
             for module in model.modules():
                 if isinstance(module, _BATCHNORM):
                     module.float()
-        if not self.spec.master_weights:
-            return model, make_optimizer(model.parameters())
-        self._model_params = [p for p in model.parameters() if p.requires_grad]
-        self._master_params = [nn.Parameter(p.detach().float().clone()) for p in self._model_params]
-        return model, make_optimizer(self._master_params)
+        if self.spec.master_weights:
+            self._model_params = [p for p in model.parameters() if p.requires_grad]
+            self._master_params = [nn.Parameter(p.detach().float().clone()) for p in self._model_params]
+        return model
+
+    def optimizer_params(self, model: nn.Module) -> Iterable[nn.Parameter]:
+        return self._master_params or model.parameters()
+
+    def sharded_precision(self, reduce_dtype: torch.dtype | None) -> ShardedPrecision:
+        """O3 (and O2 without masters): the model cast as under any strategy, no policy. O2: FSDP2 gathers and
+        computes in half and reduces in fp32; its fp32 sharded parameters are the masters, so the model is not
+        cast and no copies are made; the loss comes back fp32, as apex O2's. O1 casts per op (autocast), not
+        the parameters."""
+        spec = self.spec
+        if spec.cast_model and not spec.master_weights:
+            return ShardedPrecision(cast_model=True, reduce_dtype=reduce_dtype, norms_apart=spec.keep_batchnorm_fp32)
+        if spec.cast_model:
+            return ShardedPrecision(param_dtype=self.half, reduce_dtype=reduce_dtype or torch.float32,
+                                    output_dtype=torch.float32, norms_apart=spec.keep_batchnorm_fp32)
+        return ShardedPrecision(reduce_dtype=reduce_dtype)
 
     def wrap_module(self, model: nn.Module) -> nn.Module:
         if not (self.spec.cast_model or self.spec.autocast):  # O0: nothing to cast, nothing in the way

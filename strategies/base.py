@@ -1,11 +1,11 @@
 """What the worker and the launcher ask of a strategy. Class attributes say how processes are laid out,
 so the parent can place and validate a run without building anything; `setup_module` owns the order in
-which the model is converted, moved, cast, wrapped and given its optimizer."""
+which the model is converted, moved, cast, sharded, given its optimizer and wrapped."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -14,12 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amp import Amp, AmpSpec
+from amp import Amp, AmpSpec, OptimizerSpec
 from harness.core.config import RunConfig
 from harness.core.devices import DeviceOps, Placement
 from harness.core.errors import Incompatible
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
@@ -106,21 +104,47 @@ class Strategy:
         return self.ops.device
 
     def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """The model as it will train, and its optimizer. The default order: layer swaps, onto the device,
-        cast by the amp plugin (which builds the optimizer over the parameters it steps, e.g. O2's fp32
-        masters), then wrapped. A strategy that must build the optimizer after wrapping (FSDP's parameters
-        become DTensors) overrides this."""
-        model = self.convert_module(model).to(self.device)
-        model, optimizer = amp.prepare(model, make_optimizer)
-        return self.wrap(amp.wrap_module(model)), optimizer
+                     optimizer: OptimizerSpec) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model as it will train, and its optimizer, in phases whose order no strategy changes (a strategy
+        overrides the phases it does differently): layer swaps, onto the device, the amp plugin's casting,
+        parameters replaced by shards (FSDP2), the optimizer (built here only, over the parameters the amp
+        plugin steps, then joined to the plugin: apex's amp.initialize must precede any parallel wrapper),
+        the wrapper (DDP, DataParallel, ...) and whatever the strategy wraps the optimizer in. `compile` comes
+        last, called by the worker, which times it apart."""
+        model = self.place(self.convert_module(model))
+        model = self.apply_precision(model, amp)
+        model = self.shard(model, amp)
+        model, built = amp.connect(model, self.build_optimizer(amp.optimizer_params(model), optimizer))
+        model = self.wrap(amp.wrap_module(model))
+        return model, self.wrap_optimizer(model, built)
 
     def convert_module(self, model: nn.Module) -> nn.Module:
         """Layer swaps needed before the amp plugin casts the model (e.g. synchronized batch-norm)."""
         return model
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def place(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:
+        """The amp plugin casts the model (and makes the fp32 masters it steps, at O2)."""
+        return amp.cast_module(model)
+
+    def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
+        """Parameters replaced by the strategy's own (FSDP2's DTensor shards): before the optimizer is built,
+        so that it steps those."""
         return model
+
+    def build_optimizer(self, params: Iterable[nn.Parameter], optimizer: OptimizerSpec) -> torch.optim.Optimizer:
+        """The one place an optimizer is built: the configured class over `params` (ZeRO shards it)."""
+        return optimizer.build(params)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The parallel wrapper, around parameters that stay as they are (DDP, DataParallel, ...)."""
+        return model
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer as the strategy steps it (horovod's DistributedOptimizer, ignite's auto_optim)."""
+        return optimizer
 
     def compile(self, model: nn.Module) -> nn.Module:
         """compile=true: the wrapped model compiled (DDP's graph is split at its buckets by dynamo's

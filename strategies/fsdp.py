@@ -4,10 +4,10 @@ Parameters, gradients and optimizer state are sharded across ranks (each rank ke
 DTensors); a block's parameters are all-gathered before its forward and again before its backward
 (`reshard_after_forward=true`; false keeps them gathered from forward to backward: more memory, one
 all-gather less), and its gradients are reduce-scattered after its backward. The optimizer is built
-after sharding, over the sharded parameters, which is why this strategy owns the set-up order.
+after sharding, over the sharded parameters: sharding is the `shard` phase, before the optimizer's.
 
-Precision: FSDP2's `MixedPrecisionPolicy` replaces the amp plugin's casting where a faithful mapping of
-apex's level exists (torch's own gradient scaler is kept, and works on DTensor gradients: DTensor's
+Precision: FSDP2's `MixedPrecisionPolicy`, with the dtypes the amp plugin gives
+(`Amp.sharded_precision`), replaces the plugin's casting where a faithful mapping of apex's level exists (torch's own gradient scaler is kept, and works on DTensor gradients: DTensor's
 dispatcher all-reduces its overflow flag, torch/distributed/tensor/_dispatch.py
 `aten._amp_foreach_non_finite_check_and_unscale_.default: found_inf_reduce_handler`):
 
@@ -41,11 +41,11 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from amp import Amp, AmpSpec
+from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
-from strategies.base import OptimizerFactory, ProcessGroupStrategy, unwrap
+from strategies.base import ProcessGroupStrategy, unwrap
 from strategies.ddp import CommHook
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
@@ -60,6 +60,7 @@ class FSDP2(ProcessGroupStrategy):
         super().__init__()
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
         self._root: FSDPModule | None = None
+        self._precision = ShardedPrecision()
 
     @classmethod
     def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
@@ -86,26 +87,24 @@ class FSDP2(ProcessGroupStrategy):
         hook = options.get("comm_hook", "none")
         return f"comm_hook={hook}: gradients are reduced in {hook} (reduce_dtype)" if hook != "none" else None
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Cast (O3), shard bottom-up (batch-norm units, then blocks, then the root), then the optimizer over
-        the sharded parameters; the amp plugin's per-forward casting (O1's autocast) goes outside."""
-        model = self.convert_module(model).to(self.device)
-        spec = amp.spec
-        reduce = _HALF.get(self.comm_hook)
-        policy, norm_policy = MixedPrecisionPolicy(reduce_dtype=reduce), None
-        root_policy = policy
-        if spec.cast_model and not spec.master_weights:
-            model, _ = amp.prepare(model, make_optimizer)  # the cast alone; its optimizer (unsharded) is dropped
-        elif spec.cast_model:
-            half = getattr(torch, spec.dtype)
-            policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce or torch.float32)
-            root_policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce or torch.float32,
-                                               output_dtype=torch.float32)  # the loss in fp32, as apex O2
-            if spec.keep_batchnorm_fp32:
-                norm_policy = MixedPrecisionPolicy(reduce_dtype=reduce or torch.float32, cast_forward_inputs=False)
+    def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:
+        """The amp plugin says what FSDP2 does in place of its casting (`Amp.sharded_precision`): the model is
+        cast only where no policy maps the level (O3, O2 without masters)."""
+        self._precision = amp.sharded_precision(_HALF.get(self.comm_hook))
+        return amp.cast_module(model) if self._precision.cast_model else model
+
+    def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
+        """Bottom-up: batch-norm units, then blocks, then the root, each with the policy the amp plugin's
+        dtypes make; the optimizer is then built over the sharded parameters."""
+        p = self._precision
+        policy = MixedPrecisionPolicy(param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype)
+        root_policy = MixedPrecisionPolicy(param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype,
+                                           output_dtype=p.output_dtype)  # O2: the loss in fp32, as apex O2
+        # fp32 batch-norm beside half parameters: its own unit, gathering fp32 and taking its input as it comes
+        norm_policy = MixedPrecisionPolicy(reduce_dtype=p.reduce_dtype, cast_forward_inputs=False) \
+            if p.norms_apart and p.param_dtype is not None else policy
         units = dict.fromkeys(self._block_names(model))
-        if spec.cast_model and spec.keep_batchnorm_fp32:
+        if p.norms_apart:
             # fp32 batch-norm in a half block (a ResNet's): FSDP2 asserts one original dtype per unit
             # (_fsdp_param_group.py: "FSDP expects uniform original parameter dtype but got ..."), so each
             # batch-norm is a unit of its own, whether the model was cast (O3) or the policy casts (O2)
@@ -113,11 +112,10 @@ class FSDP2(ProcessGroupStrategy):
         modules = dict(model.named_modules())
         for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents
             module = modules[name]
-            fully_shard(module, mp_policy=norm_policy if isinstance(module, _BATCHNORM) and norm_policy else policy,
+            fully_shard(module, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
                         reshard_after_forward=self.reshard_after_forward)
         self._root = fully_shard(model, mp_policy=root_policy, reshard_after_forward=self.reshard_after_forward)
-        optimizer = make_optimizer(model.parameters())
-        return amp.wrap_module(model), optimizer
+        return model
 
     def _block_names(self, model: nn.Module) -> list[str]:
         """`blocks` as given, or (null) every child of the model's top-level Sequential containers that holds

@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amp import Amp, AmpSpec
+from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.optional import package_missing
-from strategies.base import OptimizerFactory, ProcessGroupStrategy, RankEnv
+from strategies.base import ProcessGroupStrategy, RankEnv
 
 INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "
                 "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod==0.28.1 (docs/backends.md: 'Horovod, XLA and MPI')")
@@ -126,15 +126,13 @@ class HorovodStrategy(ProcessGroupStrategy):
         if (hvd.rank(), hvd.size()) != (env.rank, env.world_size):
             raise RuntimeError(f"horovod put rank {env.rank} of {env.world_size} at {hvd.rank()} of {hvd.size()}")
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Rank 0's weights and optimizer state to every rank, then horovod's optimizer: an allreduce hook per
         gradient, averaged before `step`. With grad_accum N, `backward_passes_per_step=N`: each hook starts
         its allreduce at the Nth backward, on the accumulated gradient (horovod's own no_sync; with 1, the
         second micro-batch's backward raises "Gradients were computed more than backward_passes_per_step
         times before call to step()")."""
         hvd = _hvd()
-        model, optimizer = super().setup_module(model, amp, make_optimizer)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         own = {id(p) for group in optimizer.param_groups for p in group["params"]}
         named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
@@ -143,7 +141,7 @@ class HorovodStrategy(ProcessGroupStrategy):
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named or None, compression=compression,
                                              backward_passes_per_step=self._grad_accum)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        return model, optimizer
+        return optimizer
 
     def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
         settle_compile_pass(optimizer)

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amp import Amp, AmpSpec
+from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.optional import package_missing
 from strategies import horovod
-from strategies.base import OptimizerFactory, RankEnv, Strategy, check_backend
+from strategies.base import RankEnv, Strategy, check_backend
 
 INSTALL_HINT = "strategy=ignite needs pytorch-ignite: pip install -e '.[ignite]'"
 
@@ -95,14 +95,12 @@ class IgniteStrategy(Strategy):
             raise RuntimeError("IgniteStrategy.setup() has not run")
         return self._device
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """auto_optim: horovod's DistributedOptimizer, told the micro-batches per step (as strategy=horovod
         does); the optimizer as it is for gloo/nccl."""
-        model, optimizer = super().setup_module(model, amp, make_optimizer)
         if self.backend == "horovod":
-            return model, _idist().auto_optim(optimizer, backward_passes_per_step=self._grad_accum)
-        return model, _idist().auto_optim(optimizer)
+            return _idist().auto_optim(optimizer, backward_passes_per_step=self._grad_accum)
+        return _idist().auto_optim(optimizer)
 
     def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
         if self.backend == "horovod":

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from amp import Amp, AmpSpec
+from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
 from harness.core.optional import package_missing
-from strategies.base import OptimizerFactory, RankEnv, Strategy
+from strategies.base import RankEnv, Strategy
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
                 "pip install torch==2.9.0 torchvision==0.24.0 torch_xla==2.9.0, then pip install -e . "
@@ -102,13 +102,11 @@ class XlaStrategy(Strategy):
             raise RuntimeError("XlaStrategy.setup() has not run")
         return self._xla_device
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         import torch_xla
 
-        model, optimizer = super().setup_module(model, amp, make_optimizer)
         optimizer.register_step_post_hook(lambda *args: torch_xla.sync())  # one graph per training step
-        return model, optimizer
+        return optimizer
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return ShardedInput(model, self._mesh) if self._mesh is not None else model

@@ -9,17 +9,16 @@ where ZeRO never steps them, and is refused at the levels that have them."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from amp import Amp, AmpSpec
+from amp import AmpSpec, OptimizerSpec
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
-from strategies.base import Backend, OptimizerFactory
+from strategies.base import Backend
 from strategies.ddp import CommHook, TorchDDP
 
 
@@ -46,18 +45,7 @@ class ZeroDDP(TorchDDP):
                                "amp.master_weights=false: ZeroRedundancyOptimizer would step the half weights, not "
                                "apex's fp32 masters, which apex then copies back over the model every step")
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        return super().setup_module(model, amp, self._sharded(make_optimizer))
-
-    def _sharded(self, make_optimizer: OptimizerFactory) -> OptimizerFactory:
-        """The configured optimizer (a functools.partial: Hydra's `_partial_: true`) inside ZeRO."""
-        if not isinstance(make_optimizer, functools.partial):
-            raise TypeError("strategy=zero needs the optimizer as a class and its keywords (optim: _partial_: true)")
-        optimizer_class, keywords = make_optimizer.func, dict(make_optimizer.keywords)
-
-        def build(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-            return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class,
-                                           parameters_as_bucket_view=self.parameters_as_bucket_view, **keywords)
-
-        return build
+    def build_optimizer(self, params: Iterable[nn.Parameter], optimizer: OptimizerSpec) -> torch.optim.Optimizer:
+        """The configured optimizer's class and keywords, inside ZeRO: each rank builds it over its share."""
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer.cls,
+                                       parameters_as_bucket_view=self.parameters_as_bucket_view, **optimizer.kwargs)

@@ -79,6 +79,14 @@ def sgd(lr: float = 0.1) -> Callable[[Any], torch.optim.Optimizer]:
     return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
+def prepare(amp: Any, model: torch.nn.Module, make_optimizer: Callable[[Any], torch.optim.Optimizer],
+            ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """An amp plugin's set-up phases as Strategy.setup_module runs them, with no strategy around: the cast,
+    the optimizer over the parameters the plugin steps, the two joined."""
+    model = amp.cast_module(model)
+    return amp.connect(model, make_optimizer(amp.optimizer_params(model)))
+
+
 STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP",
                     "dp": "strategies.dp.DataParallelStrategy", "apex_ddp": "strategies.apex_ddp.ApexDDP",
                     "allreduce": "strategies.allreduce.ManualAllReduce", "fsdp": "strategies.fsdp.FSDP2",

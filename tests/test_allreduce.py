@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import SHARED_GROUP, TINY, amp_plugin, describe, run_cli
+from conftest import SHARED_GROUP, TINY, amp_plugin, describe, prepare, run_cli
 
 from amp import Amp
 from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
@@ -64,7 +64,7 @@ def _rank_main(rank: int, port: int) -> None:
 def _build(spec: AmpSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Amp]:
     torch.manual_seed(seed)
     precision = amp_plugin(spec)
-    model, optimizer = precision.prepare(TinyCNN(num_classes=10),
+    model, optimizer = prepare(precision, TinyCNN(num_classes=10),
                                          lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     return precision.wrap_module(model), optimizer, precision
 
@@ -72,7 +72,7 @@ def _build(spec: AmpSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optim
 def _check_scenario(strategy: ManualAllReduce, rank: int, spec: AmpSpec) -> None:
     label = f"bucket={strategy.bucket} amp={spec.level}"
     # O0: different initial weights per rank, so wrap()'s broadcast is what makes them equal. O2's fp32
-    # master weights are copied in amp.prepare(), before any strategy wraps (DDP's broadcast would
+    # master weights are copied in prepare(amp, ), before any strategy wraps (DDP's broadcast would
     # not reach them either): there the shared seed, as in the worker, keeps them equal.
     model, optimizer, precision = _build(spec, seed=100 + rank if not spec.master_weights else 100)
     model = strategy.wrap(model)

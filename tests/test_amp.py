@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import amp_plugin, sgd, tiny_batch
+from conftest import amp_plugin, prepare, sgd, tiny_batch
 from torch import nn
 
 from amp import Amp, plugin_class
@@ -105,7 +105,7 @@ def spec_for(level: str, dtype: str, **amp) -> AmpSpec:
 def prepared(spec: AmpSpec, seed: int = 0):
     torch.manual_seed(seed)
     precision = amp_plugin(spec)
-    model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
+    model, optimizer = prepare(precision, TinyCNN(num_classes=10), sgd())
     return precision, model, optimizer
 
 
@@ -355,7 +355,7 @@ def _ddp_o2_rank(rank: int, world_size: int, store_path: str, out_dir: str) -> N
     try:
         torch.manual_seed(0)  # identical initial weights, as the worker does
         precision = amp_plugin(resolve(AmpConfig(level="O2"), "cpu"))
-        model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
+        model, optimizer = prepare(precision, TinyCNN(num_classes=10), sgd())
         ddp = DistributedDataParallel(precision.wrap_module(model))
         initial = torch.cat([p.detach().float().flatten() for p in model.parameters()])
         losses = [one_step(precision, model, optimizer, seed=100 * rank + step, wrapped=ddp).item()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import amp_plugin, sgd, tiny_batch
+from conftest import amp_plugin, prepare, sgd, tiny_batch
 from fake_apex import fake_apex  # noqa: F401 (fixture)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -26,7 +26,7 @@ def test_apex_o2_trains_past_its_first_iteration(fake_apex):  # noqa: F811
     spec = resolve(AmpConfig(level="O2", impl="apex", dtype="float16"), "cuda")
     precision = amp_plugin(spec)
     torch.manual_seed(0)
-    model, optimizer = precision.prepare(TinyCNN(num_classes=10), sgd())
+    model, optimizer = prepare(precision, TinyCNN(num_classes=10), sgd())
     before = [p.detach().clone() for p in model.parameters()]
     clock = WindowClock(lambda: None, warmup_windows=0)
     train(precision.wrap_module(model), optimizer, precision, SyntheticSource([tiny_batch()]), clock, iterations=4, log_every=2)

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from amp import Amp, build_amp
+from amp import Amp, OptimizerSpec, build_amp
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
@@ -63,7 +63,7 @@ def _one_step(rank: int, port: int, out: str) -> None:
     with torch.no_grad():
         model.weight.fill_(10.0 * (rank + 1))  # rank 0: 10, rank 1: 20 (rank 0's must win)
     amp = Amp(resolve(AmpConfig(level="O0"), "cpu"), torch.device("cpu"))
-    model, optimizer = strategy.setup_module(model, amp, lambda params: torch.optim.SGD(params, lr=1.0))
+    model, optimizer = strategy.setup_module(model, amp, OptimizerSpec(torch.optim.SGD, {"lr": 1.0}))
     model(torch.full((1, 2), float(rank + 1))).sum().backward()  # gradient: rank + 1 per weight
     amp.step(optimizer)
     amp.zero_grad(optimizer)
@@ -96,7 +96,7 @@ def _horovod_on_fake(monkeypatch: pytest.MonkeyPatch, strategy: Any, grad_accum:
     amp = build_amp("amp.native.NativeAmp", resolve(level or AmpConfig(level="O0"), "cpu"),
                     torch.device("cpu"))
     model, optimizer = strategy.setup_module(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), amp,
-                                             lambda params: torch.optim.SGD(params, lr=0.1))
+                                             OptimizerSpec(torch.optim.SGD, {"lr": 0.1}))
     return model, optimizer, amp
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import CLI_TIMEOUT_S, TINY, describe, run_cli, run_config
+from conftest import CLI_TIMEOUT_S, TINY, describe, prepare, run_cli, run_config
 from torch import nn
 
-from amp import resolve
+from amp import OptimizerSpec, resolve
 from amp.native import NativeAmp
 from harness.core.amp_levels import AmpConfig
 from harness.core.config import RunConfig
@@ -61,9 +61,9 @@ class NoNorm(nn.Module):
         return self.classifier(self.features(x))
 
 
-# as Hydra builds them from conf/optim/ (`_partial_: true`): ZeRO takes the class and keywords apart
-sgd = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
-adamw = functools.partial(torch.optim.AdamW, lr=0.01)
+# as the worker reads them from conf/optim/: ZeRO gets the class and keywords as they are
+sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})
+adamw = OptimizerSpec(torch.optim.AdamW, {"lr": 0.01})
 
 
 def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer: Any = sgd) -> tuple[nn.Module, Any]:
@@ -191,7 +191,7 @@ def test_the_theory_counts_the_gradients_alive_at_the_step():
 
     torch.manual_seed(0)
     amp = NativeAmp(resolve(AmpConfig(level="O2", dtype="bfloat16"), "cpu"), torch.device("cpu"))
-    model, optimizer = amp.prepare(TinyCNN(10), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    model, optimizer = prepare(amp, TinyCNN(10), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     tensors = [*model.parameters(), *(p for g in optimizer.param_groups for p in g["params"])]
     alive: list[int] = []
     optimizer.register_step_pre_hook(lambda *_: alive.append(

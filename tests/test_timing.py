@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import amp_plugin, tiny_batch
+from conftest import amp_plugin, prepare, tiny_batch
 
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.timing import (
@@ -145,7 +145,7 @@ def test_trainer_syncs_only_at_window_edges(level):
     clock = WindowClock(fake.sync, warmup_windows=1, clock=fake.clock)
     torch.manual_seed(0)
     precision = amp_plugin(resolve(AmpConfig(level=level), "cpu"))
-    model, optimizer = precision.prepare(TinyCNN(num_classes=10, width=4),
+    model, optimizer = prepare(precision, TinyCNN(num_classes=10, width=4),
                                          lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
     model = precision.wrap_module(model)
     seen: list[Window] = []
@@ -219,7 +219,7 @@ def test_trainer_with_auto_iterations_stops_where_decide_says():
     spec = resolve(AmpConfig(level="O0"), "cpu")
     precision = amp_plugin(spec)
     torch.manual_seed(0)
-    model, optimizer = precision.prepare(TinyCNN(num_classes=10), lambda p: torch.optim.SGD(p, lr=0.1))
+    model, optimizer = prepare(precision, TinyCNN(num_classes=10), lambda p: torch.optim.SGD(p, lr=0.1))
     clock = WindowClock(lambda: None, warmup_windows=0)
     windows = train(model, optimizer, precision, SyntheticSource([tiny_batch()]), clock, None, 5,
                     decide=lambda w: w.end_iter == 15)

@@ -34,7 +34,7 @@ def test_devices_below_one_is_refused_before_anything_starts():
 SCRIPT = """
 import json, sys, torch
 from torch import nn
-from amp import Amp
+from amp import Amp, OptimizerSpec
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.devices import Placement
 from strategies.base import RankEnv
@@ -48,7 +48,7 @@ strategy = XlaStrategy(devices=devices)
 strategy.setup(RankEnv(0, 0, 1, placement, 60))
 torch.manual_seed(0)
 amp = Amp(resolve(AmpConfig(level="O0"), "cpu"), strategy.device)
-model, optimizer = strategy.setup_module(nn.Linear(3, 2), amp, lambda p: torch.optim.SGD(p, lr=0.5))
+model, optimizer = strategy.setup_module(nn.Linear(3, 2), amp, OptimizerSpec(torch.optim.SGD, {"lr": 0.5}))
 x = torch.arange(12.0).reshape(4, 3).to(strategy.device) / 10
 y = torch.tensor([0, 1, 1, 0]).to(strategy.device)
 for _ in range(3):

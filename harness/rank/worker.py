@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 
-from amp import AmpSpec, build_amp
+from amp import AmpSpec, OptimizerSpec, build_amp
 from harness.core.compile_cache import use_compile_cache
 from harness.core.config import FaultConfig, RunConfig
 from harness.core.devices import DeviceOps, Placement
@@ -113,7 +113,7 @@ def run_rank(spec: dict[str, Any],
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
-        model, optimizer = strategy.setup_module(model, amp, instantiate(cfg.optim))
+        model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
         batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
                                pid_dir=Path(spec["record_dir"]) / f"data-pids-rank{rank}")

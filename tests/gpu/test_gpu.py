@@ -141,7 +141,9 @@ def test_window_times_agree_with_cuda_events(record_property):
     model = torchvision_model("resnet50", num_classes=100).to(device)
     spec = resolve(AmpConfig(level="O0"), "cuda")
     precision = build_amp(plugin_path(spec.impl), spec, device)
-    model, optimizer = precision.prepare(model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    model = precision.cast_module(model)  # the amp plugin's phases, as Strategy.setup_module runs them
+    model, optimizer = precision.connect(model, torch.optim.SGD(precision.optimizer_params(model), lr=0.01,
+                                                                momentum=0.9))
     batch = (torch.randn(64, 3, 128, 128, device=device), torch.randint(0, 100, (64,), device=device))
     events: list[torch.cuda.Event] = []
 

@@ -1,5 +1,5 @@
 """A strategy whose wrapper replaces the model's parameters (as FSDP2's fully_shard turns them into
-DTensors), so its optimizer must be built after wrapping. It needs nothing from the harness but its own
+DTensors), so it is done in the `shard` phase, before the base class builds the optimizer. It needs nothing from the harness but its own
 class and yaml (`_target_: plugins.late_optimizer.LateOptimizer`): tests/test_strategies.py runs it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 from amp import Amp, AmpSpec
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
-from strategies.base import OptimizerFactory, Strategy
+from strategies.base import Strategy
 
 
 class Reparametrized(nn.Module):
@@ -29,6 +29,8 @@ class Reparametrized(nn.Module):
 
 
 class LateOptimizer(Strategy):
+    """Its wrapper replaces the parameters, so it is the `shard` phase: the base builds the optimizer after."""
+
     def __init__(self, scale: float = 1.0) -> None:
         super().__init__()
         self.scale = scale
@@ -38,17 +40,15 @@ class LateOptimizer(Strategy):
         if amp.level != "O0":
             raise Incompatible("amp", amp.level, "O0 for this test strategy")
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        wrapped = Reparametrized(model.to(self.device))
-        return wrapped, make_optimizer(wrapped.copies.parameters())  # after wrapping: the copies train
+    def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
+        return Reparametrized(model)  # before the optimizer: the copies train
 
 
 class EarlyOptimizer(LateOptimizer):
-    """The same wrapper with the default order (optimizer first): the copies never train."""
+    """The same wrapper as a plain `wrap` (after the optimizer is built): the copies never train."""
 
-    def setup_module(self, model: nn.Module, amp: Amp,
-                     make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = model.to(self.device)
-        optimizer = make_optimizer(model.parameters())
-        return Reparametrized(model), optimizer
+    def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
+        return model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return Reparametrized(model)
