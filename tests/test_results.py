@@ -91,14 +91,13 @@ def test_real_results_file_matches_the_contract(cli_run, run):
         (results["global_batch"], results["iterations"], results["log_every"])
     assert json.dumps(results)  # round-trips
     undocumented = {k for k in results if not k.startswith("_")} - documented_fields()
-    assert not undocumented, f"results.json fields missing from docs/measurement.md's table: {sorted(undocumented)}"
+    assert not undocumented, f"results.json fields missing from docs/results.md's table: {sorted(undocumented)}"
 
 
 def documented_fields() -> set[str]:
-    """The field names in the first column of docs/measurement.md's results.json table."""
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "measurement.md").read_text()
-    section = readme[readme.index("### `results.json`"):]
-    section = section[:section.index("\n### ", 5)]
+    """The field names in the first column of docs/results.md's table."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
+    section = readme[readme.index("## Fields"):]
     names: set[str] = set()
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -244,3 +243,16 @@ def test_the_shipped_schema_accepts_a_written_record_and_rejects_incomplete_or_m
     mistyped = {**written, "world_size": "two"}
     assert len(list(validator.iter_errors(mistyped))) == 1
     assert list(validator.iter_errors(OLD_NOT_RUN))  # schema 1: loads (above), but is not what is written now
+
+
+def test_docs_results_page_names_every_top_level_field_once():
+    """docs/results.md's field table and the records agree: a field added to RunRecord must be documented."""
+    from dataclasses import fields
+
+    from harness.core.results import RunRecord
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
+    table = page[page.index("| field | meaning |"):]
+    documented = re.findall(r"`(\w+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:]
+                                                 if line.startswith("|")))
+    assert sorted(documented) == sorted(f.name for f in fields(RunRecord))

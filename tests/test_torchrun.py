@@ -156,11 +156,14 @@ def test_rank_0_killed_without_a_chance_to_write_still_leaves_a_failed_record(tm
 def test_a_provisional_record_is_replaced_by_the_real_one_and_nothing_else_is(tmp_path):
     from harness.core.results import write_provisional, write_results
 
-    write_provisional(tmp_path, {"schema": 1, "status": None}, "killed before writing")
-    write_results(tmp_path, {"schema": 1, "status": "ok"})
-    assert json.loads((tmp_path / "results.json").read_text()) == {"schema": 1, "status": "ok"}
+    run = {"strategy": "ddp", "amp": "O0", "model": "tiny_cnn"}
+    write_provisional(tmp_path, {**run, "status": None}, "killed before writing")
+    assert json.loads((tmp_path / "results.json").read_text())["provisional"] is True
+    write_results(tmp_path, {**run, "status": "ok"})
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert (written["status"], written["error"], written["provisional"]) == ("ok", None, False)
     with pytest.raises(FileExistsError):
-        write_results(tmp_path, {"schema": 1, "status": "ok"})
+        write_results(tmp_path, {**run, "status": "ok"})
 
 
 @pytest.mark.slow
