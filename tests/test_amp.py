@@ -435,3 +435,23 @@ def test_zero_grad_drops_gradients_and_takes_wrapping_optimizers(optimizer_cls):
     assert all(p.grad is not None for p in model.parameters())
     Amp(resolve(AmpConfig(level="O0"), "cpu"), torch.device("cpu")).zero_grad(optimizer)
     assert all(p.grad is None for p in model.parameters())
+
+
+# ---- FSDP2's precision comes from the amp plugin (Amp.sharded_precision), not from the level's flags ----
+
+@pytest.mark.parametrize("level, options, reduce, expected", [
+    # (cast_model, param_dtype, reduce_dtype, output_dtype, norms_apart)
+    ("O0", {}, None, (False, None, None, None, False)),
+    ("O1", {}, None, (False, None, None, None, False)),  # autocast per op: the parameters stay fp32
+    ("O2", {}, None, (False, torch.bfloat16, torch.float32, torch.float32, True)),  # fp32 shards are the masters
+    ("O2", {}, torch.float16, (False, torch.bfloat16, torch.float16, torch.float32, True)),  # comm_hook=fp16
+    ("O2", {"master_weights": False}, None, (True, None, None, None, True)),  # no masters: the model cast
+    ("O3", {}, None, (True, None, None, None, False)),
+    ("O3", {"keep_batchnorm_fp32": True}, torch.bfloat16, (True, None, torch.bfloat16, None, True)),
+])
+def test_the_amp_plugin_says_what_fsdp_does_in_place_of_its_casting(level, options, reduce, expected):
+    from amp.native import NativeAmp
+
+    spec = resolve(AmpConfig(level=level, dtype="bfloat16", **options), "cpu")
+    p = NativeAmp(spec, torch.device("cpu")).sharded_precision(reduce)
+    assert (p.cast_model, p.param_dtype, p.reduce_dtype, p.output_dtype, p.norms_apart) == expected

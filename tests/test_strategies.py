@@ -1,5 +1,5 @@
-"""strategies.base: a strategy owns its set-up order. A plugin that must build its optimizer after wrapping
-(tests/plugins/late_optimizer.py) needs nothing but its own class and options."""
+"""strategies.base: the base class owns the set-up order, a strategy overrides phases. A plugin whose wrapper
+replaces the parameters (tests/plugins/late_optimizer.py) needs nothing but its own class and options."""
 
 from __future__ import annotations
 
@@ -42,3 +42,98 @@ def test_its_options_are_checked_against_its_own_signature():
     assert run_config(strategy={"_target_": "plugins.late_optimizer.LateOptimizer", "scale": 3}).strategy["scale"] == 3
     with pytest.raises(ConfigError, match="strategy.scale=big is not allowed: a number"):
         run_config(strategy={"_target_": "plugins.late_optimizer.LateOptimizer", "scale": "big"})
+
+
+# ---- the phases of Strategy.setup_module: one order, one place that builds the optimizer ----
+
+def test_setup_runs_every_phase_once_in_one_order_and_builds_the_optimizer_once():
+    from torch import nn
+
+    from amp import Amp, AmpConfig, OptimizerSpec, resolve
+    from strategies.base import Strategy
+
+    calls: list[str] = []
+
+    class Recording(Strategy):
+        def convert_module(self, model):
+            calls.append("convert")
+            return model
+
+        def place(self, model):
+            calls.append("place")
+            return model
+
+        def apply_precision(self, model, amp):
+            calls.append("precision")
+            return super().apply_precision(model, amp)
+
+        def shard(self, model, amp):
+            calls.append("shard")
+            return model
+
+        def build_optimizer(self, params, optimizer):
+            calls.append("optimizer")
+            return super().build_optimizer(params, optimizer)
+
+        def wrap(self, model):
+            calls.append("wrap")
+            return model
+
+        def wrap_optimizer(self, model, optimizer):
+            calls.append("wrap_optimizer")
+            return optimizer
+
+    class RecordingAmp(Amp):
+        def cast_module(self, model):
+            calls.append("amp.cast")
+            return model
+
+        def connect(self, model, optimizer):
+            calls.append("amp.connect")
+            return model, optimizer
+
+    built: list[object] = []
+
+    class Counted(torch.optim.SGD):
+        def __init__(self, params, **kwargs):
+            built.append(self)
+            super().__init__(params, **kwargs)
+
+    amp = RecordingAmp(resolve(AmpConfig("O0"), "cpu"), torch.device("cpu"))
+    model, optimizer = Recording().setup_module(nn.Linear(2, 2), amp, OptimizerSpec(Counted, {"lr": 0.5}))
+    assert calls == ["convert", "place", "precision", "amp.cast", "shard", "optimizer", "amp.connect", "wrap",
+                     "wrap_optimizer"]
+    assert built == [optimizer] and optimizer.defaults["lr"] == 0.5
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in model.parameters()}
+
+
+def test_the_optimizer_spec_is_the_configs_class_and_keywords():
+    from conftest import CONF_DIR
+    from omegaconf import OmegaConf
+
+    from amp import OptimizerSpec
+
+    spec = OptimizerSpec.from_config(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "optim" / "adamw.yaml")))
+    assert spec.cls is torch.optim.AdamW
+    assert dict(spec.kwargs) == {"lr": 0.001, "betas": [0.9, 0.999], "weight_decay": 0.01}  # conf/optim/adamw.yaml
+
+
+def test_zero_shards_the_configured_class_with_its_keywords(monkeypatch):
+    """No functools.partial to take apart: ZeRO builds ZeroRedundancyOptimizer from the spec's class and
+    keywords, as given (AdamW's weight decay included)."""
+    import torch.distributed as dist
+    from test_modern import free_port
+
+    from amp import OptimizerSpec
+    from strategies.zero import ZeroDDP
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        params = [torch.nn.Parameter(torch.ones(3))]
+        optimizer = ZeroDDP().build_optimizer(params, OptimizerSpec(torch.optim.AdamW, {"lr": 0.1,
+                                                                                        "weight_decay": 0.25}))
+        assert type(optimizer).__name__ == "ZeroRedundancyOptimizer"
+        assert type(optimizer.optim) is torch.optim.AdamW
+        assert (optimizer.optim.defaults["lr"], optimizer.optim.defaults["weight_decay"]) == (0.1, 0.25)
+    finally:
+        dist.destroy_process_group()
