@@ -5,6 +5,7 @@ which the model is converted, moved, cast, sharded, given its optimizer and wrap
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,6 +60,14 @@ class Strategy:
         grad_accum, the global batch), before anything starts: ConfigError for a value its type allows but no
         run can use, Incompatible for one this machine, this torch or the run's other settings cannot honour
         (e.g. a communication backend it lacks)."""
+
+    @classmethod
+    def options_of(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options as a run of this strategy has them: those given, the constructor's defaults for the rest
+        (a default lives once, in the signature; the parent's checks read it from there)."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        return {**defaults, **{k: v for k, v in options.items() if k != "_target_"}}
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
@@ -220,7 +229,7 @@ class ProcessGroupStrategy(Strategy):
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        check_backend(str(cfg.strategy.get("backend", "auto")), placement.accelerator)
+        check_backend(str(cls.options_of(cfg.strategy).get("backend", cls.backend)), placement.accelerator)  # fsdp: none
 
     @property
     def backend_name(self) -> str:

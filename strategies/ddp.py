@@ -40,14 +40,14 @@ class TorchDDP(ProcessGroupStrategy):
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         super().check_run(cfg, placement, amp)
-        options = cfg.strategy
-        if options.get("powersgd_rank", 1) < 1:
+        options = cls.options_of(cfg.strategy)
+        if options["powersgd_rank"] < 1:
             raise ConfigError("strategy.powersgd_rank", options["powersgd_rank"], "an integer >= 1")
-        if options.get("powersgd_start_iter", 2) < 2:
+        if options["powersgd_start_iter"] < 2:
             # torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py refuses less with error feedback:
             # "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled"
             raise ConfigError("strategy.powersgd_start_iter", options["powersgd_start_iter"], "an integer >= 2")
-        if options.get("comm_hook") == "powersgd" and amp.loss_scale == "dynamic":
+        if options["comm_hook"] == "powersgd" and amp.loss_scale == "dynamic":
             # torch's hook adds its stored error to the gradient and keeps the new error (and Q) computed from it
             # (powerSGD_hook.py: `input_tensor.add_(state.error_dict[bucket_index])`, then
             # `state.error_dict[bucket_index] = input_tensor_cp - input_tensor`): one overflowed step, which the
@@ -58,18 +58,20 @@ class TorchDDP(ProcessGroupStrategy):
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
-        hook = options.get("comm_hook", "none")
+        options = cls.options_of(options)
+        hook = options["comm_hook"]
         if hook == "powersgd":
-            return f"comm_hook=powersgd(rank {options.get('powersgd_rank', 1)})"
+            return f"comm_hook=powersgd(rank {options['powersgd_rank']})"
         return "" if hook == "none" else f"comm_hook={hook}"
 
     @classmethod
     def lossy(cls, options: Mapping[str, Any]) -> str | None:
-        hook = options.get("comm_hook", "none")
+        options = cls.options_of(options)
+        hook = options["comm_hook"]
         if hook in ("fp16", "bf16"):
             return f"comm_hook={hook}: every gradient is rounded to {hook} for the all-reduce"
         if hook == "powersgd":
-            return (f"comm_hook=powersgd: gradients are sent as a rank-{options.get('powersgd_rank', 1)} "
+            return (f"comm_hook=powersgd: gradients are sent as a rank-{options['powersgd_rank']} "
                     "approximation after the first iterations")
         return None
 

@@ -71,20 +71,21 @@ class FSDP2(ProcessGroupStrategy):
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         super().check_run(cfg, placement, amp)
-        if cfg.strategy.get("comm_hook") == "powersgd":
+        if cls.options_of(cfg.strategy)["comm_hook"] == "powersgd":
             raise Incompatible("strategy.comm_hook", "powersgd", "none, fp16 or bf16 with strategy=fsdp (FSDP2's "
                                "fully_shard takes no communication hook; fp16/bf16 set its reduce_dtype)")
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
-        parts = [f"comm_hook={options['comm_hook']}" if options.get("comm_hook", "none") != "none" else "",
-                 "reshard_after_forward=false" if options.get("reshard_after_forward") is False else "",
-                 f"blocks={','.join(options['blocks'])}" if options.get("blocks") is not None else ""]
+        options = cls.options_of(options)
+        parts = [f"comm_hook={options['comm_hook']}" if options["comm_hook"] != "none" else "",
+                 "reshard_after_forward=false" if options["reshard_after_forward"] is False else "",
+                 f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else ""]
         return " ".join(p for p in parts if p)
 
     @classmethod
     def lossy(cls, options: Mapping[str, Any]) -> str | None:
-        hook = options.get("comm_hook", "none")
+        hook = cls.options_of(options)["comm_hook"]
         return f"comm_hook={hook}: gradients are reduced in {hook} (reduce_dtype)" if hook != "none" else None
 
     def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:

@@ -113,7 +113,7 @@ class HorovodStrategy(ProcessGroupStrategy):
     @classmethod
     def lossy(cls, options: Mapping[str, Any]) -> str | None:
         # horovod/torch/compression.py, FP16Compressor.compress: `tensor_compressed = tensor.type(torch.float16)`
-        if options.get("compression", "none") == "fp16":
+        if cls.options_of(options)["compression"] == "fp16":
             return "compression=fp16: every gradient is rounded to fp16 for the allreduce"
         return None
 

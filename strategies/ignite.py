@@ -58,7 +58,7 @@ class IgniteStrategy(Strategy):
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        backend = str(cfg.strategy.get("backend", "auto"))
+        backend = str(cls.options_of(cfg.strategy)["backend"])
         if backend == "xla-tpu":
             raise Incompatible("strategy.backend", backend, xla_tpu_refusal())
         if backend == "horovod":  # auto_optim wraps the optimizer in horovod's DistributedOptimizer: its refusals

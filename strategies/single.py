@@ -58,7 +58,7 @@ class SingleDevice(Strategy):
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        shards, batch_size = cfg.strategy.get("batchnorm_shards", 1), cfg.batch_size
+        shards, batch_size = cls.options_of(cfg.strategy)["batchnorm_shards"], cfg.batch_size
         if shards < 1 or batch_size % shards:
             raise ConfigError("strategy.batchnorm_shards", shards,
                               f"an integer >= 1 that divides batch_size ({batch_size}) into equal shards")

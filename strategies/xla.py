@@ -64,7 +64,7 @@ class XlaStrategy(Strategy):
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        devices = cfg.strategy.get("devices", 1)
+        devices = cls.options_of(cfg.strategy)["devices"]
         if devices < 1:
             raise ConfigError("strategy.devices", devices, "an integer >= 1 (XLA devices; on the CPU, virtual ones)")
 

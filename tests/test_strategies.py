@@ -137,3 +137,19 @@ def test_zero_shards_the_configured_class_with_its_keywords(monkeypatch):
         assert (optimizer.optim.defaults["lr"], optimizer.optim.defaults["weight_decay"]) == (0.1, 0.25)
     finally:
         dist.destroy_process_group()
+
+
+def test_an_options_default_lives_once_in_the_signature():
+    """The parent's checks (check_run, variant, lossy) see an option left out of the yaml at the constructor's
+    default, with no default of their own to drift from it."""
+    from strategies.ddp import TorchDDP
+
+    assert TorchDDP.variant({"comm_hook": "powersgd"}) == "comm_hook=powersgd(rank 1)"  # powersgd_rank: int = 1
+
+    class Wider(TorchDDP):
+        def __init__(self, comm_hook: str = "powersgd", powersgd_rank: int = 4) -> None:
+            super().__init__(comm_hook=comm_hook, powersgd_rank=powersgd_rank)
+
+    assert Wider.variant({}) == "comm_hook=powersgd(rank 4)"
+    assert Wider.lossy({"powersgd_rank": 2}).startswith("comm_hook=powersgd: gradients are sent as a rank-2 ")
+    assert Wider.options_of({"_target_": "x.Wider", "comm_hook": "fp16"}) == {"comm_hook": "fp16", "powersgd_rank": 4}
