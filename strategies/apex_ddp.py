@@ -9,26 +9,22 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.optional import apex_missing
-from strategies.base import ProcessGroupStrategy
+from strategies.base import AmpRule, ProcessGroupStrategy
 
 
 class ApexDDP(ProcessGroupStrategy):
+    # apex DDP buckets gradients by type and knows only "torch.cuda.HalfTensor", "FloatTensor" and
+    # "DoubleTensor" (apex/parallel/distributed.py, 25.05): bfloat16 weights give a KeyError at the
+    # first backward, or with delay_allreduce gradients that are silently never reduced.
+    amp_rules = (AmpRule({"cast_model": True, "dtype": "bfloat16"}, "dtype",
+                         "float16 with strategy=apex_ddp at {level} (apex DDP reduces only half, float and double "
+                         "gradients; bfloat16 weights would fail or go unreduced)"),)
     needs_cuda = True
 
     def __init__(self, delay_allreduce: bool = False, message_size: int = 10_000_000,
                  convert_syncbn: bool = False) -> None:
         super().__init__()
         self.delay_allreduce, self.message_size, self.convert_syncbn = delay_allreduce, message_size, convert_syncbn
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        # apex DDP buckets gradients by type and knows only "torch.cuda.HalfTensor", "FloatTensor" and
-        # "DoubleTensor" (apex/parallel/distributed.py, 25.05): bfloat16 weights give a KeyError at the
-        # first backward, or with delay_allreduce gradients that are silently never reduced.
-        if amp.cast_model and amp.dtype == "bfloat16":
-            raise Incompatible("amp.dtype", "bfloat16", f"float16 with strategy=apex_ddp at {amp.level} "
-                               "(apex DDP reduces only half, float and double gradients; bfloat16 weights would "
-                               "fail or go unreduced)")
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:

@@ -31,12 +31,29 @@ class RankEnv:
     grad_accum: int = 1  # micro-batches per optimizer step (cfg.grad_accum): horovod's optimizer counts them
 
 
+@dataclass(frozen=True)
+class AmpRule:
+    """One row of a strategy's compatibility with the amp levels as resolved (`AmpSpec`): where every
+    attribute named in `when` has its value (or one of a tuple's), the run is refused before anything starts,
+    naming `amp.<key>` and its value, and saying what is allowed (`{level}` and `{dtype}` filled in). The
+    table of every strategy's rules is docs/strategies.md's (`python -m strategies.compat`)."""
+
+    when: Mapping[str, Any]
+    key: str
+    allowed: str
+
+    def matches(self, amp: AmpSpec) -> bool:
+        return all(getattr(amp, name) in (value if isinstance(value, tuple) else (value,))
+                   for name, value in self.when.items())
+
+
 class Strategy:
     one_process_per_device: ClassVar[bool] = False  # True: the launcher starts a worker per device
     drives_all_devices: ClassVar[bool] = False  # True: one process uses every chosen GPU
     needs_cuda: ClassVar[bool] = False
     # Which of parameters, gradients and optimizer state each rank holds only 1/world_size of (theory).
     shards: ClassVar[tuple[bool, bool, bool]] = (False, False, False)
+    amp_rules: ClassVar[tuple[AmpRule, ...]] = ()  # amp levels, implementations and dtypes it refuses
 
     def __init__(self) -> None:
         self._ops: DeviceOps | None = None
@@ -52,7 +69,11 @@ class Strategy:
 
     @classmethod
     def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        """Raise Incompatible for an amp level this strategy would run wrongly."""
+        """Raise Incompatible for an amp level this strategy would run wrongly: its first rule that matches."""
+        for rule in cls.amp_rules:
+            if rule.matches(amp):
+                raise Incompatible(f"amp.{rule.key}", getattr(amp, rule.key),
+                                   rule.allowed.format(level=amp.level, dtype=amp.dtype))
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:

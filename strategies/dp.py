@@ -7,13 +7,19 @@ from torch import nn
 
 from amp import AmpSpec
 from harness.core.devices import Placement
-from harness.core.errors import Incompatible
-from strategies.base import Strategy
+from strategies.base import AmpRule, Strategy
 
 
 class DataParallelStrategy(Strategy):
     drives_all_devices = True
     needs_cuda = True
+    # apex O0/O2/O3 replace model.forward by a closure over the original module
+    # (apex/amp/_initialize.py, 25.05: `model.forward = patch_forward(model.forward)`); DataParallel's
+    # replicate copies __dict__, closure included, so every replica would run GPU 0's weights
+    # (apex issues #227, #503, #659, #826). O1 patches torch functions instead and is fine.
+    amp_rules = (AmpRule({"impl": "apex", "level": ("O0", "O2", "O3")}, "impl",
+                         "native with strategy=dp at {level} (apex's patched forward would make every DataParallel "
+                         "replica run GPU 0's weights; apex works with dp at O1 only)"),)
 
     @classmethod
     def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:
@@ -22,17 +28,6 @@ class DataParallelStrategy(Strategy):
         if len(placement.gpus) < 2 and not placement.explicit_gpus:
             return "DataParallel needs two or more GPUs; only one is visible (gpus=[N] runs it as a baseline)"
         return None
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        # apex O0/O2/O3 replace model.forward by a closure over the original module
-        # (apex/amp/_initialize.py, 25.05: `model.forward = patch_forward(model.forward)`); DataParallel's
-        # replicate copies __dict__, closure included, so every replica would run GPU 0's weights
-        # (apex issues #227, #503, #659, #826). O1 patches torch functions instead and is fine.
-        if amp.impl == "apex" and amp.level != "O1":
-            raise Incompatible("amp.impl", "apex", f"native with strategy=dp at {amp.level} (apex's patched "
-                               "forward would make every DataParallel replica run GPU 0's weights; apex works "
-                               "with dp at O1 only)")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         ids = list(self.ops.indices)

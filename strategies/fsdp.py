@@ -45,7 +45,7 @@ from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
-from strategies.base import ProcessGroupStrategy, unwrap
+from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
 from strategies.ddp import CommHook
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
@@ -54,6 +54,9 @@ _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 class FSDP2(ProcessGroupStrategy):
     shards = (True, True, True)
+    amp_rules = (AmpRule({"impl": "apex"}, "impl",
+                         "native with strategy=fsdp (apex's amp.initialize patches the model and its optimizer, "
+                         "which FSDP2 replaces with sharded DTensor parameters)"),)
 
     def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
                  comm_hook: CommHook = "none") -> None:
@@ -61,12 +64,6 @@ class FSDP2(ProcessGroupStrategy):
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
         self._root: FSDPModule | None = None
         self._precision = ShardedPrecision()
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        if amp.impl == "apex":
-            raise Incompatible("amp.impl", "apex", "native with strategy=fsdp (apex's amp.initialize patches the "
-                               "model and its optimizer, which FSDP2 replaces with sharded DTensor parameters)")
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:

@@ -26,9 +26,8 @@ from torch import nn
 from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.errors import Incompatible
 from harness.core.optional import package_missing
-from strategies.base import ProcessGroupStrategy, RankEnv
+from strategies.base import AmpRule, ProcessGroupStrategy, RankEnv
 
 INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "
                 "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod==0.28.1 (docs/backends.md: 'Horovod, XLA and MPI')")
@@ -85,6 +84,15 @@ def settle_compile_pass(optimizer: torch.optim.Optimizer) -> None:
 
 
 class HorovodStrategy(ProcessGroupStrategy):
+    amp_rules = (
+        AmpRule({"impl": "apex"}, "impl", "native with strategy=horovod (apex amp and horovod's DistributedOptimizer "
+                "both replace the optimizer's step)"),
+        # GradScaler checks each rank's gradients for inf/NaN before horovod's allreduce (in step): ranks could
+        # disagree on skipping a step and drift apart.
+        AmpRule({"loss_scale": "dynamic"}, "loss_scale", "a fixed scale (e.g. amp.loss_scale=1024) or "
+                "amp.dtype=bfloat16 with strategy=horovod at {level}: dynamic scaling would decide on each rank's "
+                "gradients before horovod averages them"),
+    )
     def __init__(self, compression: Literal["none", "fp16"] = "none") -> None:
         super().__init__()
         self.compression = compression
@@ -93,18 +101,6 @@ class HorovodStrategy(ProcessGroupStrategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return package_missing("horovod", INSTALL_HINT)
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        if amp.impl == "apex":
-            raise Incompatible("amp.impl", "apex", "native with strategy=horovod (apex amp and horovod's "
-                               "DistributedOptimizer both replace the optimizer's step)")
-        if amp.loss_scale == "dynamic":
-            # GradScaler checks each rank's gradients for inf/NaN before horovod's allreduce (in step):
-            # ranks could disagree on skipping a step and drift apart.
-            raise Incompatible("amp.loss_scale", "dynamic", f"a fixed scale (e.g. amp.loss_scale=1024) or "
-                               f"amp.dtype=bfloat16 with strategy=horovod at {amp.level}: dynamic scaling would "
-                               "decide on each rank's gradients before horovod averages them")
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:

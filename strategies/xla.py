@@ -28,9 +28,9 @@ from torch import nn
 from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.errors import ConfigError, Incompatible
+from harness.core.errors import ConfigError
 from harness.core.optional import package_missing
-from strategies.base import RankEnv, Strategy
+from strategies.base import AmpRule, RankEnv, Strategy
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
                 "pip install torch==2.9.0 torchvision==0.24.0 torch_xla==2.9.0, then pip install -e . "
@@ -52,6 +52,12 @@ class ShardedInput(nn.Module):
 
 
 class XlaStrategy(Strategy):
+    amp_rules = (
+        AmpRule({"impl": "apex", "level": ("O1", "O2", "O3")}, "impl", "native with strategy=xla (apex amp is "
+                "CUDA-only)"),
+        AmpRule({"loss_scale": "dynamic"}, "loss_scale", "a fixed scale or amp.dtype=bfloat16 with strategy=xla "
+                "(torch.amp's GradScaler reads inf checks on the host every step: a graph break)"),
+    )
     def __init__(self, devices: int = 1) -> None:
         super().__init__()
         self.devices = devices
@@ -67,14 +73,6 @@ class XlaStrategy(Strategy):
         devices = cls.options_of(cfg.strategy)["devices"]
         if devices < 1:
             raise ConfigError("strategy.devices", devices, "an integer >= 1 (XLA devices; on the CPU, virtual ones)")
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        if amp.level != "O0" and amp.impl == "apex":
-            raise Incompatible("amp.impl", "apex", "native with strategy=xla (apex amp is CUDA-only)")
-        if amp.loss_scale == "dynamic":
-            raise Incompatible("amp.loss_scale", "dynamic", "a fixed scale or amp.dtype=bfloat16 with strategy=xla "
-                               "(torch.amp's GradScaler reads inf checks on the host every step: a graph break)")
 
     def setup(self, env: RankEnv) -> None:
         super().setup(env)

@@ -15,15 +15,22 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from amp import AmpSpec, OptimizerSpec
-from harness.core.devices import Placement
-from harness.core.errors import Incompatible
-from strategies.base import Backend
+from amp import OptimizerSpec
+from strategies.base import AmpRule, Backend
 from strategies.ddp import CommHook, TorchDDP
 
 
 class ZeroDDP(TorchDDP):
     shards = (False, False, True)
+    # apex swaps its fp32 masters into the optimizer's param_groups (apex/amp/_process_optimizer.py,
+    # lazy_init_with_master_weights: `param_group['params'][i] = master_param`), but ZeroRedundancyOptimizer
+    # steps its inner optimizer, built from the parameters it was given
+    # (torch/distributed/optim/zero_redundancy_optimizer.py: `self.optim.step(**kwargs)`); apex's new_step then
+    # copies the never-stepped masters over the model (`self._master_params_to_model_params()`)
+    amp_rules = (AmpRule({"impl": "apex", "master_weights": True}, "impl",
+                         "native with strategy=zero at {level} with master weights, or amp.master_weights=false: "
+                         "ZeroRedundancyOptimizer would step the half weights, not apex's fp32 masters, which apex "
+                         "then copies back over the model every step"),)
 
     def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
                  gradient_as_bucket_view: bool = False, comm_hook: CommHook = "none", powersgd_rank: int = 1,
@@ -32,18 +39,6 @@ class ZeroDDP(TorchDDP):
         super().__init__(find_unused_parameters, bucket_cap_mb, gradient_as_bucket_view, comm_hook, powersgd_rank,
                          powersgd_start_iter, backend)
         self.parameters_as_bucket_view = parameters_as_bucket_view
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        if amp.impl == "apex" and amp.master_weights:
-            # apex swaps its fp32 masters into the optimizer's param_groups (apex/amp/_process_optimizer.py,
-            # lazy_init_with_master_weights: `param_group['params'][i] = master_param`), but
-            # ZeroRedundancyOptimizer steps its inner optimizer, built from the parameters it was given
-            # (torch/distributed/optim/zero_redundancy_optimizer.py: `self.optim.step(**kwargs)`); apex's
-            # new_step then copies the never-stepped masters over the model (`self._master_params_to_model_params()`)
-            raise Incompatible("amp.impl", "apex", f"native with strategy=zero at {amp.level} with master weights, or "
-                               "amp.master_weights=false: ZeroRedundancyOptimizer would step the half weights, not "
-                               "apex's fp32 masters, which apex then copies back over the model every step")
 
     def build_optimizer(self, params: Iterable[nn.Parameter], optimizer: OptimizerSpec) -> torch.optim.Optimizer:
         """The configured optimizer's class and keywords, inside ZeRO: each rank builds it over its share."""

@@ -7,10 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from amp import Amp, AmpSpec
-from harness.core.devices import Placement
-from harness.core.errors import Incompatible
-from strategies.base import Strategy
+from amp import Amp
+from strategies.base import AmpRule, Strategy
 
 
 class Reparametrized(nn.Module):
@@ -31,14 +29,11 @@ class Reparametrized(nn.Module):
 class LateOptimizer(Strategy):
     """Its wrapper replaces the parameters, so it is the `shard` phase: the base builds the optimizer after."""
 
+    amp_rules = (AmpRule({"level": ("O1", "O2", "O3")}, "level", "O0 for this test strategy"),)
+
     def __init__(self, scale: float = 1.0) -> None:
         super().__init__()
         self.scale = scale
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        if amp.level != "O0":
-            raise Incompatible("amp", amp.level, "O0 for this test strategy")
 
     def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
         return Reparametrized(model)  # before the optimizer: the copies train
