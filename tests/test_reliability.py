@@ -516,14 +516,15 @@ def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish()
     interrupted one, while the report beside it said no combination had run."""
     from harness.launch.console import status_line
 
-    windows = [{"end_iter": 20, "warmup": True}, {"end_iter": 40, "warmup": False}, {"end_iter": 60, "warmup": False}]
-    ok = {"status": "ok", "throughput_img_s": 211.5, "windows": windows, "error": None}
-    assert status_line(ok) == "status ok · steady-state 211.5 img/s"
+    windows = [{"end_iter": i, "seconds": 1.0, "cumulative_seconds": i / 20, "warmup": i == 20} for i in (20, 40, 60)]
+    ok = {"schema": SCHEMA, "strategy": "ddp", "amp": "O0", "model": "m", "status": "ok", "throughput_img_s": 211.5,
+          "windows": windows, "error": None}
+    assert status_line(from_dict(ok)) == "status ok · steady-state 211.5 img/s"
     stopped = {**ok, "status": "interrupted", "error": "stopped by SIGINT"}
-    assert status_line(stopped) == ("status interrupted · 3 windows measured before it stopped, no steady-state "
-                                    "figure · stopped by SIGINT")
+    assert status_line(from_dict(stopped)) == ("status interrupted · 3 windows measured before it stopped, no "
+                                               "steady-state figure · stopped by SIGINT")
     untimed = {**ok, "throughput_img_s": None, "windows": windows[:1]}  # parity=true: no steady window
-    assert status_line(untimed) == "status ok"
+    assert status_line(from_dict(untimed)) == "status ok"
 
 
 # ---------------------------------------------------------------------------------------------------

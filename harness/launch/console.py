@@ -9,10 +9,11 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.table import Table
+
+from harness.core.results import ProcessMemory, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,57 +31,57 @@ def render(*renderables: RenderableType, width: int | None = None) -> str:
     return console.file.getvalue().rstrip("\n")  # type: ignore[attr-defined]
 
 
-def run_summary(results: dict[str, Any]) -> list[RenderableType]:
-    title = (f"{results['strategy']} · amp {results['amp']} · {results['model']} · "
-             f"devices {','.join(results['devices'])} · global batch {results['global_batch']}")
+def run_summary(results: RunRecord) -> list[RenderableType]:
+    title = (f"{results.strategy} · amp {results.amp} · {results.model} · "
+             f"devices {','.join(results.devices)} · global batch {results.global_batch}")
     windows = Table(title=title, title_justify="left")
     for column in ("iterations", "window s", "cumulative s", "img/s", "loss", ""):
         windows.add_column(column, justify="right")
-    per_window = results["global_batch"] * results["log_every"]
-    for w in results["windows"]:
-        rate = per_window / w["seconds"] if w["seconds"] > 0 else float("nan")
-        loss = "" if w.get("loss") is None else f"{w['loss']:.4f}"
-        windows.add_row(str(w["end_iter"]), f"{w['seconds']:.3f}", f"{w['cumulative_seconds']:.3f}",
-                        f"{rate:.1f}", loss, "warm-up" if w["warmup"] else "profiled" if w.get("profiled") else "")
+    per_window = (results.global_batch or 0) * (results.log_every or 0)
+    for w in results.windows:
+        rate = per_window / w.seconds if w.seconds > 0 else float("nan")
+        loss = "" if w.loss is None else f"{w.loss:.4f}"
+        windows.add_row(str(w.end_iter), f"{w.seconds:.3f}", f"{w.cumulative_seconds:.3f}",
+                        f"{rate:.1f}", loss, "warm-up" if w.warmup else "profiled" if w.profiled else "")
     shown: list[RenderableType] = [windows]
-    memory = results.get("memory") or {}
-    if memory.get("per_device"):
-        table = Table(title=f"memory (source: {memory.get('source')})", title_justify="left")
+    memory = results.memory
+    if memory.per_device:
+        table = Table(title=f"memory (source: {memory.source})", title_justify="left")
         for column in ("device", "peak MiB", "baseline MiB", "PIDs (rank)"):
             table.add_column(column, justify="right")
-        for dev in memory["per_device"]:
-            pids = [f"{p['pid']} ({_who(p)})" for p in memory.get("per_process", []) if p["device"] == dev["device"]]
-            table.add_row(dev["device"], f"{dev['peak_mib']:.1f}", f"{dev['baseline_mib']:.1f}", ", ".join(pids))
+        for dev in memory.per_device:
+            pids = [f"{p.pid} ({_who(p)})" for p in memory.per_process if p.device == dev.device]
+            table.add_row(dev.device, f"{dev.peak_mib or 0.0:.1f}", f"{dev.baseline_mib or 0.0:.1f}", ", ".join(pids))
         shown.append(table)
     return shown
 
 
-def _who(process: dict[str, Any]) -> str:
+def _who(process: ProcessMemory) -> str:
     """'0' for rank 0, 'data of 0' for its DataLoader worker, else the role."""
-    if process.get("role") == "data":
-        return f"data of {process['rank']}"
-    return str(process["rank"]) if process["rank"] is not None else str(process.get("role", "?"))
+    if process.role == "data":
+        return f"data of {process.rank}"
+    return str(process.rank) if process.rank is not None else process.role
 
 
-def status_line(results: dict[str, Any]) -> str:
-    line = f"status {results['status']}"
-    if results.get("throughput_img_s") and results["status"] == "ok":
-        line += f" · steady-state {results['throughput_img_s']:.1f} img/s"
-    elif results.get("windows") and results["status"] != "ok":  # the report times finished runs only
-        count = len(results["windows"])
+def status_line(results: RunRecord) -> str:
+    line = f"status {results.status}"
+    if results.throughput_img_s and results.status == "ok":
+        line += f" · steady-state {results.throughput_img_s:.1f} img/s"
+    elif results.windows and results.status != "ok":  # the report times finished runs only
+        count = len(results.windows)
         line += f" · {count} window{'s' if count > 1 else ''} measured before it stopped, no steady-state figure"
-    if results.get("data_wait_share") is not None and results["data_wait_share"] >= 0.005:
-        line += f" · data wait {100 * results['data_wait_share']:.0f} % of steady time"
-    if results.get("energy_j_per_image") is not None:
-        line += f" · {results['energy_j_per_image']:.3g} J/image"
-    if results.get("startup_seconds") is not None:
-        line += f" · startup {results['startup_seconds']:.1f} s"
-    if results.get("error"):
-        line += f" · {results['error']}"
+    if results.data_wait_share is not None and results.data_wait_share >= 0.005:
+        line += f" · data wait {100 * results.data_wait_share:.0f} % of steady time"
+    if results.energy_j_per_image is not None:
+        line += f" · {results.energy_j_per_image:.3g} J/image"
+    if results.startup_seconds is not None:
+        line += f" · startup {results.startup_seconds:.1f} s"
+    if results.error:
+        line += f" · {results.error}"
     return line
 
 
-def log_run_summary(results: dict[str, Any], run_dir: Path) -> None:
+def log_run_summary(results: RunRecord, run_dir: Path) -> None:
     log.info("%s", render(*run_summary(results)))
     log.info("%s", status_line(results))
     breakdown = breakdown_line(results)
@@ -89,10 +90,10 @@ def log_run_summary(results: dict[str, Any], run_dir: Path) -> None:
     log.info("results: %s", run_dir / "results.json")
 
 
-def breakdown_line(results: dict[str, Any]) -> str | None:
+def breakdown_line(results: RunRecord) -> str | None:
     """The profiled window in one line: where the slowest rank's time went."""
-    run = (results.get("profile") or {}).get("run")
-    if not run:
+    run = results.profile.run if results.profile else None
+    if not run or results.profile is None:
         return None
     shares = ", ".join(f"{part.replace('_', ' ')} {100 * share:.0f} %" for part, share in run["shares"].items())
     overlapped = run["communication_overlapped_s"]
@@ -100,4 +101,4 @@ def breakdown_line(results: dict[str, Any]) -> str | None:
     overlap = f"; communication overlapped with other work: {1000 * overlapped:.1f} of {1000 * total:.1f} ms" \
         if total > 0 else ""
     return (f"profiled window (iterations to {run['end_iter']}, rank {run['rank']}, {run['view']} view, "
-            f"{run['span_s']:.3f} s): {shares}{overlap}; traces: {', '.join(results['profile']['traces'])}")
+            f"{run['span_s']:.3f} s): {shares}{overlap}; traces: {', '.join(results.profile.traces)}")

@@ -202,7 +202,7 @@ def publish(run_dir: Path, results: dict[str, Any]) -> RunRecord:
     memory balance when it spans devices."""
     record = from_dict({"schema": SCHEMA, **results})
     write_results(run_dir, record)
-    _log_summary(results, run_dir)
+    _log_summary(record, run_dir)
     if len(record.memory.per_device) >= 2:
         balance = imbalance.write(record, run_dir)
         log.info("memory balance (%s): %s", balance.layout, balance.verdict)
@@ -391,7 +391,7 @@ def _describe_source(source: Any) -> dict[str, Any]:
         return {"driver": None, "gpu_names": [], "describe_error": f"{type(error).__name__}: {error}"}
 
 
-def _log_summary(results: dict[str, Any], run_dir: Path) -> None:
+def _log_summary(results: RunRecord, run_dir: Path) -> None:
     from harness.launch.console import log_run_summary
 
     log_run_summary(results, run_dir)
