@@ -450,3 +450,45 @@ def test_a_column_added_to_the_definition_appears_in_every_output(sweep, monkeyp
     assert csv_header[-3:] == ["answer_csv", "status", "reason"]
     assert "answer!" in terminal and "forty-two" in terminal
     assert "| 42 | ok |" in (sweep / "report.md").read_text()
+
+
+# ---- rows are what the user swept: runs pool only when their resolved configs agree (repeats aside) ----
+
+def _with_config(data: dict, overrides: list[str], **config) -> dict:
+    base = {"strategy": {"_target_": "strategies.single.SingleDevice"}, "optim": {"_target_": "torch.optim.SGD",
+            "lr": 0.01}, "seed": 0, "repeat": 1, "batch_size": 32}
+    for key, value in config.items():  # optim__lr=... sets optim.lr
+        group, _, inner = key.partition("__")
+        if inner:
+            base[group] = {**base[group], inner: value}
+        else:
+            base[group] = value
+    return {**data, "config": base, "overrides": overrides}
+
+
+def test_an_axis_the_report_never_heard_of_is_a_row_of_its_own(tmp_path):
+    """`-m optim.lr=0.01,0.0100001 repeat=3`: two rows of three runs, not one of six (issue 27 item 1)."""
+    for i in range(3):
+        for lr in (0.01, 0.0100001):
+            write(tmp_path, f"{lr}_{i}", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5, 0.5], rate=64.0),
+                                                      [f"optim.lr={lr}", "repeat=3"], optim__lr=lr, repeat=3))
+    rows = rows_of(tmp_path)
+    assert sorted(rows) == ["single O0 optim.lr=0.01", "single O0 optim.lr=0.0100001"]
+    assert [rows[k].runs for k in sorted(rows)] == [3, 3]
+
+
+def test_a_swept_config_group_is_named_as_the_command_line_chose_it(tmp_path):
+    """`-m strategy=single optim=sgd,adamw`: `single O0 optim=sgd` and `single O0 optim=adamw`."""
+    write(tmp_path, "0", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5], rate=64.0),
+                                      ["strategy=single", "optim=sgd"]))
+    write(tmp_path, "1", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5], rate=70.0),
+                                      ["strategy=single", "optim=adamw"],
+                                      optim={"_target_": "torch.optim.AdamW", "lr": 0.001}))
+    assert sorted(rows_of(tmp_path)) == ["single O0 optim=adamw", "single O0 optim=sgd"]
+
+
+def test_repeats_of_one_config_pool_even_across_sweeps_with_other_repeat_counts(tmp_path):
+    write(tmp_path, "a", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5], rate=64.0), [], repeat=1))
+    write(tmp_path, "b", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5], rate=66.0), ["repeat=2"], repeat=2))
+    rows = rows_of(tmp_path)
+    assert list(rows) == ["single O0"] and rows["single O0"].runs == 2

@@ -3,10 +3,11 @@ pooled), with the figures a reader compares and which of them win beyond the run
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,7 @@ class Combination:
     launcher: str | None
     variant: str  # the strategy's own short word on its options, compile, grad_accum: always in the label
     options: tuple[str, ...]  # the strategy's and the model's options: in the label when peers differ in them
+    settings: tuple[tuple[str, str], ...]  # the rest of the resolved config (`optim.lr`, `data.name`, ...)
 
     @classmethod
     def of(cls, results: RunRecord) -> Combination:
@@ -118,7 +120,7 @@ class Combination:
                    precision.dtype if precision else None, results.model, tuple(results.devices),
                    results.global_batch, results.image_size,
                    results.iterations_requested if results.iterations_requested is not None else results.iterations,
-                   results.launcher, results.variant, _options(results))
+                   results.launcher, results.variant, _options(results), _settings(results.config))
 
     def peer_of(self, other: Combination) -> bool:
         """The same strategy at the same amp level: what labels tell apart."""
@@ -136,6 +138,28 @@ LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devi
             "image_size": "px", "iterations": "it", "launcher": "launcher", "options": ""}
 
 
+# Config keys a row's label names through a field of its own (or that only steer the report or the repeats):
+# the rest of the resolved config tells rows apart too, so that no swept axis is pooled into a mean.
+NAMED_ELSEWHERE = ("strategy", "model", "amp.level", "amp.impl", "amp.dtype", "amp._target_", "batch_size",
+                   "data.image_size", "iterations", "launcher", "gpus", "nprocs", "compile", "grad_accum", "repeat",
+                   "report")
+
+
+def _settings(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The resolved config, flattened to `group.key` = value (JSON text), less what NAMED_ELSEWHERE covers."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif not any(prefix == n or prefix.startswith(n + ".") for n in NAMED_ELSEWHERE):
+            flat[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", config)
+    return tuple(sorted(flat.items()))
+
+
 def _options(results: RunRecord) -> tuple[str, ...]:
     """The strategy's and the model's own options (`model.norm=none`): runs that differ in them are different
     rows (and a label names what differs)."""
@@ -146,10 +170,12 @@ def _options(results: RunRecord) -> tuple[str, ...]:
 
 
 def _label(key: Combination, varying: set[str], common: frozenset[str] = frozenset(),
-           said: frozenset[str] = frozenset()) -> str:
+           said: frozenset[str] = frozenset(), overrides: Sequence[str] = ()) -> str:
     """`said`: option names its peers' variants spell short (`comm_hook=fp16`): this row's value of the same
-    option is spelled the same way (`comm_hook=none`, not `strategy.comm_hook=none`)."""
+    option is spelled the same way (`comm_hook=none`, not `strategy.comm_hook=none`). Settings that vary
+    among its peers are named as the command line chose them (`optim=adamw`), else as `key=value`."""
     parts = [f"{key.strategy} {key.amp}", *([key.variant] if key.variant else [])]
+    parts += _setting_words(key, {n.removeprefix("setting:") for n in varying if n.startswith("setting:")}, overrides)
     for name in (n for n in LABELLED if n in varying):
         if name == "options":  # options: only those its peers do not all share, and not said by the variant
             parts += [_short(o, said) for o in key.options if o not in common
@@ -158,6 +184,24 @@ def _label(key: Combination, varying: set[str], common: frozenset[str] = frozens
         value = getattr(key, name)
         parts.append(f"{LABELLED[name]}={','.join(value) if name == 'devices' else value}")
     return " ".join(parts)
+
+
+def _setting_words(key: Combination, names: set[str], overrides: Sequence[str]) -> list[str]:
+    """`optim=adamw` when the command line chose the group (`optim=adamw` among the overrides), else each
+    varying setting as `optim.lr=0.01` (missing: `optim.lr=none`)."""
+    chosen = {o.partition("=")[0].lstrip("+~"): o.lstrip("+~") for o in overrides if "=" in o}
+    own = dict(key.settings)
+    words: list[str] = []
+    for name in sorted(names):
+        group = name.partition(".")[0]
+        if group in chosen and "." not in chosen[group].partition("=")[0]:
+            word = chosen[group]
+        else:
+            value = own.get(name)
+            word = f"{name}={'none' if value is None else json.loads(value)}"
+        if word not in words:
+            words.append(word)
+    return words
 
 
 def _short(option: str, said: frozenset[str]) -> str:
@@ -185,6 +229,10 @@ def _varying(keys: Sequence[Combination]) -> dict[Combination, set[str]]:
         peers = [k for k in keys if k.peer_of(key)]
         result[key] = {name for name in LABELLED if _known(getattr(key, name))
                        and len({getattr(k, name) for k in peers if _known(getattr(k, name))}) > 1}
+        if key.settings:  # a combination that never ran still has its config: its settings tell it apart
+            names = {n for k in peers if k.settings for n, _ in k.settings}
+            result[key] |= {f"setting:{n}" for n in names
+                            if len({dict(k.settings).get(n) for k in peers if k.settings}) > 1}
     return result
 
 
@@ -308,7 +356,8 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]],
         folders.setdefault(Combination.of(results), []).append(path.parent)
     varying = _varying(list(groups))
     keys = list(groups)
-    rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys))) for k in keys]
+    rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys), groups[k][0].overrides))
+            for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
                             if r.status == "ok"] for k in keys])
     base = _pick_baseline(rows, baseline)
