@@ -80,6 +80,10 @@ def compose_one(overrides: Sequence[str], config_name: str = "config") -> Compos
         config = OmegaConf.to_container(cfg, resolve=True)
     except Exception as error:  # noqa: BLE001 (Hydra/OmegaConf raise many kinds: each becomes one line)
         raise as_config_error(error, overrides) from error
+    baseline = (config.get("report") or {}).get("baseline")
+    if baseline is not None and str(baseline).partition(":")[0] not in _group_options("strategy"):
+        raise ConfigError("report.baseline", baseline, "strategy:amp with a strategy of conf/strategy/ ("
+                          + ", ".join(_group_options("strategy")) + "), e.g. single:O0")
     return Composed(tuple(overrides), config, choices)  # type: ignore[arg-type]
 
 

@@ -109,6 +109,9 @@ BAD_COMMAND_LINES = {  # argv -> what the one line must say (the issue's list, p
     "iterations=20": ("iterations=20 is not allowed", "at least 40"),
     "-m strategy=single,ddp batch_size=3": ("batch_size=3 is not allowed", "multiple of the 2 workers"),
     "-m amp=O0,O1 amp.loss_scale=fast": ("amp.loss_scale=fast is not allowed", "dynamic, auto"),
+    # before: a Python UserWarning from the report at the sweep's end, and speedups against single O0
+    "report.baseline=dpp:O0": ("report.baseline=dpp:O0 is not allowed", "a strategy of conf/strategy/ (allreduce,"),
+    "-m strategy=single,ddp report.baseline=ddp:O7": ("report.baseline=ddp:O7 is not allowed", "O0, O1, O2, O3"),
 }
 
 

@@ -492,3 +492,19 @@ def test_repeats_of_one_config_pool_even_across_sweeps_with_other_repeat_counts(
     write(tmp_path, "b", _with_config(results("single", "O0", ["cpu"], [1.0, 0.5], rate=66.0), ["repeat=2"], repeat=2))
     rows = rows_of(tmp_path)
     assert list(rows) == ["single O0"] and rows["single O0"].runs == 2
+
+
+@pytest.mark.parametrize("baseline, said", [
+    ("dpp:O0", "error: --baseline=dpp:O0 is not allowed: a strategy:amp that ran here: ddp:O0, single:O0"),
+    ("ddp:O1", "error: --baseline=ddp:O1 is not allowed: a strategy:amp that ran here: ddp:O0, single:O0"),  # failed
+    ("single:O9", "error: --baseline=single:O9 is not allowed: strategy:amp, e.g. single:O0 or ddp"),
+])
+def test_a_baseline_no_row_can_be_is_one_line_exit_2_and_nothing_written(sweep, tmp_path, capsys, baseline, said):
+    """Before: a Python UserWarning, and the speedups silently against single O0 (issue 27)."""
+    from harness.report.command import main
+
+    out = tmp_path / "out"
+    assert main([str(sweep), "--out", str(out), "--baseline", baseline]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(said), err
+    assert not out.exists()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.amp_levels import AmpConfig
+from harness.core.amp_levels import LEVELS, AmpConfig
 from harness.core.errors import ConfigError, unknown_key
 from harness.core.options import check_plugin, check_record
 
@@ -84,6 +84,13 @@ class LauncherConfig:
 @dataclass(frozen=True)
 class ReportConfig:
     baseline: str | None = None  # strategy:amp
+
+
+def check_baseline_form(key: str, value: str) -> None:
+    """`strategy` or `strategy:level`: which row speedups are against."""
+    strategy, colon, level = value.partition(":")
+    if not strategy or (colon and level not in LEVELS):
+        raise ConfigError(key, value, f"strategy:amp, e.g. single:O0 or ddp (amp one of {', '.join(LEVELS)})")
 
 
 PARITY_REFERENCES = ("O0", "same_amp")
@@ -208,6 +215,8 @@ class RunConfig:
             if fault.at_iter < 1 or (iterations is not None and fault.at_iter > iterations):
                 raise ConfigError("fault.at_iter", fault.at_iter, f"1 to iterations ({cfg['iterations']})")
         report = ReportConfig(**check_record("report", cfg.get("report") or {}, ReportConfig))
+        if report.baseline is not None:
+            check_baseline_form("report.baseline", report.baseline)
         compile_ = cfg.get("compile", False)
         if not isinstance(compile_, bool):
             raise ConfigError("compile", compile_, "true or false")

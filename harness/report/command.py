@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.core.config import check_baseline_form
 from harness.core.logs import setup_cli
 
 log = logging.getLogger("harness.report")
@@ -30,8 +31,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out.is_dir() and any(out.rglob("results.json")):  # a sweep's own folder keeps its own report
         log.error("--out=%s is not allowed: a folder of its own (it holds runs, whose report stays theirs)", out)
         return 2
-    from harness.report import build_report
+    from harness.core.errors import ConfigError
+    from harness.report import build_report, build_rows, find_results
 
+    if args.baseline is not None:  # checked against the rows before anything is written
+        try:
+            check_baseline_form("--baseline", args.baseline)
+            build_rows(find_results(args.paths)[0], args.baseline, strict=True)
+        except ConfigError as error:
+            log.error("%s", error)
+            return 2
     report = build_report(args.paths, out, args.baseline)
     if not report.rows:
         log.error("no results.json found under %s", ", ".join(map(str, args.paths)))

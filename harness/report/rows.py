@@ -4,9 +4,9 @@ pooled), with the figures a reader compares and which of them win beyond the run
 from __future__ import annotations
 
 import json
+import logging
 import re
 import statistics
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.errors import ConfigError
 from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
 from harness.memory import imbalance
 from harness.parity import report as parity
 
 PER = 20  # the user's unit: seconds per 20 iterations
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -346,8 +348,10 @@ def _pool_memory(row: Row, ok: Sequence[RunRecord]) -> None:
     row.mem_imbalance_pct = statistics.median(excess) if excess else None
 
 
-def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]],
-               baseline: str | None = None) -> tuple[list[Row], str | None]:
+def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
+               strict: bool = False) -> tuple[list[Row], str | None]:
+    """`strict`: a baseline that matches no row that ran is a ConfigError (the report command's --baseline);
+    else a warning, and the default baseline (a sweep's report.baseline may name a row that was skipped)."""
     groups: dict[Combination, list[RunRecord]] = {}
     folders: dict[Combination, list[Path]] = {}
     for path, loaded in found:
@@ -360,7 +364,7 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]],
             for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
                             if r.status == "ok"] for k in keys])
-    base = _pick_baseline(rows, baseline)
+    base = _pick_baseline(rows, baseline, strict)
     if base is not None and base.throughput:
         for row in rows:
             if row.throughput:
@@ -390,14 +394,17 @@ def _one_device_reference(key: Combination, row: Row, keys: Sequence[Combination
     return same[0] if same else None
 
 
-def _pick_baseline(rows: Sequence[Row], wanted: str | None) -> Row | None:
+def _pick_baseline(rows: Sequence[Row], wanted: str | None, strict: bool = False) -> Row | None:
     ok = [r for r in rows if r.throughput]
     if wanted:
         strategy, _, amp = wanted.partition(":")
         match = [r for r in ok if r.strategy == strategy and (not amp or r.amp == amp)]
         if match:
             return match[0]
-        warnings.warn(f"baseline {wanted} has no ok row; using the default baseline", stacklevel=2)
+        ran = sorted({f"{r.strategy}:{r.amp}" for r in ok})
+        if strict:
+            raise ConfigError("--baseline", wanted, "a strategy:amp that ran here: " + (", ".join(ran) or "none ran"))
+        log.warning("baseline %s has no row that ran; speedups are against the default baseline", wanted)
     single = [r for r in ok if r.strategy == "single" and r.amp == "O0" and r.n_devices == 1]
     return (single or ok or [None])[0]
 
