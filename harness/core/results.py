@@ -182,6 +182,7 @@ class Environment:
     harness_commit: str | None = None
     driver: str | None = None
     gpu_names: list[str] = field(default_factory=list)
+    packages: dict[str, str] = field(default_factory=dict)  # versions of the other packages the run used
     launcher: str | None = None  # "torchrun" when run.py was one of torchrun's workers
     describe_error: str | None = None  # why the driver did not say its version or GPU names
 
@@ -354,6 +355,22 @@ def harness_commit() -> str | None:
     return head.stdout.strip() + ("+changes" if dirty else "")
 
 
+# Besides torch: what a comparison between two sweeps may need to explain a difference (absent: not installed)
+PACKAGES = ("torchvision", "numpy", "hydra-core", "nvidia-ml-py", "apex", "horovod", "pytorch-ignite", "torch_xla")
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
@@ -373,6 +390,7 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "harness_commit": harness_commit(),
         "driver": None,
         "gpu_names": [],
+        "packages": package_versions(),
     }
     env.update(extra or {})
     return env

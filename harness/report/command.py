@@ -17,12 +17,19 @@ log = logging.getLogger("harness.report")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="folders (searched recursively) or results.json files")
+    parser.add_argument("paths", nargs="*", type=Path, help="folders (searched recursively) or results.json files")
+    parser.add_argument("--compare", nargs="*", type=Path, metavar="SWEEP",
+                        help="two sweeps' folders, A then B: what differs, and B/A per row (prints; writes nothing)")
     parser.add_argument("--out", type=Path,
                         help="an empty or new folder to write to (default: runs/reports/<date_time>/)")
     parser.add_argument("--baseline", help="row the speedups are against, as strategy:amp (default single:O0)")
     args = parser.parse_args(argv)
     setup_cli()
+    if args.compare is not None:
+        return _compare([*args.compare, *args.paths])
+    if not args.paths:
+        log.error("paths= is not allowed empty: give folders holding results.json files")
+        return 2
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
         log.error("paths=%s do not exist: give folders holding results.json files", ",".join(missing))
@@ -45,4 +52,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not report.rows:
         log.error("no results.json found under %s", ", ".join(map(str, args.paths)))
         return 1
+    return 0
+
+
+def _compare(folders: Sequence[Path]) -> int:
+    from harness.core.errors import ConfigError
+    from harness.report.compare import compare, lines
+
+    if len(folders) != 2:
+        log.error("--compare=%s is not allowed: two sweeps' folders, A then B", " ".join(map(str, folders)) or "''")
+        return 2
+    missing = [str(p) for p in folders if not p.is_dir()]
+    if missing:
+        log.error("--compare=%s is not allowed: folders that exist, holding results.json files", ",".join(missing))
+        return 2
+    try:
+        env, ratios = compare(*folders)
+    except ConfigError as error:
+        log.error("%s", error)
+        return 2
+    for line in lines(folders[0], folders[1], env, ratios):
+        log.info("%s", line)
     return 0

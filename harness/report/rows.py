@@ -42,6 +42,7 @@ class Row:
     steady_windows: int = 0
     cumulative: list[tuple[int, float]] = field(default_factory=list)  # (iteration, median seconds)
     throughput: float | None = None  # median over repeats
+    run_rates: list[float] = field(default_factory=list)  # each ok run's throughput (the unit that varies)
     throughput_lo: float | None = None  # spread: min-max over repeats, else p10-p90 of windows
     throughput_hi: float | None = None
     spread_known: bool = False  # >= 2 repeats or >= 3 steady windows: a spread a win can be judged by
@@ -272,6 +273,7 @@ def _row(group: list[RunRecord], label: str) -> Row:
     row.final_loss = row.losses[-1][1] if row.losses else None
 
     rates = [r.throughput_img_s for r in ok if r.throughput_img_s]
+    row.run_rates = rates
     row.spread_known = len(rates) >= 2 or len(steady) >= 3
     if rates:
         row.throughput = statistics.median(rates)

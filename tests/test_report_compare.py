@@ -1,0 +1,71 @@
+"""harness.report.compare: two sweeps side by side, B over A per combination with an interval from the runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+from test_report import results, write
+
+from harness.report.command import main
+from harness.report.compare import ratio
+
+
+def test_the_ratio_is_of_medians_and_its_interval_welchs_on_log_throughput_worked_by_hand():
+    a, b = [100.0, 110.0, 90.0], [200.0, 220.0, 180.0]  # B is A doubled: the log difference is exactly log 2
+    r = ratio("x", a, b)
+    assert r.ratio == pytest.approx(2.0)
+    s2 = statistics.variance([math.log(x) for x in a])  # the same for both sides
+    half = 2.776 * math.sqrt(2 * s2 / 3)  # t(0.975) with Welch's df = 4 for equal variances and n = 3
+    assert (r.low, r.high) == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)), rel=1e-3)
+    assert r.word == "faster"
+    assert ratio("x", b, a).word == "slower"
+
+
+def test_the_point_is_the_median_ratio_not_the_mean_and_a_wide_interval_is_no_verdict():
+    r = ratio("x", [100.0, 100.0, 130.0], [100.0, 100.0, 100.0])
+    assert r.ratio == pytest.approx(1.0)  # the mean ratio would be 0.909
+    assert r.low < 1 < r.high and r.word.startswith("same")
+
+
+def test_one_run_a_side_gives_the_ratio_without_an_interval_or_a_word():
+    r = ratio("x", [100.0], [120.0, 118.0])
+    assert r.ratio == pytest.approx(1.19) and r.low is None and r.word.startswith("unknown")
+
+
+def _sweep(folder, torch_version, rates):
+    for i, rate in enumerate(rates):
+        data = results("single", "O0", ["cpu"], [1.0, 0.5], rate=rate)
+        data["env"] = {"torch": torch_version, "python": "3.11.7", "cpu": "some CPU"}
+        write(folder, f"{i}", data)
+
+
+def test_two_sweeps_compared_name_what_differs_and_say_faster(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _sweep(a, "2.14.1+cu130", [100.0, 104.0, 98.0])
+    _sweep(b, "2.15.0+cu132", [150.0, 149.0, 153.0])
+    assert main(["--compare", str(a), str(b)]) == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert "torch: 2.14.1+cu130 → 2.15.0+cu132" in text and "python:" not in text
+    line = next(x for x in text.splitlines() if "single O0" in x)
+    assert "1.50×" in line and "runs 3/3" in line and line.rstrip().endswith("faster")
+    assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["one"], "one is not allowed: two sweeps' folders, A then B"),
+    (["a", "other"], "is not allowed: two sweeps with a combination in common that ran in both"),
+])
+def test_bad_compares_are_one_line_and_exit_2(tmp_path, capsys, args, said):
+    _sweep(tmp_path / "a", "2.15.0", [100.0])
+    (tmp_path / "other").mkdir()
+    other = results("single", "O0", ["cpu"], [1.0, 0.5], rate=100.0, batch=64)  # another batch: no common row
+    write(tmp_path / "other", "0", other)
+    (tmp_path / "one").mkdir()
+    assert main(["--compare", *[str(tmp_path / x) for x in args]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert json.loads((tmp_path / "a" / "0" / "results.json").read_text())  # inputs untouched
