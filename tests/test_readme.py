@@ -135,10 +135,10 @@ def test_every_collectives_command_is_accepted_as_typed(args):
 def test_the_merge_command_works_with_its_placeholders_filled(tmp_path, monkeypatch):
     from harness import report
 
-    (args,) = readme_commands("-m harness.report")
+    merge, compare = readme_commands("-m harness.report")
     monkeypatch.chdir(tmp_path)
-    for name, strategy in (("A", "single"), ("B", "ddp")):
-        folder = tmp_path / "runs" / "multirun" / name / "0"
+    for name, strategy, job in (("A", "single", "0"), ("B", "ddp", "0"), ("B", "single", "1")):
+        folder = tmp_path / "runs" / "multirun" / name / job
         folder.mkdir(parents=True)
         windows = [{"end_iter": 20 * i, "seconds": 1.0, "cumulative_seconds": float(i), "warmup": i == 1, "loss": 1.0}
                    for i in (1, 2, 3)]
@@ -146,5 +146,6 @@ def test_the_merge_command_works_with_its_placeholders_filled(tmp_path, monkeypa
             "schema": 1, "status": "ok", "error": None, "strategy": strategy, "amp": "O0", "model": "m",
             "devices": ["cpu"], "global_batch": 8, "log_every": 20, "windows": windows, "throughput_img_s": 160.0,
             "memory": {"source": None, "per_device": [], "per_process": []}}))
-    assert report.main(args) == 0
+    assert report.main(merge) == 0
     assert len(list(Path("runs/reports").glob("*/index.html"))) == 1
+    assert compare[0] == "--compare" and report.main(compare) == 0  # single O0 ran in both
