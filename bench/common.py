@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the bare comparators import the same model classes as the harness
 
+from harness.core.results import cpu_model  # noqa: E402 (after the path above)
+
 README = REPO / "README.md"  # the main job's command is read from it (bench/main_job.py)
 RESULTS_DIR = REPO / "benchmarks"  # one page per benchmark, <name>.md, and the index, README.md
 
@@ -111,16 +113,6 @@ class BenchError(RuntimeError):
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def torch_version() -> str:
