@@ -6,6 +6,8 @@ import sys
 
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi/NVML do
 
+from typing import Any  # noqa: E402
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
@@ -15,8 +17,8 @@ cli.register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    cli.task(cfg)
+def main(cfg: DictConfig) -> dict[str, Any] | None:
+    return cli.task(cfg)  # a sweep's rounds read each run's results from here
 
 
 if __name__ == "__main__":

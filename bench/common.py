@@ -67,6 +67,9 @@ BENCHES = (
           "what `profile=true` costs: steady throughput on/off, the profiled window, start/stop", "on/off ≈ 1"),
     Bench("modern", "Sharding and communication hooks on CPU",
           "ZeRO, FSDP2 and DDP's communication hooks against DDP: throughput, memory against the theory", "reported"),
+    Bench("verdicts", "How right the verdicts are",
+          "the verdicts themselves: A/A sweeps, a known 2x-pixels difference, identical default sweeps",
+          "A/A claims ≤ 5 %, known found ≥ 95 %, no contradiction"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

@@ -48,6 +48,7 @@ def precheck(argv: Sequence[str]) -> list[str]:
     try:
         check_output_dirs(overrides)
         check_group_choices(overrides)
+        check_round_keys(overrides)
         if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
             overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
         check_runs(overrides, multirun)
@@ -99,6 +100,20 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
         for choice in _split_sweep(value):
             if choice not in options and choice != "null":
                 raise ConfigError(key, choice, "one of " + ", ".join(options))
+
+
+ROUND_KEYS = ("repeat", "timing.budget_s")  # how many rounds a sweep runs: one value for the whole sweep
+
+
+def check_round_keys(overrides: Sequence[str]) -> None:
+    """`round` is the sweep's to set; the keys that decide the rounds take one value, not a sweep of them."""
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if key == "round":
+            raise ConfigError("round", value, "left to the sweep, which numbers its rounds itself (repeat=N "
+                              "asks for N rounds)")
+        if key in ROUND_KEYS and len(_split_sweep(value)) > 1:
+            raise ConfigError(key, value, "one value: every combination of a sweep runs the same rounds")
 
 
 def check_output_dirs(overrides: Sequence[str]) -> None:
@@ -174,7 +189,8 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     strategy_name = str(hydra_cfg.runtime.choices["strategy"])
     overrides = list(hydra_cfg.overrides.task)
-    repeat = int(cfg_dict.get("repeat", 1))
+    # In a sweep the sweeper runs the rounds (every combination once before any runs again): one run per job
+    repeat = 1 if in_sweep else int(cfg_dict.get("repeat") or 1)
     all_results = []
     try:
         for index in range(repeat):

@@ -30,13 +30,16 @@ def has_gpu() -> bool:
 
 def register_resolvers() -> None:
     """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs, a CPU-sized workload otherwise.
-    `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`)."""
+    `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`).
+    `${cpu_iterations:PROFILE}`: the CPU default of `iterations`, 40, or 60 with profile=true."""
     from harness.core.amp_levels import plugin_path
 
     if not OmegaConf.has_resolver("hw"):
         OmegaConf.register_new_resolver("hw", lambda gpu, cpu: gpu if has_gpu() else cpu)
     if not OmegaConf.has_resolver("amp_plugin"):
         OmegaConf.register_new_resolver("amp_plugin", plugin_path)
+    if not OmegaConf.has_resolver("cpu_iterations"):  # a profiled window needs a steady window beside it
+        OmegaConf.register_new_resolver("cpu_iterations", lambda profile: 60 if profile else 40)
 
 
 @contextmanager

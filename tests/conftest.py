@@ -25,6 +25,7 @@ CLI_TIMEOUT_S = 120
 
 # A run small enough for 2 CPU cores: a few seconds, most of it process start-up.
 TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=8")
+ONE_ROUND = "repeat=1"  # a sweep of one round: what a test of something else needs (racing runs two at least)
 
 
 def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S,
@@ -140,8 +141,10 @@ def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> dict[str
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----
 
 def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """`python run.py -m OVERRIDES hydra.sweep.dir=<sweep_dir>` from the repository root."""
-    return subprocess.run([sys.executable, "run.py", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
+    """`python run.py -m OVERRIDES hydra.sweep.dir=<sweep_dir>` from the repository root: one round unless the
+    overrides name `repeat` (a sweep's rounds and racing are tests/test_rounds.py's)."""
+    rounds = [] if any(o.startswith("repeat=") for o in overrides) else [ONE_ROUND]
+    return subprocess.run([sys.executable, "run.py", "-m", *overrides, *rounds, f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -170,6 +173,18 @@ def run_pids(results: dict[str, Any]) -> set[int]:
     pids = {r["pid"] for r in results.get("ranks") or []}
     pids |= {p["pid"] for p in (results.get("memory") or {}).get("per_process", []) if p.get("role") == "rank"}
     return pids
+
+
+FORK_SERVER = "multiprocessing.forkserver"
+
+
+def is_worker(process: psutil.Process) -> bool:
+    """A spawned worker runs `spawn_main`; a forked one is a child of the fork server (and has its command line)."""
+    command = " ".join(process.cmdline())
+    if "spawn_main" in command:
+        return True
+    parent = process.parent()
+    return FORK_SERVER in command and parent is not None and FORK_SERVER in " ".join(parent.cmdline())
 
 
 class LiveRun:
@@ -218,11 +233,12 @@ class LiveRun:
         return found
 
     def workers(self) -> list[psutil.Process]:
-        """The worker processes (multiprocessing spawn children), in start order, i.e. rank order."""
+        """The worker processes (multiprocessing spawn children, or children of the fork server), in start
+        order, i.e. rank order."""
         workers = []
         for process in self.descendants():
             try:
-                if "spawn_main" in " ".join(process.cmdline()):
+                if is_worker(process):
                     workers.append((process.create_time(), process.pid, process))
             except psutil.Error:
                 continue

@@ -27,6 +27,7 @@ SCRIPTS = {
     "main_job.py": ["== the main job from a fresh clone"],
     "modern.py": ["== tiny_cnn, global batch 8, 2 workers"],
     "profile_cost.py": ["== tiny_cnn, DDP 2 workers: profile=true against profile=false"],
+    "verdicts.py": ["== verdicts against known truths"],
 }
 
 

@@ -55,7 +55,7 @@ def test_default_config_is_cpu_sized_without_a_gpu():
     if has_gpu():
         pytest.skip("CPU defaults only apply on a machine without GPUs")
     run = compose_run()
-    assert (run.model_name, run.data.image_size, run.batch_size) == ("resnet18", 32, 32)
+    assert (run.model_name, run.data.image_size, run.batch_size, run.iterations) == ("shufflenet_v2_x0_5", 32, 32, 40)
     assert run.strategy_name == "single" and run.amp.level == "O0"
 
 

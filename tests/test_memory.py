@@ -65,6 +65,22 @@ class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
         super().__init__(13)  # `_nvmlGetFunctionPointer`: the driver's library lacks the function
 
 
+class NVMLError_NotFound(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(6)  # NVML_ERROR_NOT_FOUND: nvmlDeviceGetProcessUtilization has no sample that new
+
+
+@dataclass
+class FakeProcessSample:
+    """c_nvmlProcessUtilizationSample_t's fields: `('pid', c_uint), ('timeStamp', c_ulonglong), ('smUtil', c_uint),
+    ('memUtil', c_uint), ('encUtil', c_uint), ('decUtil', c_uint)`."""
+
+    pid: int
+    timeStamp: int  # noqa: N815 (NVML's name)
+    smUtil: int  # noqa: N815
+    memUtil: int = 0  # noqa: N815
+
+
 @dataclass
 class FakeUtilization:
     gpu: int  # c_nvmlUtilization_t's fields: percent of time a kernel ran, memory controller busy
@@ -89,8 +105,10 @@ class FakeNvml:
     """
 
     NVMLError = NVMLError
+    NVMLError_NotFound = NVMLError_NotFound
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
     NVML_CLOCK_SM = 1  # pynvml.py: `NVML_CLOCK_SM        = 1`
+    NVML_SUCCESS = 0  # pynvml.py: `NVML_SUCCESS                       = 0`
 
     def __init__(self, used: dict[int, int], procs: dict[int, list[tuple[int, int | None]]],
                  uuids: dict[str, int] | None = None, old_driver: bool = False, deny: tuple[str, ...] = (),
@@ -101,6 +119,7 @@ class FakeNvml:
         self.activity = activity or {}
         self.unsupported, self.missing = unsupported or {}, missing
         self.initialised = self.shut_down = 0
+        self.process_samples: dict[int, list[FakeProcessSample]] = {}  # per GPU: nvmlDeviceGetProcessUtilization's
         self.handles_asked: list[int | str] = []
         self.asked: list[tuple[str, int]] = []
 
@@ -156,6 +175,15 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: tuple[str, int]) -> list[FakeProcess]:  # noqa: N802
         self._check("processes")
         return [FakeProcess(pid, used) for pid, used in self.procs.get(handle[1], [])]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: tuple[str, int], time_stamp: int) -> list[FakeProcessSample]:  # noqa: N802
+        """pynvml: `def nvmlDeviceGetProcessUtilization(handle, timeStamp)`: the samples newer than `timeStamp`
+        (µs); with none, the driver's NVML_ERROR_NOT_FOUND (`raise NVMLError(ret)` maps it to NVMLError_NotFound)."""
+        self._figure("process_utilization", handle)
+        newer = [p for p in self.process_samples.get(handle[1], []) if p.timeStamp > time_stamp]
+        if not newer:
+            raise NVMLError_NotFound()
+        return newer
 
     def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
         return b"550.54.15"
@@ -425,17 +453,17 @@ def test_sampler_whose_every_read_fails_takes_no_sample():
     assert sampler.tracker.samples == 0 and "Insufficient Permissions" in sampler.warning
 
 
-def test_psutil_source_lists_new_workers_once_a_second():
-    """Workers start after the sampler: a read within a second of the last listing reads the known processes
+def test_psutil_source_lists_new_workers_every_fifth_of_a_second():
+    """Workers start after the sampler: a read within 0.2 s of the last listing reads the known processes
     only; the next listing finds the new ones (a sampler that never re-lists would miss every worker)."""
     now = [100.0]
     source = PsutilSource(os.getpid(), clock=lambda: now[0])
     assert os.getpid() in {pid for pid, _ in source.read().per_process}
     child = subprocess.Popen(["sleep", "30"])
     try:
-        now[0] += 0.5
+        now[0] += 0.1
         assert child.pid not in {pid for pid, _ in source.read().per_process}
-        now[0] += 0.5
+        now[0] += 0.15
         assert child.pid in {pid for pid, _ in source.read().per_process}
     finally:
         child.kill()
@@ -514,6 +542,9 @@ class FakeHost:
     def read(self) -> Sample:
         return Sample(per_process={(pid, "cpu"): mib for pid, mib in self.rss.items()})
 
+    def pids(self) -> set[int]:
+        return set(self.rss)
+
     def close(self) -> None:
         pass
 
@@ -529,7 +560,7 @@ def test_nvml_activity_in_plain_units_and_unsupported_figures_are_none_never_ask
     first = source.read()
     assert first.at == 7.0
     assert first.activity["cuda:0"] == {"utilization_pct": 87.0, "sm_clock_mhz": 1980.0, "power_w": 312.5,
-                                        "energy_j": 4000.0}
+                                        "energy_j": 4000.0, "others_sm_pct": None}  # no host tree: PIDs unknown
     assert first.activity["cuda:1"]["energy_j"] is None  # NVMLError_NotSupported: unavailable, not 0
     assert first.activity["cuda:1"]["power_w"] == 90.0
     assert source.unsupported == {"cuda:1 energy_j": "Not Supported"}
@@ -575,3 +606,22 @@ def test_energy_per_image_is_none_when_a_gpu_has_no_counter():
     assert per_image is None  # one GPU's energy unknown: the run's is unknown, never a partial sum
     assert activity["per_device"][1]["energy_j"] is None and activity["per_device"][0]["energy_j"] == 20.0
     assert activity["unavailable"] == {"cuda:1 energy_j": "Not Supported"}
+
+
+def test_other_pids_sm_utilisation_on_the_runs_gpus_leaves_out_the_runs_own_processes():
+    """nvmlDeviceGetProcessUtilization lists every PID on the GPU: the run's (the host tree's) are not others;
+    each reading asks only for samples newer than the last one seen; no new sample: nobody else ran (0)."""
+    fake = FakeNvml(used={0: mib(1)}, procs={})
+    host = FakeHost()
+    host.rss = {LAUNCHER: 300.0, RANK0: 900.0}
+    fake.process_samples = {0: [FakeProcessSample(RANK0, 100, smUtil=95), FakeProcessSample(STRANGER, 120, smUtil=30),
+                                FakeProcessSample(OTHER_USER, 130, smUtil=12)]}
+    source = NvmlSource([0], nvml=fake, host=host)  # type: ignore[arg-type]
+    assert source.read().activity["cuda:0"]["others_sm_pct"] == 30.0  # not the rank's 95
+    assert source.read().activity["cuda:0"]["others_sm_pct"] == 0.0  # nothing newer than 130 µs
+    fake.process_samples[0].append(FakeProcessSample(STRANGER, 200, smUtil=7))
+    assert source.read().activity["cuda:0"]["others_sm_pct"] == 7.0
+    fake.unsupported = {0: ("process_utilization",)}
+    fake.process_samples[0].append(FakeProcessSample(STRANGER, 300, smUtil=50))
+    assert source.read().activity["cuda:0"]["others_sm_pct"] is None  # NotSupported: unknown, never 0
+    assert source.unsupported["cuda:0 others_sm_pct"] == "Not Supported"

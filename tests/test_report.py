@@ -66,7 +66,8 @@ def test_figures_worked_by_hand(sweep):
     assert ddp.mem_imbalance_pct == pytest.approx(25.0)  # (1000 - 800) / 800
     assert ddp.processes == 2 and single.processes == 1
     assert single.final_loss == pytest.approx(1.6)
-    assert report.winners(rows)["throughput"] == "ddp O0"  # 1280 with no spread vs at most ~750
+    # 2x apart, but one run each: nothing says how far runs of one combination scatter
+    assert "throughput" not in report.winners(rows) and not ddp.spread_known and ddp.speedup_lo is None
 
 
 def test_failed_and_skipped_rows_keep_their_reason(sweep):
@@ -80,12 +81,23 @@ def test_failed_and_skipped_rows_keep_their_reason(sweep):
     assert "failed: rank 1 (pid 7): RuntimeError: boom" in md
 
 
-def test_repeats_become_medians_with_spread(tmp_path):
+def test_repeats_become_a_geometric_mean_with_an_interval_from_the_runs(tmp_path):
+    """Rates 100, 120, 110: geometric mean 109.70 (median 110, mean 110); 95 % interval on the log scale with
+    t(2) = 4.303 and the runs' own SD (the min-max 100-120 or the windows' spread would be other numbers)."""
+    import math
+    import statistics
+
     for i, rate in enumerate([100.0, 120.0, 110.0]):
         write(tmp_path, f"r{i}", results("ddp", "O2", ["cpu:0", "cpu:1"], [1.0, 0.5], rate=rate))
     rows, _ = report.build_rows(report.find_results([tmp_path])[0])
     assert len(rows) == 1 and rows[0].runs == 3
-    assert (rows[0].throughput, rows[0].throughput_lo, rows[0].throughput_hi) == (110.0, 100.0, 120.0)
+    logs = [math.log(x) for x in (100.0, 120.0, 110.0)]
+    half = 4.302652729911275 * statistics.stdev(logs) / math.sqrt(3)
+    row = rows[0]
+    assert row.throughput == pytest.approx((100.0 * 120.0 * 110.0) ** (1 / 3))
+    assert row.throughput_lo == pytest.approx(math.exp(statistics.fmean(logs) - half))
+    assert row.throughput_hi == pytest.approx(math.exp(statistics.fmean(logs) + half))
+    assert 80 < row.throughput_lo < 100 and 120 < row.throughput_hi < 150
 
 
 def test_differences_within_the_spread_are_not_wins(tmp_path):
@@ -136,38 +148,60 @@ def rows_of(folder):
 
 def test_s_per_20_is_the_median_of_steady_windows_scaled_by_log_every(tmp_path):
     """log_every=10, steady windows 0.5, 0.5, 2.0 s: per 20 iterations 1.0, 1.0, 4.0 -> median 1.0
-    (the mean would be 2.0; forgetting the scaling to 20 iterations, 0.5)."""
+    (the mean would be 2.0; forgetting the scaling to 20 iterations, 0.5). One run: no interval, whatever
+    the windows (they vary within one process; runs vary more)."""
     write(tmp_path, "a", results("single", "O0", ["cpu"], [9.0, 0.5, 0.5, 2.0], rate=100.0, every=10))
     row = rows_of(tmp_path)["single O0"]
     assert row.s_per_20 == pytest.approx(1.0)
     assert row.s_per_20_p10 == pytest.approx(1.0) and row.s_per_20_p90 == pytest.approx(3.4)
-    assert row.steady_windows == 3 and row.spread_known
+    assert row.steady_windows == 3 and not row.spread_known and row.s_per_20_lo is None
 
 
-def test_throughput_over_repeats_is_the_median(tmp_path):
-    for i, rate in enumerate([100.0, 110.0, 400.0]):  # mean 203.3
+def test_s_per_20_over_runs_is_the_geometric_mean_of_each_runs_median_window(tmp_path):
+    """Run medians 1.0 and 4.0 s per 20 (windows 1,1,3 and 4,4,0.5): geometric mean 2.0 (pooling all six
+    windows would give a median of 2.0 too, so the second run's windows are 4, 4, 0.5: pooled median 2.5)."""
+    write(tmp_path, "a", results("single", "O0", ["cpu"], [9.0, 1.0, 1.0, 3.0], rate=100.0))
+    write(tmp_path, "b", results("single", "O0", ["cpu"], [9.0, 4.0, 4.0, 0.5], rate=100.0))
+    row = rows_of(tmp_path)["single O0"]
+    assert row.s_per_20 == pytest.approx(2.0) and row.spread_known
+    assert row.s_per_20_lo < 2.0 < row.s_per_20_hi
+
+
+def test_throughput_over_repeats_is_the_geometric_mean(tmp_path):
+    for i, rate in enumerate([100.0, 110.0, 400.0]):  # median 110, mean 203.3, geometric mean 163.9
         write(tmp_path, f"r{i}", results("single", "O0", ["cpu"], [1.0, 0.5], rate=rate))
     row = rows_of(tmp_path)["single O0"]
-    assert (row.throughput, row.throughput_lo, row.throughput_hi) == (110.0, 100.0, 400.0)
+    assert row.throughput == pytest.approx(163.86, abs=0.01)
 
 
 def test_table_cells_sit_under_their_own_headers(sweep):
     rows, _ = report.build_rows(report.find_results([sweep])[0])
     header, body = report.table_rows(rows)
     ddp = dict(zip(header, body[[r.label for r in rows].index("ddp O0")], strict=True))
-    assert ddp["img/s"] == "1280.0" and ddp["speedup"] == "2.00×" and ddp["efficiency"] == "100%"
+    assert ddp["img/s [95 %]"] == "1280.0 (spread unknown)" and ddp["speedup [95 %]"] == "2.00×"
+    assert ddp["efficiency"] == "100%"
     assert ddp["mem max MiB"] == "1000" and ddp["mem min MiB"] == "800" and ddp["procs"] == "2"
-    assert ddp["s/20 it (p10–p90)"] == "0.500 (0.500–0.500)"
+    assert ddp["s/20 it [95 %]"] == "0.500 (spread unknown)"
 
 
-def test_a_time_win_needs_disjoint_spreads(tmp_path):
-    # a: steady 0.8, 1.0, 1.5 (median 1.0, p10-p90 0.84-1.40); b: 1.0, 1.1, 1.2 (median 1.1): overlap
-    write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 0.8, 1.0, 1.5], rate=100.0))
-    write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 1.0, 1.1, 1.2], rate=100.0))
-    rows = list(rows_of(tmp_path).values())
-    assert "s_per_20" not in report.winners(rows)
-    write(tmp_path, "c", results("single", "O2", ["cpu"], [5.0, 0.5, 0.55, 0.6], rate=100.0))  # clear of both
-    assert report.winners(list(rows_of(tmp_path).values()))["s_per_20"] == "single O2"
+def in_round(data: dict, number: int) -> dict:
+    return {**data, "round": number}
+
+
+def test_a_win_needs_runs_in_rounds_not_windows(tmp_path):
+    # one run each with windows far apart: no win (the windows of one process say nothing of the next)
+    write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 1.0, 1.0, 1.0], rate=640.0))
+    write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 2.0, 2.0, 2.0], rate=320.0))
+    assert report.winners(list(rows_of(tmp_path).values())) == {}
+    # three rounds, O0 about 2x O1 in each (+-1 %): the win is clear, and both figures star the same row
+    sweep = tmp_path / "rounds"
+    for number, (a, b) in enumerate([(640.0, 320.0), (646.0, 317.0), (634.0, 322.0)], start=1):
+        write(sweep, f"r{number}a", in_round(results("single", "O0", ["cpu"], [5.0, 1.0], rate=a), number))
+        write(sweep, f"r{number}b", in_round(results("single", "O1", ["cpu"], [5.0, 2.0], rate=b), number))
+    rows = list(rows_of(sweep).values())
+    assert report.winners(rows) == {"throughput": "single O0", "s_per_20": "single O0"}
+    o1 = next(r for r in rows if r.label == "single O1")
+    assert o1.speedup == pytest.approx(0.5, rel=0.02) and o1.speedup_hi < 1 and o1.speedup_word == "slower"
 
 
 def test_no_win_where_the_spread_is_unknown(tmp_path):
@@ -230,8 +264,9 @@ def test_report_csv_holds_plain_numbers(sweep):
     assert {"combination", "strategy", "amp", "model", "devices", "status", "reason", "variant"} <= text
     numbers = [{k: float(v) for k, v in row.items() if k not in text} for row in table]
     ddp = numbers[[row["combination"] for row in table].index("ddp O0")]
-    assert ddp["img_s"] == 1280.0 and ddp["speedup"] == 2.0 and ddp["efficiency"] == 1.0
-    assert ddp["s_per_20_median"] == 0.5 and ddp["mem_max_mib"] == 1000.0 and ddp["n_devices"] == 2.0
+    assert ddp["img_s"] == 1280.0 and ddp["speedup"] == 2.0 and ddp["efficiency"] == pytest.approx(1.0)
+    assert ddp["s_per_20"] == 0.5 and ddp["mem_max_mib"] == 1000.0 and ddp["n_devices"] == 2.0
+    assert ddp["img_s_lo"] != ddp["img_s_lo"] and ddp["rounds"] == 1.0  # nan: one run has no interval
     assert ddp["cumulative_s_at_100"] == 3.0
     skipped = numbers[[row["combination"] for row in table].index("dp O0")]
     assert skipped["img_s"] != skipped["img_s"]  # nan: no figure
@@ -287,7 +322,8 @@ def test_index_html_says_when_what_and_how_and_holds_every_row(sweep):
         assert fact in page
     assert parsed.rows == 1 + len(out.rows)  # a header row, then one per combination
     assert parsed.imgs and all((sweep / "out" / src).is_file() for src in parsed.imgs)
-    assert "Fastest: ddp O0, 1280.0 img/s, 2.00× single O0" in page  # the verdict, in words
+    assert "Fastest measured: ddp O0, 1280.0 img/s, 2.00× single O0; not judged" in page  # the verdict, in words
+    assert page.index("Verdict:") < page.index("<table")  # before any table
     assert 'data-v="1280.0"' in page and "<script>" in page  # sortable by the numbers themselves
 
 
@@ -296,7 +332,8 @@ def test_the_terminal_table_fits_80_columns_and_groups_reasons(sweep):
                                             error="strategy=dp: needs two or more CUDA GPUs"))
     rows, base = report.build_rows(report.find_results([sweep])[0])
     text = report.terminal_table(rows, base, width=80)
-    table = text.split("\n[1]")[0]
+    verdict, table = text.split("\n[1]")[0].split("\n", 1)
+    assert verdict.startswith("Verdict: ")  # first, before the table
     assert max(len(line) for line in table.splitlines()) <= 80
     assert "1280.0" in table and "2.00×" in table  # the figures are whole, not cut
     footnotes = [line for line in text.splitlines() if line.startswith("[")]
@@ -386,7 +423,7 @@ def test_runs_without_a_steady_window_are_said_to_be_untimed_not_missing(tmp_pat
 
     said = summary(rows, baseline)
     assert said.startswith("No timing: single O0 ran without a steady window") and "No combination ran" not in said
-    assert said.endswith("1 did not run: the reasons are in the table.")
+    assert said.endswith("Did not run here: 1 skipped (reasons below).")
 
 
 def test_every_strategy_yaml_has_its_own_colour() -> None:

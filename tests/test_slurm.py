@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, TINY
+from conftest import ONE_ROUND, REPO, TINY
 from slurm_cluster import SlurmCluster, free_port, missing_binaries
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
@@ -60,7 +60,7 @@ class Sweep:
         self.folder.mkdir(parents=True)
         with open(self.folder.parent / f"{self.name}.out", "wb") as out, \
                 open(self.folder.parent / f"{self.name}.err", "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "run.py", "-m", *self.overrides,
+            self.proc = subprocess.Popen([sys.executable, "run.py", "-m", *self.overrides, ONE_ROUND,
                                           f"hydra.sweep.dir={self.folder / 'sweep'}"],
                                          cwd=REPO, env=self.env, stdout=out, stderr=err)
         return self

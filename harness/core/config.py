@@ -71,6 +71,7 @@ class TimingConfig:
 
     precision_pct: float = 2.0
     max_seconds: float = 120.0
+    budget_s: float = 140.0  # a sweep's rounds (harness.verdict): after the first two, only while a round fits
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class RunConfig:
     log_every: int
     warmup_windows: int
     seed: int
-    repeat: int = 1
+    repeat: int | None = None  # a sweep's rounds (None: racing decides); a single run: this many times
+    round: int | None = None  # set by the sweep: which of its rounds this run is
     compile: bool = False  # torch.compile the model (compilation timed apart, before the clock)
     grad_accum: int = 1  # micro-batches per optimizer step; the global batch stays batch_size
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -169,7 +171,9 @@ class RunConfig:
         check_nprocs(cfg["nprocs"])
         for key in ("batch_size", "log_every"):
             _positive_int(key, cfg[key])
-        _positive_int("repeat", cfg.get("repeat", 1))
+        for key in ("repeat", "round"):
+            if cfg.get(key) is not None:
+                _positive_int(key, cfg[key])
         if isinstance(cfg["warmup_windows"], bool) or not isinstance(cfg["warmup_windows"], int) \
                 or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
@@ -194,9 +198,10 @@ class RunConfig:
                 raise ConfigError("iterations", iterations, f"auto, or a multiple of log_every ({every}) of at least "
                                   f"{least}: {why}")
         timing = TimingConfig(**check_record("timing", cfg.get("timing") or {}, TimingConfig))
-        for key in ("precision_pct", "max_seconds"):
+        for key in ("precision_pct", "max_seconds", "budget_s"):
             if not 0 < getattr(timing, key) < math.inf:
-                raise ConfigError(f"timing.{key}", getattr(timing, key), "a number > 0")
+                raise ConfigError(f"timing.{key}", getattr(timing, key), "a number > 0" + (
+                    " (seconds a sweep may spend on rounds after its first two)" if key == "budget_s" else ""))
         memory = MemoryConfig(**check_record("memory", cfg.get("memory") or {}, MemoryConfig))
         if memory.interval_ms <= 0:
             raise ConfigError("memory.interval_ms", memory.interval_ms, "a number of milliseconds > 0")
@@ -227,14 +232,14 @@ class RunConfig:
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
             model=dict(cfg["model"]), optim=dict(cfg["optim"]), data=data, gpus=gpus, nprocs=cfg["nprocs"],
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
-            warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat", 1), memory=memory,
+            warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, parity=parity,
             compile=compile_, grad_accum=grad_accum, profile=profile,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
-                            "iterations", "log_every", "warmup_windows", "seed", "repeat", "memory", "dist",
+                            "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
                             "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum",
                             "profile"})
 

@@ -187,6 +187,27 @@ class Environment:
     describe_error: str | None = None  # why the driver did not say its version or GPU names
 
 
+# A run's wall time from the launcher's start to its results, in order (results.json's `phases`): each is
+# measured, in seconds; a run in this process (no workers) has no process_start or imports.
+PHASES = ("prepare", "process_start", "imports", "process_group", "build", "to_first_iteration", "windows",
+          "after_loop", "teardown", "results")
+
+
+@dataclass
+class MachineLoad:
+    """How busy the machine was around a run: the CPU time processes outside the run took during its steady
+    windows, and the load average just before it started; on GPUs, other PIDs' utilisation (NVML)."""
+
+    __pydantic_config__ = _FORBID
+    cores: int | None = None
+    load_before: float | None = None  # 1-minute load average when the run started
+    others_cpu_s: float | None = None  # CPU seconds of every process not the run's, over the steady windows
+    windows_s: float | None = None  # the steady windows' wall time those seconds were taken over
+    others_gpu_util_pct: float | None = None  # the largest SM utilisation another PID had on the run's GPUs
+    busy: bool = False  # others took at least BUSY_SHARE of the machine during the windows: not judged
+    reason: str | None = None  # in words, when busy
+
+
 @dataclass
 class RunRecord:
     """One combination's results.json."""
@@ -240,6 +261,9 @@ class RunRecord:
     env: Environment = field(default_factory=Environment)
     started_at: float | None = None
     finished_at: float | None = None
+    round: int | None = None  # which round of a sweep (1, 2, ...): rounds pair runs in the report's ratios
+    phases: dict[str, float] = field(default_factory=dict)  # where the run's wall time went, seconds (PHASES)
+    machine: MachineLoad | None = None  # what else the machine did while the run was timed
 
     @classmethod
     def not_run(cls, *, status: Status, error: str, strategy: str, amp: str, model: str,

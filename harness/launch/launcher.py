@@ -133,26 +133,49 @@ def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
     "spawn" (torch.multiprocessing.start_processes with `start_method`, the tutorials' way).
     On SIGINT/SIGTERM every worker is stopped before the signal's exception propagates.
     """
+    if start_method == "forkserver":
+        preload_forkserver()
     with loopback_store(start_timeout_s) as port:
         env = {**placement.worker_env, **loopback_env()}
         with patched_environ(env):
             if method == "spawn":
-                return _spawn(entry, spec, placement.nprocs, port, start_method)
-            return _elastic(entry, spec, placement.nprocs, port, start_timeout_s, log_dir)
+                return _spawn(entry, spec, placement.nprocs, port, start_method, env)
+            return _elastic(entry, spec, placement.nprocs, port, start_timeout_s, log_dir, start_method, env)
+
+
+# What the fork server imports once, before it forks any worker: each run still gets processes of its own
+# (forked from a server that has run nothing), without paying torch's import (seconds) for every worker.
+FORKSERVER_PRELOAD = ["harness.launch.launcher", "harness.rank.worker", "harness.rank.models"]
+
+
+def preload_forkserver() -> None:
+    """Takes effect when the server starts (the first forkserver launch of this process); later calls are
+    no-ops. The server imports only: no thread, no CUDA context, no run's state is ever in it."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+
+
+def in_worker_env(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], env: Mapping[str, str]) -> Any:
+    """A forked worker has the fork server's environment (from when the server started), not this run's: the
+    run's variables (CUDA_VISIBLE_DEVICES, the loopback interface) are set here, before torch reads them."""
+    os.environ.update(env)
+    return entry(spec)
 
 
 def _elastic(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs: int, port: int,
-             start_timeout_s: float, log_dir: str) -> list[WorkerFailure]:
+             start_timeout_s: float, log_dir: str, start_method: str = "spawn",
+             env: Mapping[str, str] | None = None) -> list[WorkerFailure]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d-loopback", rdzv_endpoint=f"{LOOPBACK}:{port}",
         rdzv_configs={"is_host": True, "join_timeout": int(start_timeout_s)},
-        max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=LOOPBACK,
+        max_restarts=0, monitor_interval=0.1, start_method=start_method, local_addr=LOOPBACK,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_grace(LaunchConfig), **_agent_signals(LaunchConfig))
     try:
-        elastic_launch(config, entry)(spec)
+        elastic_launch(config, in_worker_env)(entry, spec, dict(env or {}))
     except ChildFailedError as error:
         return [WorkerFailure(rank=rank, pid=f.pid, exitcode=f.exitcode, message=_describe(f))
                 for rank, f in sorted(error.failures.items())]
@@ -187,8 +210,9 @@ def prune_empty(folder: Path) -> None:
 
 
 def _spawned_rank(local_rank: int, entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
-                  nprocs: int, port: int) -> None:
+                  nprocs: int, port: int, env: Mapping[str, str]) -> None:
     """What torchrun would have put in the environment; every rank joins the parent's loopback store."""
+    os.environ.update(env)
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(nprocs),
                       LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
                       TORCHELASTIC_USE_AGENT_STORE="True")
@@ -196,7 +220,7 @@ def _spawned_rank(local_rank: int, entry: Callable[[dict[str, Any]], Any], spec:
 
 
 def _spawn(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs: int, port: int,
-           start_method: str) -> list[WorkerFailure]:
+           start_method: str, env: Mapping[str, str] | None = None) -> list[WorkerFailure]:
     """The first worker to fail ends the run: the others get SIGTERM at once (then SIGKILL after the grace
     period). torch's own ProcessContext.join(grace_period=g) would first wait g for them to exit by
     themselves, so the survivors of a failure went on training for g seconds."""
@@ -205,7 +229,7 @@ def _spawn(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any], nprocs:
 
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(_spawned_rank, args=(entry, spec, nprocs, port), nprocs=nprocs, join=False,
+    context = mp.start_processes(_spawned_rank, args=(entry, spec, nprocs, port, dict(env or {})), nprocs=nprocs, join=False,
                                  start_method=start_method)
     processes = context.processes
     waiting = {process.sentinel: rank for rank, process in enumerate(processes)}

@@ -28,6 +28,7 @@ from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by
 from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
 from harness.launch.launcher import WorkerFailure, launch_workers
+from harness.launch.machine_load import LoadReadings, machine_section
 from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
@@ -64,7 +65,7 @@ def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: Torchru
     each run gets a fresh process, so no run inherits the memory, threads or CUDA context (cached
     blocks included) of the one before."""
     strategy_cls = get_class(cfg.strategy["_target_"])
-    launched = strategy_cls.one_process_per_device or in_sweep or cfg.repeat > 1
+    launched = strategy_cls.one_process_per_device or in_sweep or (cfg.repeat or 1) > 1
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
                       strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
     amp = resolve(cfg.amp, placement.accelerator)
@@ -124,8 +125,10 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         log.warning("%s", warning)
     env_extra = _describe_source(source)
     sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
+    load = LoadReadings(launcher_pid, LOAD_INTERVAL_S).start()
     failures: list[WorkerFailure] = []
     interrupted: str | None = None
+    launching = time.time()
     try:
         with _signals_as_interrupt():
             if launched:
@@ -146,20 +149,69 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         else:  # the launcher itself failed (rendezvous timeout, spawn error): a failed run, not a crash
             failures = [WorkerFailure(rank=-1, pid=None, exitcode=1, message=f"launcher: {last_line(error)}")]
     finally:
+        load.stop()
         if sampler is not None:
             sampler.stop()
 
+    returned = time.time()
     records = read_records(record_dir)
+    failures += silent_deaths(record_dir, records, failures)
     status, error = run_status(records, failures, interrupted)
     results = {**base, **measurements(cfg, placement, records, started, run_dir), "status": status, "error": error,
                "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
                                         launcher_pid, warning),
                **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
-               "env": environment(env_extra), "finished_at": time.time()}
+               "machine": machine_load(load, sampler, records),
+               "env": environment(env_extra), "round": cfg_dict.get("round"), "finished_at": time.time()}
+    results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
+                               results["compile_seconds"])
     publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return results
+
+
+def phases(started: float, launching: float, returned: float, finished: float, records: list[dict[str, Any]],
+           launched: bool, compile_seconds: float | None) -> dict[str, float]:
+    """Where the run's wall time went (results.json's `phases`, in PHASES' order): the launcher's stamps and
+    each rank's (the slowest rank's span for each phase). Only phases every rank stamped are given."""
+    stamps = [r.get("times") or {} for r in records]
+    if not stamps or not all(s.get("loop_ended") for s in stamps):
+        return {}
+
+    def span(first: str, last: str) -> float:
+        return max(s[last] - s[first] for s in stamps)
+
+    firsts = [r["first_iter_time"] for r in records]
+    built = max(s["built"] for s in stamps)
+    result = {"prepare": launching - started}
+    if launched:
+        result |= {"process_start": max(s["process_started"] for s in stamps) - launching,
+                   "imports": span("process_started", "entered")}
+    result |= {"process_group": span("entered", "group_ready"), "build": span("group_ready", "built"),
+               "to_first_iteration": max(firsts) - built - (compile_seconds or 0.0),
+               "windows": max(s["loop_ended"] for s in stamps) - max(firsts),
+               "after_loop": max(r["ended_at"] for r in records) - max(s["loop_ended"] for s in stamps),
+               "teardown": returned - max(r["ended_at"] for r in records), "results": finished - returned}
+    return {k: round(max(v, 0.0), 4) for k, v in result.items()}
+
+
+SILENT_DEATH = ("ended without writing its record (os._exit, SIGKILL, the kernel's OOM killer or a crash below "
+                "Python)")
+
+
+def silent_deaths(record_dir: Path, records: list[dict[str, Any]], failures: list[WorkerFailure]) -> list[WorkerFailure]:
+    """Ranks that started (their pid file) but wrote no record and that the launcher did not report: the
+    elastic agent reports only the first failed rank it finds, and when a killed rank's neighbour fails on the
+    broken connection at once, that may be the neighbour. A rank with no record died abruptly: the cause."""
+    known = {r["rank"] for r in records} | {f.rank for f in failures}
+    found = []
+    for path in sorted(record_dir.glob("rank*.pid")):
+        rank = int(path.stem.removeprefix("rank"))
+        if rank not in known:
+            pid = int(path.read_text().strip() or 0) or None
+            found.append(WorkerFailure(rank=rank, pid=pid, exitcode=-1, message=SILENT_DEATH))
+    return found
 
 
 def _unrecorded(failures: list[WorkerFailure], records: list[dict[str, Any]],
@@ -195,6 +247,21 @@ def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], i
     activity, per_image = activity_section(sampler.tracker.activity, spans, images_per_window * len(spans),
                                            sampler.unsupported)
     return {"gpu_activity": activity, "energy_j_per_image": per_image}
+
+
+LOAD_INTERVAL_S = 0.1  # a reading costs ~1 ms of the launcher's time (it lists the process tree)
+
+
+def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How busy the machine was during rank 0's steady windows (harness.launch.machine_load)."""
+    reference = next((r for r in records if r["rank"] == 0 and r.get("window_spans")), None)
+    spans = steady_spans([Window(**w) for w in reference["windows"]], reference["window_spans"]) if reference else []
+    others_gpu = None
+    if sampler is not None:
+        seen = [value for at, per in sampler.tracker.activity if any(a <= at <= b for a, b in spans)
+                for device in per.values() if (value := device.get("others_sm_pct")) is not None]
+        others_gpu = max(seen) if seen else None
+    return machine_section(load.readings, spans, psutil.cpu_count() or 1, load.load_before, others_gpu)
 
 
 def publish(run_dir: Path, results: dict[str, Any]) -> RunRecord:

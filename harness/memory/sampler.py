@@ -63,6 +63,7 @@ class NvmlSource:
         self.process_warning: str | None = None
         self._host, self._clock = host, clock
         self.unsupported: dict[str, str] = {}  # "cuda:0 energy_j" -> NVML's reason; not asked again
+        self._seen: dict[str, int] = {}  # per GPU, the newest process-utilisation sample's timestamp (µs)
 
     ACTIVITY = ("utilization_pct", "sm_clock_mhz", "power_w", "energy_j")
 
@@ -81,7 +82,29 @@ class NvmlSource:
                 used = proc.usedGpuMemory  # None where the driver hides it (pynvml maps NOT_AVAILABLE to None)
                 sample.per_process[(proc.pid, label)] = None if used is None else used / MIB
             sample.activity[label] = {key: self._activity(label, key, handle) for key in self.ACTIVITY}
+            sample.activity[label]["others_sm_pct"] = self._others_utilization(label, handle)
         return sample
+
+    def _others_utilization(self, label: str, handle: Any) -> float | None:
+        """The largest SM utilisation (%) a PID outside the run had on this GPU since the last reading:
+        nvmlDeviceGetProcessUtilization's samples, less the run's processes (the host tree: launcher, ranks,
+        data workers). None where NVML gives none or there is no host tree to tell the run's PIDs by."""
+        key = f"{label} others_sm_pct"
+        if key in self.unsupported or self._host is None:
+            return None
+        since = self._seen.get(label, 0)
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except self._nvml.NVMLError_NotFound:  # no sample since `since`: nobody ran a kernel
+            return 0.0
+        except self._nvml.NVMLError as error:
+            if getattr(error, "value", None) == self._nvml.NVML_SUCCESS:  # no sample at all (count 0)
+                return 0.0
+            self.unsupported[key] = str(error)
+            return None
+        own = self._host.pids()
+        self._seen[label] = max([since, *(s.timeStamp for s in samples)])
+        return float(max((s.smUtil for s in samples if s.pid not in own), default=0))
 
     def _activity(self, label: str, key: str, handle: Any) -> float | None:
         """One activity figure in plain units; None (and never asked again) where NVML says it cannot give it
@@ -131,10 +154,11 @@ class PsutilSource:
     """Resident memory of the launcher and every process below it (CPU workers are processes).
 
     Listing the process tree reads /proc of every process on the machine (~0.4 ms, holding the GIL),
-    so it is done once a second; each sample reads only the known processes' memory (~5 µs)."""
+    so it is done every 0.2 s (workers forked from the fork server start within that, and a short run's
+    ranks must not be missed); each sample reads only the known processes' memory (~5 µs)."""
 
     name = "psutil"
-    RELIST_S = 1.0
+    RELIST_S = 0.2
 
     def __init__(self, root_pid: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._root = psutil.Process(root_pid)
@@ -153,6 +177,10 @@ class PsutilSource:
             except psutil.Error:
                 continue  # ended since it was listed
         return sample
+
+    def pids(self) -> set[int]:
+        """The run's processes as last listed."""
+        return {proc.pid for proc in self._procs}
 
     def close(self) -> None:
         pass

@@ -89,6 +89,7 @@ def run_rank(spec: dict[str, Any],
 
     `before_teardown(record)` runs while the process group is still up, after a successful run
     (under torchrun: gathering every rank's record to global rank 0)."""
+    entered = time.time()
     cfg = RunConfig.from_dict(spec["config"], spec["strategy_name"])
     placement = Placement.from_dict(spec["placement"])
     amp_spec = AmpSpec(**spec["amp"])
@@ -96,12 +97,16 @@ def run_rank(spec: dict[str, Any],
     if spec.get("launched"):  # a process of its own: Hydra set up the launcher's logging, not ours
         setup_worker(spec.get("log_file"), rank)
     stop = StopRequest().install()
+    pid_file = Path(spec["record_dir"]) / f"rank{rank}.pid"  # a rank that dies without a record is still known
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(str(os.getpid()))
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
                               "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
                               "status": "failed", "error": None, "windows": [], "allocator": [],
                               "amp_state": {}, "first_iter_time": None, "backend": None, "compile_seconds": None,
-                              "memory_theory": None}
+                              "memory_theory": None,
+                              "times": {"process_started": psutil.Process().create_time(), "entered": entered}}
     clock: WindowClock | None = None
     strategy = None
     batches: BatchSource | None = None
@@ -109,6 +114,7 @@ def run_rank(spec: dict[str, Any],
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
         strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s, cfg.grad_accum))
+        record["times"]["group_ready"] = time.time()
         record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
@@ -119,6 +125,7 @@ def run_rank(spec: dict[str, Any],
                                pid_dir=Path(spec["record_dir"]) / f"data-pids-rank{rank}")
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(strategy.no_sync, model)
+        record["times"]["built"] = time.time()
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
             use_compile_cache()  # the parent's folder (inherited), or under torchrun the default one
             model = strategy.compile(model)
@@ -147,6 +154,7 @@ def run_rank(spec: dict[str, Any],
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
+        loop_ended = time.time()
         record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
                                            world_size, strategy.shards, cfg.grad_accum)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
@@ -160,6 +168,7 @@ def run_rank(spec: dict[str, Any],
         record["window_compile_seconds"] = strategy.compile_seconds()
         record["allocator"] = strategy.ops.allocator_peaks()
         record["status"] = "ok"
+        record["times"]["loop_ended"] = loop_ended
         return record
     except BaseException as error:
         signal_error = caused_by(error, (Interrupted, KeyboardInterrupt))  # also when wrapped (instantiate)

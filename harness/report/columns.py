@@ -57,16 +57,37 @@ class Column:
     shown: Callable[[Sequence[Row]], bool] = field(default=_always)
 
 
-def _spread(r: Row) -> str:
-    if r.s_per_20 is None:
+def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") -> str:
+    return f" [{fmt(lo, digits)}–{fmt(hi, digits)}{suffix}]" if lo is not None and hi is not None else ""
+
+
+def _interval_or_unknown(r: Row, lo: float | None, hi: float | None, digits: int) -> str:
+    """The 95 % interval from the runs; why there is none; `busy` when every run was taken on a busy machine."""
+    if r.throughput is None:
         return ""
-    if r.spread_known:
-        return f" ({fmt(r.s_per_20_p10, 3)}–{fmt(r.s_per_20_p90, 3)})"
-    return " (spread unknown)"
+    cell = _between(lo, hi, digits) if r.spread_known else " (spread unknown)"
+    return cell + (" busy" if r.busy else "")
 
 
-def _unknown(r: Row) -> str:
-    return "?" if r.s_per_20 is not None and not r.spread_known else ""
+def _plus_minus(r: Row) -> str:
+    """The terminal's short interval: ± half its width, in % of the figure."""
+    if r.throughput is None:
+        return ""
+    if not r.spread_known or r.throughput_lo is None or r.throughput_hi is None:
+        return "?"
+    return f" ±{50 * (r.throughput_hi - r.throughput_lo) / r.throughput:.0f}%" + (" busy" if r.busy else "")
+
+
+def _speedup(r: Row, digits: int = 2) -> str:
+    if r.speedup is None:
+        return "—"
+    word = f" {r.speedup_word}" if r.speedup_word in ("faster", "slower") else ""
+    return fmt(r.speedup, digits, "×") + _between(r.speedup_lo, r.speedup_hi, digits) + word
+
+
+def _status(r: Row) -> str:
+    status = r.status if not r.reason else f"{r.status}: {r.reason}"
+    return status + (f" · stopped early after round {r.stopped_early}: clearly slower" if r.stopped_early else "")
 
 
 def _cumulative(rows: Sequence[Row]) -> list[Column]:
@@ -91,16 +112,23 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column(None, csv=(("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
                           ("steady_windows", lambda r: r.steady_windows),
                           ("spread_known", lambda r: int(r.spread_known)))),
-        Column(f"s/{PER} it (p10–p90)", lambda r: fmt(r.s_per_20, 3) + _spread(r),
-               csv=(("s_per_20_median", lambda r: r.s_per_20), ("s_per_20_p10", lambda r: r.s_per_20_p10),
-                    ("s_per_20_p90", lambda r: r.s_per_20_p90)),
-               terminal=f"s/{PER} it", terminal_cell=lambda r: fmt(r.s_per_20, 3) + _unknown(r), star="s_per_20"),
+        Column(None, csv=(("rounds", lambda r: len(r.rounds)), ("stopped_early_after_round", lambda r: r.stopped_early),
+                          ("busy", lambda r: int(bool(r.busy))))),
+        Column(f"s/{PER} it [95 %]", lambda r: fmt(r.s_per_20, 3) + _interval_or_unknown(r, r.s_per_20_lo,
+                                                                                       r.s_per_20_hi, 3),
+               csv=(("s_per_20", lambda r: r.s_per_20), ("s_per_20_lo", lambda r: r.s_per_20_lo),
+                    ("s_per_20_hi", lambda r: r.s_per_20_hi), ("s_per_20_window_p10", lambda r: r.s_per_20_p10),
+                    ("s_per_20_window_p90", lambda r: r.s_per_20_p90)),
+               terminal=f"s/{PER} it", terminal_cell=lambda r: fmt(r.s_per_20, 3), star="s_per_20"),
         *_cumulative(rows),
-        Column("img/s", lambda r: fmt(r.throughput, 1),
+        Column("img/s [95 %]", lambda r: fmt(r.throughput, 1) + _interval_or_unknown(r, r.throughput_lo,
+                                                                                     r.throughput_hi, 1),
                csv=(("img_s", lambda r: r.throughput), ("img_s_lo", lambda r: r.throughput_lo),
                     ("img_s_hi", lambda r: r.throughput_hi)),
-               terminal="img/s", terminal_cell=lambda r: fmt(r.throughput, 1) + _unknown(r), star="throughput"),
-        Column("speedup", lambda r: fmt(r.speedup, 2, "×"), csv=(("speedup", lambda r: r.speedup),),
+               terminal="img/s", terminal_cell=lambda r: fmt(r.throughput, 1) + _plus_minus(r), star="throughput"),
+        Column("speedup [95 %]", _speedup,
+               csv=(("speedup", lambda r: r.speedup), ("speedup_lo", lambda r: r.speedup_lo),
+                    ("speedup_hi", lambda r: r.speedup_hi)),
                terminal="speedup", terminal_cell=lambda r: fmt(r.speedup, 2, "×")),
         Column("efficiency", lambda r: fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                csv=(("efficiency", lambda r: r.efficiency),)),
@@ -130,9 +158,10 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                     ("parity_max_abs", lambda r: r.parity_max_abs), ("parity_max_rel", lambda r: r.parity_max_rel))),
         Column("max loss Δ", lambda r: "—" if r.parity_loss_diff is None else f"{r.parity_loss_diff:.1e}",
                shown=_with_parity, csv=(("parity_loss_diff", lambda r: r.parity_loss_diff),)),
-        Column("status", lambda r: r.status if not r.reason else f"{r.status}: {r.reason}", numeric=False,
+        Column("status", _status, numeric=False,
                csv=(("status", lambda r: r.status), ("reason", lambda r: r.reason or "")),
-               terminal="status", terminal_cell=lambda r: r.status),
+               terminal="status", terminal_cell=lambda r: r.status + (f" (stopped r{r.stopped_early})"
+                                                                        if r.stopped_early else "")),
     ]
 
 

@@ -92,11 +92,12 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Strategies side by side</title><style>{STYLE}</style></head>
 <body><h1>Strategies side by side</h1>
+<p class="verdict"><strong>Verdict:</strong> {html.escape(summary(rows, baseline))}</p>
 {meta}
-<p class="verdict">{html.escape(summary(rows, baseline))}</p>
-<p>Speedup against {html.escape(baseline or "no row (none ran)")}. Times are medians of steady-state windows (warm-up
-excluded) per {PER} iterations, p10–p90 in brackets; ★ marks a figure better than the runner-up by more than
-the run-to-run spread. {html.escape(reproducibility(rows))}. Click a column to sort.</p>
+<p>Speedup against {html.escape(baseline or "no row (none ran)")}. Throughput is the geometric mean of a row's runs
+(steady-state windows, warm-up excluded), time per {PER} iterations the same figure as time, each with its 95 %
+interval from the runs in brackets; ★ marks the winner when it is ahead beyond the noise of identical runs.
+{html.escape(reproducibility(rows))}. Click a column to sort.</p>
 <div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>
 {parity_notes}
 {f"<h2>Unreadable results files</h2><ul>{warn}</ul>" if warn else ""}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +19,8 @@ from harness.core.errors import ConfigError
 from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
 from harness.memory import imbalance
 from harness.parity import report as parity
+from harness.verdict.intervals import Fit, Observation, Ratio
+from harness.verdict.racing import standing
 
 PER = 20  # the user's unit: seconds per 20 iterations
 log = logging.getLogger(__name__)
@@ -36,17 +39,26 @@ class Row:
     reason: str | None
     runs: int
     ok_runs: int
-    s_per_20: float | None = None  # median over steady windows (all repeats pooled)
-    s_per_20_p10: float | None = None
+    s_per_20: float | None = None  # each run's median steady window, per PER iterations; geometric mean over runs
+    s_per_20_lo: float | None = None  # its 95 % interval, from the runs (harness.verdict.intervals)
+    s_per_20_hi: float | None = None
+    s_per_20_p10: float | None = None  # p10-p90 of the steady windows, all runs pooled (within a process)
     s_per_20_p90: float | None = None
     steady_windows: int = 0
     cumulative: list[tuple[int, float]] = field(default_factory=list)  # (iteration, median seconds)
-    throughput: float | None = None  # median over repeats
+    throughput: float | None = None  # geometric mean over runs (quiet runs only, where there are any)
     run_rates: list[float] = field(default_factory=list)  # each ok run's throughput (the unit that varies)
-    throughput_lo: float | None = None  # spread: min-max over repeats, else p10-p90 of windows
+    rounds: list[tuple[int | None, float]] = field(default_factory=list)  # (round, throughput) of its quiet runs
+    run_s_per_20: list[tuple[int | None, float]] = field(default_factory=list)  # (round, median window) of the same
+    throughput_lo: float | None = None  # 95 % interval from the runs (None: unknown, one run in the sweep)
     throughput_hi: float | None = None
-    spread_known: bool = False  # >= 2 repeats or >= 3 steady windows: a spread a win can be judged by
-    speedup: float | None = None
+    spread_known: bool = False  # the row has an interval: a difference can be judged
+    busy: str | None = None  # every run of the row was measured while the machine was busy: why; not judged
+    stopped_early: int | None = None  # racing stopped it after this round (clearly slower than the leader)
+    speedup: float | None = None  # over the baseline, paired by round, with its interval
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    speedup_word: str | None = None  # faster, slower, same (within the minimum effect) or undecided
     efficiency: float | None = None  # multi-device rows: speedup over the one-device row at this amp / devices
     mem_max_mib: float | None = None  # median over repeats of the run's largest per-device use
     mem_max_lo: float | None = None  # min-max over repeats (None with one repeat: spread unknown)
@@ -145,7 +157,7 @@ LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devi
 # the rest of the resolved config tells rows apart too, so that no swept axis is pooled into a mean.
 NAMED_ELSEWHERE = ("strategy", "model", "amp.level", "amp.impl", "amp.dtype", "amp._target_", "batch_size",
                    "data.image_size", "iterations", "launcher", "gpus", "nprocs", "compile", "grad_accum", "repeat",
-                   "report")
+                   "round", "timing.budget_s", "report")
 
 
 def _settings(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -259,7 +271,7 @@ def _row(group: list[RunRecord], label: str) -> Row:
     steady = [w.seconds * PER / (r.log_every or 1) for r in ok for w in r.windows if _steady(w)]
     row.steady_windows = len(steady)
     if steady:
-        row.s_per_20 = statistics.median(steady)
+        row.s_per_20 = statistics.median(steady)  # until the runs' figure replaces it (apply_intervals)
         row.s_per_20_p10, row.s_per_20_p90 = percentile(steady, 10), percentile(steady, 90)
     edges: dict[int, list[float]] = {}
     losses: dict[int, list[float]] = {}
@@ -272,19 +284,15 @@ def _row(group: list[RunRecord], label: str) -> Row:
     row.losses = [(it, statistics.median(v)) for it, v in sorted(losses.items())]
     row.final_loss = row.losses[-1][1] if row.losses else None
 
-    rates = [r.throughput_img_s for r in ok if r.throughput_img_s]
-    row.run_rates = rates
-    row.spread_known = len(rates) >= 2 or len(steady) >= 3
-    if rates:
-        row.throughput = statistics.median(rates)
-        if len(rates) > 1:
-            row.throughput_lo, row.throughput_hi = min(rates), max(rates)
-        else:
-            per_window = [(ok[0].global_batch or 0) * (ok[0].log_every or 0) / w.seconds
-                          for w in ok[0].windows if _steady(w) and w.seconds > 0]
-            if per_window:  # the run's rate lies within its windows' range; keep the spread around it
-                row.throughput_lo = min(percentile(per_window, 10), row.throughput)
-                row.throughput_hi = max(percentile(per_window, 90), row.throughput)
+    timed = [r for r in ok if r.throughput_img_s]
+    row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
+    quiet = [r for r in timed if not (r.machine and r.machine.busy)]
+    if timed and not quiet:
+        row.busy = next(r.machine.reason for r in timed if r.machine) or "the machine was busy"
+        quiet = timed
+    row.rounds = [(r.round, r.throughput_img_s) for r in quiet if r.throughput_img_s]
+    row.run_s_per_20 = [(r.round, statistics.median(w.seconds * PER / (r.log_every or 1) for w in r.windows
+                                                    if _steady(w))) for r in quiet]
     row.startup_s = _median_of([r.startup_seconds for r in ok])
     row.compile_s = _median_of([r.compile_seconds for r in ok])
     row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
@@ -366,16 +374,50 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baselin
             for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
                             if r.status == "ok"] for k in keys])
+    fit = apply_intervals(rows)
     base = _pick_baseline(rows, baseline, strict)
     if base is not None and base.throughput:
         for row in rows:
-            if row.throughput:
-                row.speedup = row.throughput / base.throughput
+            ratio = fit.ratio(row.label, base.label) if row.throughput else None
+            if ratio is not None:
+                row.speedup, row.speedup_lo, row.speedup_hi = ratio.point, ratio.lo, ratio.hi
+                row.speedup_word = fit.judge(ratio) if row is not base else None
     for key, row in zip(keys, rows, strict=True):
         reference = _one_device_reference(key, row, keys, rows)
         if row.throughput and reference is not None and reference.throughput:
             row.efficiency = row.throughput / (reference.throughput * row.n_devices)
     return rows, base.label if base else None
+
+
+def row_fit(rows: Sequence[Row], figure: str = "rounds") -> Fit:
+    """The sweep's runs as harness.verdict fits them: each row's quiet runs (a row measured only while the
+    machine was busy keeps its own figures, and no other row's interval rests on them). `figure`: `rounds`
+    (throughput) or `run_s_per_20` (each run's median window)."""
+    return Fit(Observation(r.label, round_, value) for r in rows if not r.busy for round_, value in getattr(r, figure))
+
+
+def apply_intervals(rows: Sequence[Row]) -> Fit:
+    """Each ok row's throughput and time per PER iterations: the geometric mean of its runs with a 95 %
+    interval from the runs (rounds), never from the windows of one process."""
+    fit, times = row_fit(rows), row_fit(rows, "run_s_per_20")
+    for row in rows:
+        own = fit if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.rounds)
+        level = own.level(row.label)
+        if level is None:
+            continue
+        row.throughput, row.throughput_lo, row.throughput_hi = level.point, level.lo, level.hi
+        row.spread_known = level.known
+        own = times if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.run_s_per_20)
+        time_level = own.level(row.label)
+        if time_level is not None:
+            row.s_per_20, row.s_per_20_lo, row.s_per_20_hi = time_level.point, time_level.lo, time_level.hi
+    last = max((r for row in rows for r in fit.rounds(row.label)), default=None)
+    if last is not None and last >= 2:
+        for row in rows:
+            ran = fit.rounds(row.label)
+            if ran and max(ran) < last and row.status == "ok":
+                row.stopped_early = max(ran)
+    return fit
 
 
 def _common_options(key: Combination, keys: Sequence[Combination]) -> frozenset[str]:
@@ -411,24 +453,23 @@ def _pick_baseline(rows: Sequence[Row], wanted: str | None, strict: bool = False
     return (single or ok or [None])[0]
 
 
-# ---- which figure wins: only differences larger than the run-to-run spread ----
+# ---- which figure wins: only differences beyond the noise of identical runs ----
+
+def judged(rows: Sequence[Row]) -> list[Row]:
+    """The rows a verdict may rest on: ok, timed, measured on a quiet machine."""
+    return [r for r in rows if r.throughput and not r.busy]
+
 
 def winners(rows: Sequence[Row]) -> dict[str, str]:
-    """Column -> label of the row that is best by more than the run-to-run spread (no entry where it is a
-    tie, or where the spread of the best two is unknown: one run with fewer than 3 steady windows; for
-    memory, fewer than 2 repeats)."""
+    """Column -> label of the row that is best beyond the noise: for throughput (and so time per PER
+    iterations) the leader when harness.verdict's standing is decided with a winner; for memory, a largest
+    device whose min-max over runs lies wholly below the next row's."""
     result = {}
-    ok = [r for r in rows if r.throughput]
-    by_rate = sorted(ok, key=lambda r: r.throughput or 0, reverse=True)
-    if len(by_rate) >= 2 and all(r.spread_known for r in by_rate[:2]):
-        best, second = by_rate[0], by_rate[1]
-        if (best.throughput_lo or best.throughput) > (second.throughput_hi or second.throughput):
-            result["throughput"] = best.label
-    timed = sorted((r for r in ok if r.s_per_20), key=lambda r: r.s_per_20 or 0)
-    if len(timed) >= 2 and all(r.spread_known for r in timed[:2]) and \
-            (timed[0].s_per_20_p90 or 0) < (timed[1].s_per_20_p10 or 0):
-        result["s_per_20"] = timed[0].label
-    mem = sorted((r for r in ok if r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
+    fit = row_fit(rows)
+    state = standing(fit, [r.label for r in judged(rows)])
+    if state.decided == "winner":
+        result["throughput"] = result["s_per_20"] = str(state.leader)
+    mem = sorted((r for r in rows if r.throughput and r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
     if len(mem) >= 2 and mem[0].mem_max_hi is not None and mem[1].mem_max_lo is not None and \
             mem[0].mem_max_hi < mem[1].mem_max_lo:
         result["mem_max_mib"] = mem[0].label
@@ -436,65 +477,108 @@ def winners(rows: Sequence[Row]) -> dict[str, str]:
 
 
 def reproducibility(rows: Sequence[Row]) -> str:
-    """One sentence on how far the figures can be trusted: the spread of the steady windows, and which rows'
-    spread is unknown."""
-    known = [r for r in rows if r.throughput and r.spread_known and r.s_per_20]
-    unknown = [r.label for r in rows if r.throughput and not r.spread_known]
+    """How the intervals were made and how noisy identical runs were, in one sentence."""
+    fit = row_fit(rows)
+    timed = [r for r in rows if r.throughput]
+    unknown = [r.label for r in timed if not r.spread_known]
+    rounds = max((len(r.rounds) for r in timed), default=0)
     parts = []
-    if known:
-        widths = sorted(100 * ((r.s_per_20_p90 or 0) - (r.s_per_20_p10 or 0)) / (r.s_per_20 or 1) for r in known)
-        parts.append(f"steady windows vary by {statistics.median(widths):.0f} % (median p10–p90 width over "
-                     f"{len(known)} rows; widest {widths[-1]:.0f} %): differences smaller than that are noise")
+    if fit.s_within is not None and fit.min_effect is not None:
+        parts.append(f"intervals are 95 % t-intervals from {rounds} run{'s' if rounds != 1 else ''} per row at most "
+                     f"(fresh processes in interleaved rounds), the run-to-run spread pooled over "
+                     f"{len({o for o in fit.logs})} rows ({100 * (math.exp(fit.s_within) - 1):.1f} % SD, "
+                     f"{fit.df_within} degrees of freedom); ratios pair runs of the same round; a difference is "
+                     f"claimed only beyond {100 * fit.min_effect:.1f} %, as far as one run strays from its "
+                     "combination's mean 95 % of the time")
     if unknown:
-        parts.append("spread unknown (one run, fewer than 3 steady windows; no ★ possible) for " + ", ".join(unknown))
+        parts.append("spread unknown (one run per row: no interval, no ★; a sweep's rounds or repeat=N give one) for "
+                     + ", ".join(unknown))
+    busy = [f"{r.label} ({r.busy})" for r in timed if r.busy]
+    if busy:
+        parts.append("measured on a busy machine, not judged: " + ", ".join(busy))
     return "; ".join(parts) or "no row has a steady window to measure"
-
-
 
 
 WIN_WORDS = {"throughput": "fastest", "s_per_20": "least time per 20 iterations", "mem_max_mib": "least memory"}
 
 
-def summary(rows: Sequence[Row], baseline: str | None) -> str:
-    """What won, by how much, beyond the noise, in words."""
-    ran = sorted((r for r in rows if r.throughput), key=lambda r: r.throughput or 0, reverse=True)
-    not_run = [r for r in rows if not r.throughput]
-    parts = []
-    if not ran:
-        untimed = [r.label for r in not_run if r.status == "ok"]  # ran, but no window after warm-up (parity runs)
-        failed = len(not_run) - len(untimed)
-        if untimed:
-            parts.append(f"No timing: {', '.join(untimed)} ran without a steady window (too few iterations for "
-                         "one after warm-up; allowed with parity=true).")
-        if untimed and failed:
-            parts.append(f"{failed} did not run: the reasons are in the table.")
-        elif not untimed:
-            parts.append("No combination finished here" + (f" ({failed} did not: the reasons are in the table)"
-                                                       if failed else "") + ".")
-        return " ".join(parts)
-    won = winners(rows)
-    best = ran[0]
-    ahead = f"{100 * ((best.throughput or 0) / (ran[1].throughput or 1) - 1):.0f} % ahead of {ran[1].label}" \
-        if len(ran) > 1 else "the only one that ran"
-    against = f", {best.speedup:.2f}× {baseline}" if best.speedup and baseline and best.label != baseline else ""
-    if "throughput" in won:
-        parts.append(f"Fastest: {best.label}, {best.throughput:.1f} img/s{against}; {ahead}, more than the "
-                     "run-to-run spread.")
-    elif len(ran) > 1:
-        parts.append(f"Fastest measured: {best.label}, {best.throughput:.1f} img/s{against}; {ahead}, which is "
-                     "within the spread of identical runs (or the spread is unknown): a tie, not a win.")
+def _interval(lo: float | None, hi: float | None, digits: int = 1, suffix: str = "") -> str:
+    return f" [{lo:.{digits}f}–{hi:.{digits}f}{suffix}]" if lo is not None and hi is not None else ""
+
+
+def _ratio_words(ratio: Ratio | None) -> str:
+    if ratio is None:
+        return "?"
+    return f"{ratio.point:.2f}×{_interval(ratio.lo, ratio.hi, 2)}"
+
+
+def verdict(rows: Sequence[Row]) -> str:
+    """The sentence a reader acts on: the winner with its interval and its margin over the runner-up, or no
+    difference beyond X % among the top rows, or not decided (and how to decide it); the rows stopped early;
+    one line for what did not run here."""
+    fit = row_fit(rows)
+    ok = judged(rows)
+    by_label = {r.label: r for r in rows}
+    parts: list[str] = []
+    state = standing(fit, [r.label for r in ok])
+    if state.leader is None:
+        busy = [r.label for r in rows if r.throughput and r.busy]
+        parts.append("No verdict: every timed row was measured on a busy machine (" + ", ".join(busy) + ")." if busy
+                     else _nothing_timed(rows))
     else:
-        parts.append(f"{best.label}: {best.throughput:.1f} img/s.")
-    if "mem_max_mib" in won:
-        lightest = next(r for r in rows if r.label == won["mem_max_mib"])
-        parts.append(f"Least memory: {lightest.label} ({lightest.mem_max_mib:.0f} MiB on its fullest device).")
+        best = by_label[str(state.leader)]
+        figure = f"{best.throughput:.1f} img/s{_interval(best.throughput_lo, best.throughput_hi)}"
+        effect = f"{100 * fit.min_effect:.0f} %" if fit.min_effect is not None else "the noise"
+        if len(ok) == 1:
+            parts.append(f"Only {best.label} was timed: {figure}.")
+        elif not best.spread_known:
+            parts.append(f"Fastest measured: {best.label}, {figure}, {_ratio_words(state.margin)} {state.runner_up}; "
+                         "not judged: one run per row has no spread between processes (rounds or repeat=N give one).")
+        elif state.decided == "winner":
+            parts.append(f"Fastest: {best.label}, {figure}; {_ratio_words(state.margin)} the runner-up "
+                         f"{state.runner_up}, beyond the noise of identical runs ({effect}).")
+        elif state.decided == "tie":
+            tied = [best.label, *map(str, state.tied)]
+            parts.append(f"No difference beyond {effect} among {', '.join(tied)} (the fastest measured: {best.label}, "
+                         f"{figure}).")
+        else:
+            parts.append(f"Not decided: {best.label} ({figure}) leads {state.runner_up} by "
+                         f"{_ratio_words(state.margin)}, within the noise; more rounds (a larger timing.budget_s, "
+                         "or repeat=N) would decide.")
+        if state.stopped:
+            early = [f"{k} {_ratio_words(r)}" for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
+            later = [f"{k} {_ratio_words(r)}" for k, r in state.stopped.items() if not by_label[str(k)].stopped_early]
+            if early:
+                parts.append("Stopped early, clearly slower: " + ", ".join(early) + ".")
+            if later:
+                parts.append("Clearly slower: " + ", ".join(later) + ".")
+        busy = [r.label for r in rows if r.throughput and r.busy]
+        if busy:
+            parts.append("Not judged (measured while the machine was busy): " + ", ".join(busy) + ".")
+    not_run = [r for r in rows if r.status != "ok"]
+    if not_run:
+        reasons: dict[str, list[str]] = {}
+        for r in not_run:
+            reasons.setdefault(r.status.split(" ")[0], []).append(r.label)
+        parts.append("Did not run here: " + "; ".join(f"{len(v)} {k}" for k, v in reasons.items())
+                     + " (reasons below).")
     said = parity.summary(rows)
     if said:
         parts.append(said)
-    if not_run:
-        parts.append(f"{len(not_run)} combination{'s' if len(not_run) > 1 else ''} did not run here "
-                     f"({', '.join(sorted({r.status.split(' ')[0] for r in not_run}))}; reasons in the table).")
     return " ".join(parts)
+
+
+def _nothing_timed(rows: Sequence[Row]) -> str:
+    untimed = [r.label for r in rows if r.status == "ok" and not r.throughput]
+    if untimed:  # ran, but no window after warm-up (parity runs)
+        return (f"No timing: {', '.join(untimed)} ran without a steady window (too few iterations for one after "
+                "warm-up; allowed with parity=true).")
+    return "No combination finished here."
+
+
+def summary(rows: Sequence[Row], baseline: str | None) -> str:
+    """The verdict (kept under its old name for the report's callers)."""
+    return verdict(rows)
 
 
 @dataclass

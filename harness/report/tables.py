@@ -35,9 +35,12 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 
 def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str]) -> str:
     header, body = table_rows(rows)
-    lines = ["# Strategies side by side", "", summary(rows, baseline), "",
-             f"Baseline for speedup: {baseline or 'none (no row ran)'}. Times are medians over steady-state windows "
-             f"(warm-up excluded), normalised to {PER} iterations; the cumulative columns are the time at each "
+    lines = ["# Strategies side by side", "", f"**Verdict:** {summary(rows, baseline)}", "",
+             f"Baseline for speedup: {baseline or 'none (no row ran)'}. Throughput is the geometric mean of a row's "
+             f"runs (steady-state windows, warm-up excluded), time per {PER} iterations the same figure as time, each "
+             "with its 95 % interval from the runs (fresh processes in interleaved rounds; docs/verdict.md); "
+             "speedups pair runs of the same round; the p10–p90 of the windows within runs is in report.csv. The "
+             "cumulative columns are the time at each "
              "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
              "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
              "the one-device row at the same amp level, divided by its devices. Theory MiB/rank: parameters, "
@@ -70,8 +73,8 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
 
     won = winners(rows)
     title = f"Strategies side by side (speedup against {baseline})" if baseline else "Strategies side by side"
-    table = Table(title=title, title_justify="left", caption="★ best by more than the run-to-run spread; "
-                  "? spread unknown", caption_justify="left")
+    table = Table(title=title, title_justify="left", caption="★ best beyond the noise of identical runs; "
+                  "±: 95 % interval from the runs; ? spread unknown", caption_justify="left")
     shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None]
     for column in shown:
         table.add_column(column.terminal, justify="right" if column.numeric else "left", overflow="fold")
@@ -88,5 +91,5 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
         labels = [r.label for r in rows if r.reason == reason]
         notes.append(f"[{number}] {', '.join(labels)}: {reason}")
     said = parity.notes(rows)
-    return "\n".join([render(table, width=width), *notes, f"How reproducible: {reproducibility(rows)}",
-                      *(["Numerical parity:", *said] if said else []), summary(rows, baseline)])
+    return "\n".join([f"Verdict: {summary(rows, baseline)}", render(table, width=width), *notes,
+                      f"How reproducible: {reproducibility(rows)}", *(["Numerical parity:", *said] if said else [])])

@@ -1,0 +1,145 @@
+"""harness/verdict/racing.py and rounds.py with a fake launcher whose throughputs are set by hand (interleaving,
+racing, the budget, repeat=N), and one real sweep in rounds (folders, the report's verdict)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+
+from harness.verdict.intervals import Fit, Observation
+from harness.verdict.racing import standing
+from harness.verdict.rounds import round_overrides, run_rounds
+from tests.conftest import TINY, run_sweep
+
+TEMPLATE = "${hydra.job.num}_${hydra.runtime.choices.strategy}_${amp.level}"
+COMBOS = [["strategy=a"], ["strategy=b"], ["strategy=c"]]
+
+
+class FakeLaunch:
+    """Each combination's throughput in each round, by hand; records the order jobs ran in. `seconds` is
+    what each job takes on the fake clock."""
+
+    def __init__(self, rates: dict[int, list[float]], seconds: float = 1.0, busy: set[tuple[int, int]] = frozenset(),
+                 status: dict[int, str] | None = None) -> None:
+        self.rates, self.seconds, self.busy, self.status = rates, seconds, busy, status or {}
+        self.now = 0.0
+        self.ran: list[tuple[int, int]] = []  # (combination, round)
+        self.jobs: list[list[str]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, jobs: list[list[str]], first: int) -> list[dict[str, Any] | None]:
+        out = []
+        for job in jobs:
+            combo = next(i for i, c in enumerate(COMBOS) if job[:len(c)] == c)
+            number = int(next(o for o in job if o.startswith("round=")).partition("=")[2])
+            self.ran.append((combo, number))
+            self.jobs.append(job)
+            self.now += self.seconds
+            out.append({"status": self.status.get(combo, "ok"), "throughput_img_s": self.rates[combo][number - 1],
+                        "machine": {"busy": (combo, number) in self.busy}})
+        return out
+
+
+def rounds_of(ran: list[tuple[int, int]]) -> list[list[int]]:
+    by_round: dict[int, list[int]] = {}
+    for combo, number in ran:
+        by_round.setdefault(number, []).append(combo)
+    return [by_round[n] for n in sorted(by_round)]
+
+
+def test_every_combination_runs_once_before_any_runs_again_and_later_rounds_have_folders_of_their_own():
+    launch = FakeLaunch({0: [100, 101, 99, 100], 1: [100, 99, 101, 100], 2: [100, 100, 100, 101]})
+    outcome = run_rounds(COMBOS, launch, repeat=4, budget_s=1.0, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    assert launch.ran == [(c, n) for n in (1, 2, 3, 4) for c in (0, 1, 2)]  # A B C, A B C, ...
+    assert outcome.ended_by == "repeat" and outcome.rounds == 4 and outcome.runs == 12  # repeat=N: N, budget or not
+    assert launch.jobs[0] == ["strategy=a", "round=1"]  # round 1: Hydra's own folder (job number = combination)
+    assert launch.jobs[4] == ["strategy=b", "round=2",
+                              "hydra.sweep.subdir='round-2/1_${hydra.runtime.choices.strategy}_${amp.level}'"]
+
+
+def test_racing_stops_what_is_clearly_slower_after_the_second_round_and_runs_the_contenders_until_decided():
+    # c is half as fast: stopped after round 2; a and b are 0.2 % apart with +-0.5 % noise: rounds go on for a
+    # and b until their ratio's interval lies within the minimum effect (1 %): a tie, shown
+    noise = [1 + 0.005 * math.sin(1.7 * r) for r in range(40)]
+    launch = FakeLaunch({0: [100 * n for n in noise], 1: [99.8 * n for n in reversed(noise)],
+                         2: [50 * n for n in noise]})
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=1e9, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    rounds = rounds_of(launch.ran)
+    assert rounds[:2] == [[0, 1, 2], [0, 1, 2]] and all(r == [0, 1] for r in rounds[2:])
+    assert outcome.stopped == {2: 2} and outcome.ended_by == "decided: tie"
+
+
+def test_the_budget_ends_the_rounds_before_one_that_would_not_fit_but_never_before_the_second():
+    # a and b alternate which is ahead by 10 %: never decided; each job takes 10 s
+    launch = FakeLaunch({0: [100, 110, 100, 110, 100], 1: [110, 100, 110, 100, 110], 2: [100, 110, 100, 110, 100]},
+                        seconds=10.0)
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=5.0, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    assert outcome.rounds == 2 and outcome.ended_by == "budget"  # 60 s spent: the budget was gone after round 1
+    launch = FakeLaunch(launch.rates, seconds=10.0)
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=95.0, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    assert outcome.rounds == 3 and outcome.ended_by == "budget"  # 60 + 30 = 90 fits 95; a 4th (120) would not
+
+
+def test_failed_combinations_are_not_run_again_and_busy_runs_do_not_decide():
+    launch = FakeLaunch({0: [100, 100, 100], 1: [50, 50, 50], 2: [10, 10, 10]}, status={2: "failed"},
+                        busy={(1, 1), (1, 2)})
+    outcome = run_rounds(COMBOS, launch, repeat=3, budget_s=1.0, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    assert rounds_of(launch.ran) == [[0, 1, 2], [0, 1], [0, 1]] and outcome.runs == 7
+
+
+def test_a_combination_busy_in_every_round_is_never_stopped_on_its_busy_figures():
+    launch = FakeLaunch({0: [100, 101] * 20, 1: [20] * 40, 2: [100, 99] * 20}, busy={(1, n) for n in range(1, 41)})
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=20, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    assert 1 not in outcome.stopped and outcome.rounds == max(n for _, n in launch.ran)  # 5x slower, but busy
+    assert (1, outcome.rounds) in launch.ran
+
+
+def test_standing_by_hand():
+    def obs(key: str, logs: list[float]) -> list[Observation]:
+        return [Observation(key, i + 1, math.exp(x)) for i, x in enumerate(logs)]
+
+    fit = Fit(obs("a", [2.0, 2.02, 1.98]) + obs("b", [1.0, 1.02, 0.98]) + obs("c", [1.99, 2.03, 1.97]))
+    state = standing(fit, ["a", "b", "c"])
+    assert state.leader == "a" and list(state.stopped) == ["b"] and state.decided == "tie"
+    assert state.stopped["b"].point == pytest.approx(math.exp(-1.0))
+    alone = standing(fit, ["a", "b"])
+    assert alone.decided == "winner" and alone.runner_up == "b" and alone.margin.point == pytest.approx(math.e)
+
+
+def test_round_overrides_keep_the_users_folder_pattern():
+    assert round_overrides(["amp=O1"], 7, 3, "x_${hydra.job.num}") == ["amp=O1", "round=3", "hydra.sweep.subdir='round-3/x_7'"]
+
+
+@pytest.mark.slow
+def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
+    """Two combinations that differ by 4x the pixels: racing stops the slower after round 2 (or the budget
+    ends the rounds); every run is in its round's folder with its round recorded; the report opens with the
+    verdict and every ok row has an interval from its runs."""
+    sweep = tmp_path / "sweep"
+    proc = run_sweep("strategy=single", "data.image_size=8,16", *[t for t in TINY if "image_size" not in t],
+                     "iterations=40", "timing.budget_s=1", "repeat=null", sweep_dir=sweep)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {p.relative_to(sweep).as_posix(): json.loads(p.read_text()) for p in sweep.rglob("results.json")}
+    assert sorted(results) == ["0_single_O0/results.json", "1_single_O0/results.json",
+                               "round-2/0_single_O0/results.json", "round-2/1_single_O0/results.json"]
+    assert [results[k]["round"] for k in sorted(results)] == [1, 1, 2, 2]
+    assert all(r["phases"]["windows"] > 0 and r["machine"]["cores"] for r in results.values())
+    report = json.loads((sweep / "report.json").read_text())
+    assert all(r["throughput_lo"] is not None for r in report["rows"])
+    out = proc.stdout + proc.stderr
+    assert re.search(r"Verdict: .*px=8", out), out[-3000:]
+    first_table_line = next(i for i, line in enumerate(out.splitlines()) if "combination" in line)
+    verdict_line = next(i for i, line in enumerate(out.splitlines()) if "Verdict:" in line)
+    assert verdict_line < first_table_line
