@@ -161,3 +161,46 @@ def test_spawn_launcher_stops_the_survivors_at_once_not_after_the_grace_period()
     took = time.monotonic() - started
     assert [f.rank for f in failures] == [1]
     assert took < launcher.SHUTDOWN_GRACE_S / 2, f"{took:.1f} s: the survivor was not stopped at once"
+
+
+_SEEN_BY_THIS_PROCESS: list[int] = []  # a worker forked from a server that ran a run before would find pids here
+
+
+def _note_process(spec: dict) -> None:
+    """What a worker finds at its start: written to `spec["out"]/<pid>.json`."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    found = {"pid": os.getpid(), "parent": os.getppid(), "carried": list(_SEEN_BY_THIS_PROCESS),
+             "probe": os.environ.get("HARNESS_PROBE"), "torch_preloaded": "torch" in sys.modules}
+    _SEEN_BY_THIS_PROCESS.append(os.getpid())
+    Path(spec["out"], f"{os.getpid()}.json").write_text(json.dumps(found))
+
+
+def test_forked_workers_are_fresh_processes_with_the_runs_own_environment(tmp_path):
+    """Two runs through the elastic launcher's fork server: four processes of their own, none carrying the
+    state a worker of the first run left (the server only imports), each with its own run's environment
+    (the server's was fixed when it started, during the first run), torch already imported."""
+    import json
+
+    import harness.launch.launcher as launcher
+    from harness.core.devices import Placement
+
+    for probe in ("first", "second"):
+        out = tmp_path / probe
+        out.mkdir()
+        placement = Placement(accelerator="cpu", gpus=(), torch_indices=(), nprocs=2, one_process_per_device=True,
+                              devices=("cpu:0", "cpu:1"), threads_per_process=1, global_batch=2,
+                              worker_env={"HARNESS_PROBE": probe})
+        assert launcher.launch_workers(_note_process, {"out": str(out)}, placement, 30, str(tmp_path / "logs"),
+                                       "elastic", "forkserver") == []
+    found = {probe: [json.loads(p.read_text()) for p in (tmp_path / probe).glob("*.json")] for probe in ("first",
+                                                                                                        "second")}
+    pids = [w["pid"] for workers in found.values() for w in workers]
+    assert len(pids) == 4 and len(set(pids)) == 4
+    assert all(w["carried"] == [] and w["torch_preloaded"] for workers in found.values() for w in workers)
+    assert all(w["probe"] == probe for probe, workers in found.items() for w in workers)
+    servers = {w["parent"] for workers in found.values() for w in workers}
+    assert len(servers) == 1 and psutil.Process(servers.pop()).parent().pid == __import__("os").getpid()

@@ -81,6 +81,10 @@ BAD_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "nprocs-far-beyond-cores": ((f"nprocs={NPROCS_LIMIT + 1}",),
                                 (f"nprocs={NPROCS_LIMIT + 1}", f"1 to {NPROCS_LIMIT} on this machine")),
     "memory-interval-zero": (("memory.interval_ms=0",), ("memory.interval_ms=0", "> 0")),
+    "budget-zero": (("-m", "timing.budget_s=0"), ("timing.budget_s=0", "a number > 0 (seconds a sweep")),
+    "budget-text": (("-m", "timing.budget_s=abc"), ("timing.budget_s=abc", "a number")),
+    "round-typed": (("-m", "round=2"), ("round=2", "left to the sweep")),
+    "repeat-swept": (("-m", "repeat=1,3"), ("repeat=1,3", "one value")),
     # combinations that would run wrongly (GPU truth): refused the same way
     "dp-with-apex-patched-forward": (("strategy=dp", "amp=O2", "amp.impl=apex"), ("amp.impl=apex", "replica")),
     "apex_ddp-with-bfloat16-weights": (("strategy=apex_ddp", "amp=O3", "amp.dtype=bfloat16"),

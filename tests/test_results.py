@@ -13,6 +13,7 @@ from conftest import DDP_RUN, SINGLE_RUN
 
 from harness.core import results as results_mod
 from harness.core.results import (
+    PHASES,
     SCHEMA,
     STATUSES,
     environment,
@@ -90,6 +91,13 @@ def test_real_results_file_matches_the_contract(cli_run, run):
     assert (config["batch_size"], config["iterations"], config["log_every"]) == \
         (results["global_batch"], results["iterations"], results["log_every"])
     assert json.dumps(results)  # round-trips
+    # where the run's time went: every phase in order, none negative, together within the run's wall time, and
+    # the loop at least as long as its windows (the launcher's clock against the ranks')
+    phases = results["phases"]
+    assert list(phases) == [p for p in PHASES if p in phases] and min(phases.values()) >= 0
+    assert sum(phases.values()) <= results["finished_at"] - results["started_at"] + 0.05
+    assert phases["windows"] >= sum(w["seconds"] for w in results["windows"]) - 0.01
+    assert results["machine"]["cores"] >= 1 and results["machine"]["windows_s"] > 0 and results["round"] is None
     undocumented = {k for k in results if not k.startswith("_")} - documented_fields()
     assert not undocumented, f"results.json fields missing from docs/results.md's table: {sorted(undocumented)}"
 
