@@ -195,17 +195,25 @@ class Load:
 
 @contextmanager
 def measure_load() -> Iterator[Load]:
+    """Our own CPU time is the larger of two counts that each miss some: the processes we waited for
+    (rusage), and the process tree read every 0.2 s (harness.launch.machine_load), which also sees the
+    workers a fork server started for run.py (their time never reaches our rusage: nobody waits for them)."""
+    from harness.launch.machine_load import LoadReadings
+
     load = Load()
+    tree = LoadReadings(os.getpid(), 0.2).start()
     t0, (busy0, steal0), own0 = time.perf_counter(), _busy_seconds(), _own_seconds()
     try:
         yield load
     finally:
         wall = max(time.perf_counter() - t0, 1e-9)
         busy1, steal1 = _busy_seconds()
+        tree.stop()
         load.wall_s = wall
+        own = max(_own_seconds() - own0, tree.readings[-1][2] - tree.readings[0][2])
         # /proc/stat counts in clock ticks: allow two ticks per core of reading error
         slack = 2 * psutil.cpu_count() / os.sysconf("SC_CLK_TCK")
-        load.background = max(0.0, (busy1 - busy0) - (_own_seconds() - own0) - slack) / wall
+        load.background = max(0.0, (busy1 - busy0) - own - slack) / wall
         load.steal = max(0.0, steal1 - steal0) / wall
 
 

@@ -10,29 +10,38 @@ import pytest
 from test_report import results, write
 
 from harness.report.command import main
-from harness.report.compare import ratio
+from harness.report.compare import ratio, ratios
 
 
-def test_the_ratio_is_of_medians_and_its_interval_welchs_on_log_throughput_worked_by_hand():
+def test_the_ratio_is_of_geometric_means_and_its_interval_from_the_pooled_runs_worked_by_hand():
     a, b = [100.0, 110.0, 90.0], [200.0, 220.0, 180.0]  # B is A doubled: the log difference is exactly log 2
     r = ratio("x", a, b)
     assert r.ratio == pytest.approx(2.0)
-    s2 = statistics.variance([math.log(x) for x in a])  # the same for both sides
-    half = 2.776 * math.sqrt(2 * s2 / 3)  # t(0.975) with Welch's df = 4 for equal variances and n = 3
+    s2 = statistics.variance([math.log(x) for x in a])  # the same for both sides: pooled, it is this
+    half = 2.776 * math.sqrt(s2 * (1 / 3 + 1 / 3))  # t(0.975) on 6 - 2 = 4 degrees of freedom
     assert (r.low, r.high) == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)), rel=1e-3)
     assert r.word == "faster"
     assert ratio("x", b, a).word == "slower"
 
 
-def test_the_point_is_the_median_ratio_not_the_mean_and_a_wide_interval_is_no_verdict():
+def test_the_point_is_the_geometric_mean_ratio_and_a_wide_interval_is_no_verdict():
     r = ratio("x", [100.0, 100.0, 130.0], [100.0, 100.0, 100.0])
-    assert r.ratio == pytest.approx(1.0)  # the mean ratio would be 0.909
-    assert r.low < 1 < r.high and r.word.startswith("same")
+    assert r.ratio == pytest.approx(100 / (100 * 100 * 130) ** (1 / 3))  # not the medians' 1.0, not the means' 0.909
+    assert r.low < 1 < r.high and r.word.startswith("undecided")
 
 
-def test_one_run_a_side_gives_the_ratio_without_an_interval_or_a_word():
-    r = ratio("x", [100.0], [120.0, 118.0])
-    assert r.ratio == pytest.approx(1.19) and r.low is None and r.word.startswith("unknown")
+def test_a_small_difference_within_the_noise_of_single_runs_is_not_claimed():
+    """1.05x with an interval excluding 1, but runs of one row stray by 6 %: no word beyond `undecided`."""
+    found = ratios({"x": ([100.0, 112.0, 100.0, 112.0], [106.0, 117.0, 106.0, 117.0])})[0]
+    assert found.low > 1 or found.word.startswith("undecided")
+    assert not found.word.startswith("faster") and found.min_effect > 0.05
+
+
+def test_one_run_a_row_everywhere_gives_the_ratio_without_an_interval_or_a_word():
+    r = ratio("x", [100.0], [120.0])
+    assert r.ratio == pytest.approx(1.2) and r.low is None and r.word.startswith("unknown")
+    pooled = ratios({"x": ([100.0], [120.0]), "y": ([100.0, 104.0], [100.0, 98.0])})[0]
+    assert pooled.low is not None  # another row's runs tell the spread
 
 
 def _sweep(folder, torch_version, rates):
