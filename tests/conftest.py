@@ -377,3 +377,17 @@ def results_files_match_the_shipped_schema(tmp_path_factory: pytest.TempPathFact
                 invalid.append(f"{path}: {where}: {errors[0].message}")
     if invalid:
         pytest.fail(f"{len(invalid)} results.json not matching the shipped schema; first: {invalid[0]}")
+
+
+def report_statuses(report_md: str) -> dict[str, str]:
+    """{row label: "ok"} for every row report.md's tables hold (the rows that ran), and {row label: "<status>:
+    <reason>"} for each row in its list of what did not run."""
+    said: dict[str, str] = {}
+    for line in report_md.splitlines():
+        if line.startswith("| ") and not line.startswith("| combination"):
+            said.setdefault(line.split(" | ")[0].removeprefix("| "), "ok")
+        elif line.startswith("- ") and " — " in line:
+            entry, _, labels = line[2:].rpartition(" — ")
+            for label in labels.split(", "):
+                said[label] = entry
+    return said

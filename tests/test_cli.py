@@ -148,7 +148,7 @@ SECTION_TYPOS = {
         "strategy.comm_hok=bf16 is not allowed: no such key in strategy=ddp; did you mean strategy.comm_hook?"),
     "timing.precison_pct=3": (  # a section that is no group
         "timing.precison_pct=3 is not allowed: no such key in timing; did you mean timing.precision_pct? the keys of "
-        "timing are budget_s, max_seconds, precision_pct"),
+        "timing are budget_s, busy_share, max_seconds, precision_pct"),
 }
 
 

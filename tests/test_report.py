@@ -116,9 +116,13 @@ def test_report_files_plots_and_index(sweep):
     pngs = sorted(p.name for p in sweep.glob("*.png"))
     assert len(pngs) >= 3 and all((sweep / p).stat().st_size > 1000 for p in pngs)
     html = (sweep / "index.html").read_text()
-    assert set(re.findall(r'src="([^"]+\.png)"', html)) == set(pngs)
-    for row in out.rows:
-        assert f">{row.label}</td>" in html
+    import base64
+
+    embedded = [base64.b64decode(data) for data in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
+    assert sorted(embedded) == sorted((sweep / p).read_bytes() for p in pngs)  # every plot inside the page
+    assert not re.findall(r'src="(?!data:)', html)  # and nothing it would fetch
+    for row in out.rows:  # those that ran in the tables, the others in the list of what did not run
+        assert (f">{row.label}</td>" in html) == bool(row.ok_runs) and (row.ok_runs or row.label in html)
     csv_lines = (sweep / "report.csv").read_text().strip().splitlines()
     assert len(csv_lines) == 1 + len(out.rows)
     assert json.loads((sweep / "report.json").read_text())["baseline"] == "single O0"
@@ -320,8 +324,10 @@ def test_index_html_says_when_what_and_how_and_holds_every_row(sweep):
     assert parsed.meta == ["when", "runs", "machine", "versions", "command", "harness commit"]
     for fact in ("AMD EPYC (AVX2), no GPU", "torch 2.14.1", "python run.py -m strategy=single,ddp", "abc1234"):
         assert fact in page
-    assert parsed.rows == 1 + len(out.rows)  # a header row, then one per combination
-    assert parsed.imgs and all((sweep / "out" / src).is_file() for src in parsed.imgs)
+    ran = [r for r in out.rows if r.ok_runs]
+    sections = page.count("<table>")
+    assert parsed.rows == sections * (1 + len(ran))  # in each section a header row, then one per combination that ran
+    assert parsed.imgs and all(src.startswith("data:image/png;base64,") for src in parsed.imgs)
     assert "Fastest measured: ddp O0, 1280.0 img/s, 2.00× single O0; not judged" in page  # the verdict, in words
     assert page.index("Verdict:") < page.index("<table")  # before any table
     assert 'data-v="1280.0"' in page and "<script>" in page  # sortable by the numbers themselves
@@ -332,13 +338,17 @@ def test_the_terminal_table_fits_80_columns_and_groups_reasons(sweep):
                                             error="strategy=dp: needs two or more CUDA GPUs"))
     rows, base = report.build_rows(report.find_results([sweep])[0])
     text = report.terminal_table(rows, base, width=80)
-    verdict, table = text.split("\n[1]")[0].split("\n", 1)
-    assert verdict.startswith("Verdict: ")  # first, before the table
-    assert max(len(line) for line in table.splitlines()) <= 80
-    assert "1280.0" in table and "2.00×" in table  # the figures are whole, not cut
-    footnotes = [line for line in text.splitlines() if line.startswith("[")]
-    assert footnotes[0].startswith("[1] dp O0, apex_ddp O0: strategy=dp: needs two or more CUDA GPUs")
-    assert len(footnotes) == 2  # the failed row has its own
+    verdict, tables = text.split("\nDid not run here:")[0].split("\n", 1)
+    assert verdict.startswith("Verdict: ")  # first, before the tables
+    assert max(len(line) for line in tables.splitlines()) <= 80
+    assert tables.index("Speed") < tables.index("Memory")  # the page's sections, in its order
+    assert "1280.0" in tables and "2.00×" in tables  # the figures are whole, not cut
+    assert "dp O0" not in tables.replace("ddp O0", "") and "apex_ddp" not in tables  # no row for what did not run
+    listed = text.split("\nDid not run here:\n")[1].split("\nHow reproducible")[0]
+    assert max(len(line) for line in listed.splitlines()) <= 80  # wrapped
+    reasons = [line for line in text.splitlines() if line.startswith("  ") and not line.startswith("    ")]
+    assert reasons[0] == "  skipped: strategy=dp: needs two or more CUDA GPUs: dp O0, apex_ddp O0"
+    assert len(reasons) == 2 and reasons[1].startswith("  failed: rank 1 (pid 7)")  # one entry per reason
 
 
 def test_plots_encode_strategy_by_colour_and_amp_by_style(sweep):
@@ -381,7 +391,9 @@ def test_breakdown_shares_per_row_and_its_plot_in_the_page(tmp_path):
     single_cells = dict(zip(header, body[[r.label for r in out.rows].index("single O0")], strict=True))
     assert single_cells["J/image"] == "1.500"
     assert (tmp_path / "out" / "breakdown.png").exists()
-    assert 'src="breakdown.png"' in (tmp_path / "out" / "index.html").read_text()
+    page = (tmp_path / "out" / "index.html").read_text()
+    section = page[page.index('<section id="time">'):]
+    assert 'alt="breakdown"' in section[:section.index("</section>")]  # inside the page, in its section
     import csv
 
     with open(tmp_path / "out" / "report.csv") as handle:
@@ -438,18 +450,22 @@ def test_every_strategy_yaml_has_its_own_colour() -> None:
 # ---- columns: one definition (harness/report/columns.py) for the terminal, report.md, report.csv, index.html ----
 
 def _outputs(sweep):
+    """Every table header of each output: report.md's and index.html's per section (lists of headers),
+    report.csv's, and the terminal's text."""
     import csv
     import re
 
     report.build_report([sweep], sweep, quiet=True)
     rows, base = report.build_rows(report.find_results([sweep])[0])
     md = (sweep / "report.md").read_text()
-    md_header = next(line for line in md.splitlines() if line.startswith("| combination"))
+    md_headers = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
+                  if line.startswith("| combination")]
     with open(sweep / "report.csv", newline="") as handle:
         csv_header = next(csv.reader(handle))
-    html_header = re.findall(r"<th[^>]*>([^<]*)</th>", (sweep / "index.html").read_text())
+    page = (sweep / "index.html").read_text()
+    html_headers = [re.findall(r"<th[^>]*>([^<]*)</th>", table) for table in page.split("<table>")[1:]]
     terminal = report.terminal_table(rows, base, width=200)
-    return rows, [c.strip() for c in md_header.strip("|").split("|")], csv_header, html_header, terminal
+    return rows, md_headers, csv_header, html_headers, terminal
 
 
 def test_report_csv_names_each_column_once(sweep):
@@ -463,16 +479,19 @@ def test_every_output_takes_its_columns_from_the_one_definition(sweep):
 
     from harness.report import columns
 
-    rows, md, csv_header, html_header, terminal = _outputs(sweep)
-    defined = columns.columns(rows)
-    table = [c.header for c in defined if c.header is not None and c.shown(rows)]
-    assert md == table and [html.unescape(h) for h in html_header] == table
-    assert csv_header == [name for c in defined for name, _ in c.csv]
-    heads = [c.terminal for c in defined if c.terminal]
-    assert heads == ["combination", "s/20 it", "img/s", "speedup", "mem MiB", "status"]
-    head_line = next(line for line in terminal.splitlines() if "combination" in line)
-    assert [h for h in heads if h in head_line] == heads
-    assert head_line.index("img/s") < head_line.index("speedup") < head_line.index("mem MiB")
+    rows, md, csv_header, html_headers, terminal = _outputs(sweep)
+    tables = [[c.header for c in shown] for key, _ in columns.SECTIONS
+              if (shown := columns.section_table(rows, key)[0])]
+    assert md == tables and [[html.unescape(h) for h in t] for t in html_headers] == tables
+    assert all(t[0] == "combination" and len(t) <= 10 for t in tables)  # the name in every section, ≤ 10 columns
+    assert [t[1] for t in tables] == ["devices", "20 it", "mem max MiB", "startup s"]  # speed, cumulative, memory, time
+    assert csv_header == [name for c in columns.columns(rows) for name, _ in c.csv]
+    heads = [c.terminal for c in columns.columns(rows) if c.terminal]
+    assert heads == ["combination", "runs", "s/20 it", "img/s", "speedup", "mem MiB", "theory MiB/rank"]
+    speed = next(line for line in terminal.splitlines() if "combination" in line and "img/s" in line)
+    assert speed.index("runs") < speed.index("img/s") < speed.index("speedup") and "mem MiB" not in speed
+    memory = next(line for line in terminal.splitlines() if "mem MiB" in line)
+    assert "combination" in memory and "theory MiB/rank" in memory
 
 
 def test_a_column_added_to_the_definition_appears_in_every_output(sweep, monkeypatch):
@@ -480,13 +499,13 @@ def test_a_column_added_to_the_definition_appears_in_every_output(sweep, monkeyp
 
     defined = columns.columns
     extra = columns.Column("answer", lambda r: "42", csv=(("answer_csv", lambda r: 42),),
-                           terminal="answer!", terminal_cell=lambda r: "forty-two")
+                           terminal="answer!", terminal_cell=lambda r: "forty-two", section="speed")
     monkeypatch.setattr(columns, "columns", lambda rows: [*defined(rows)[:-1], extra, defined(rows)[-1]])
-    rows, md, csv_header, html_header, terminal = _outputs(sweep)
-    assert md[-2:] == ["answer", "status"] and html_header[-2:] == ["answer", "status"]
+    rows, md, csv_header, html_headers, terminal = _outputs(sweep)
+    assert md[0][-1] == "answer" and html_headers[0][-1] == "answer"  # the speed section's last column
     assert csv_header[-3:] == ["answer_csv", "status", "reason"]
     assert "answer!" in terminal and "forty-two" in terminal
-    assert "| 42 | ok |" in (sweep / "report.md").read_text()
+    assert "| 42 |" in (sweep / "report.md").read_text()
 
 
 # ---- rows are what the user swept: runs pool only when their resolved configs agree (repeats aside) ----

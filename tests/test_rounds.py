@@ -129,17 +129,18 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
     verdict and every ok row has an interval from its runs."""
     sweep = tmp_path / "sweep"
     proc = run_sweep("strategy=single", "data.image_size=8,16", *[t for t in TINY if "image_size" not in t],
-                     "iterations=40", "timing.budget_s=1", "repeat=null", sweep_dir=sweep)
+                     "iterations=40", "timing.budget_s=1", "repeat=null", "timing.busy_share=1", sweep_dir=sweep)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {p.relative_to(sweep).as_posix(): json.loads(p.read_text()) for p in sweep.rglob("results.json")}
-    assert sorted(results) == ["0_single_O0/results.json", "1_single_O0/results.json",
-                               "round-2/0_single_O0/results.json", "round-2/1_single_O0/results.json"]
+    assert sorted(results) == ["0_single_O0_data.image_size-8/results.json", "1_single_O0_data.image_size-16/results.json",
+                               "round-2/0_single_O0_data.image_size-8/results.json",
+                               "round-2/1_single_O0_data.image_size-16/results.json"]  # the swept setting named
     assert [results[k]["round"] for k in sorted(results)] == [1, 1, 2, 2]
     assert all(r["phases"]["windows"] > 0 and r["machine"]["cores"] for r in results.values())
     report = json.loads((sweep / "report.json").read_text())
     assert all(r["throughput_lo"] is not None for r in report["rows"])
     out = proc.stdout + proc.stderr
     assert re.search(r"Verdict: .*px=8", out), out[-3000:]
-    first_table_line = next(i for i, line in enumerate(out.splitlines()) if "combination" in line)
+    first_table_line = next(i for i, line in enumerate(out.splitlines()) if "combination" in line and "img/s" in line)
     verdict_line = next(i for i, line in enumerate(out.splitlines()) if "Verdict:" in line)
     assert verdict_line < first_table_line

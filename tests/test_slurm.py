@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ONE_ROUND, REPO, TINY
+from conftest import ONE_ROUND, REPO, TINY, report_statuses
 from slurm_cluster import SlurmCluster, free_port, missing_binaries
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
@@ -103,13 +103,8 @@ def wait_until(condition: Any, timeout: float, describe: Any = lambda: "") -> No
 
 
 def report_rows(report_md: str) -> dict[str, str]:
-    """{combination: status cell} from the sweep's report.md."""
-    rows = {}
-    for line in report_md.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] != "combination":
-            rows[cells[0]] = cells[-1]
-    return rows
+    """{combination: "ok", or "<status>: <reason>"} from the sweep's report.md."""
+    return report_statuses(report_md)
 
 
 @pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between

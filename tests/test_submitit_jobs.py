@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from harness import cli
-from tests.conftest import CONF_DIR, ONE_ROUND, REPO, TINY
+from tests.conftest import CONF_DIR, ONE_ROUND, REPO, TINY, report_statuses
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
 
@@ -31,14 +31,9 @@ def hydra_config(*overrides: str) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
-def report_rows(report_md: str) -> dict[str, list[str]]:
-    """The report's table as {combination: cells}."""
-    rows = {}
-    for line in report_md.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] not in ("combination",):
-            rows[cells[0]] = cells
-    return rows
+def report_rows(report_md: str) -> dict[str, str]:
+    """The report's rows as {combination: "ok", or "<status>: <reason>"}."""
+    return report_statuses(report_md)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,7 +134,7 @@ def test_a_sweep_through_submitit_local_ends_with_the_report(tmp_path):
     assert report_md.stat().st_mtime >= max(r["finished_at"] for r in results.values()) - 1
     rows = report_rows(report_md.read_text())
     assert set(rows) == {"single O0", "ddp O0"}, report_md.read_text()
-    assert all(cells[-1] == "ok" for cells in rows.values()), report_md.read_text()
+    assert all(said == "ok" for said in rows.values()), report_md.read_text()
     for name in ("report.csv", "report.json", "index.html"):
         assert (sweep / name).exists()
 

@@ -72,6 +72,7 @@ class TimingConfig:
     precision_pct: float = 2.0
     max_seconds: float = 120.0
     budget_s: float = 140.0  # a sweep's rounds (harness.verdict): after the first two, only while a round fits
+    busy_share: float = 0.2  # of the cores, taken by other processes during a run's windows: the run is busy
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,9 @@ class RunConfig:
                 raise ConfigError("iterations", iterations, f"auto, or a multiple of log_every ({every}) of at least "
                                   f"{least}: {why}")
         timing = TimingConfig(**check_record("timing", cfg.get("timing") or {}, TimingConfig))
+        if not 0 < timing.busy_share <= 1:
+            raise ConfigError("timing.busy_share", timing.busy_share, "a share of the cores, > 0 and <= 1 (1: a run "
+                              "is never counted busy)")
         for key in ("precision_pct", "max_seconds", "budget_s"):
             if not 0 < getattr(timing, key) < math.inf:
                 raise ConfigError(f"timing.{key}", getattr(timing, key), "a number > 0" + (

@@ -9,6 +9,7 @@ same two destinations, the terminal for rank zero only, and `run.log` (appended 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -34,12 +35,25 @@ class RankZeroFilter(logging.Filter):
 
 
 def setup_worker(log_file: str | Path | None, rank: int) -> None:
-    """A launched rank: rank 0's records to stdout, every rank's appended to `log_file` (the run's run.log)."""
+    """A launched rank: rank 0's records to the terminal, every rank's appended to `log_file` (the run's
+    run.log). Whatever else the process writes to its stdout and stderr (libraries' prints and C++ lines: "No
+    CUDA runtime is found", the profiler's USDT notes, a traceback) goes to run.log too, not to the terminal:
+    file descriptors 1 and 2 are pointed at run.log, the terminal kept for the harness's own records."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.INFO)
-    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    terminal_out, terminal_err = sys.stdout, sys.stderr
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        terminal_out = os.fdopen(os.dup(1), "w", buffering=1)
+        terminal_err = os.fdopen(os.dup(2), "w", buffering=1)
+        with open(log_file, "a") as noise:
+            os.dup2(noise.fileno(), 1)
+            os.dup2(noise.fileno(), 2)
+    out, err = logging.StreamHandler(terminal_out), logging.StreamHandler(terminal_err)
     out.addFilter(BelowWarning())
     err.setLevel(logging.WARNING)
     for terminal in (out, err):

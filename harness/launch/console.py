@@ -35,12 +35,15 @@ def run_summary(results: RunRecord) -> list[RenderableType]:
     title = (f"{results.strategy} · amp {results.amp} · {results.model} · "
              f"devices {','.join(results.devices)} · global batch {results.global_batch}")
     windows = Table(title=title, title_justify="left")
-    for column in ("iterations", "window s", "cumulative s", "img/s", "loss", ""):
+    for column in ("iterations", "window s", "cumulative s", "img/s", "loss, rank 0", ""):
         windows.add_column(column, justify="right")
     per_window = (results.global_batch or 0) * (results.log_every or 0)
+    # the loss the live lines showed: rank 0's (the merged windows hold the mean over ranks, the report's figure)
+    rank0 = {w.end_iter: w.loss for w in results.per_rank_windows.get("0", [])}
     for w in results.windows:
         rate = per_window / w.seconds if w.seconds > 0 else float("nan")
-        loss = "" if w.loss is None else f"{w.loss:.4f}"
+        own = rank0.get(w.end_iter, w.loss)
+        loss = "" if own is None else f"{own:.4f}"
         windows.add_row(str(w.end_iter), f"{w.seconds:.3f}", f"{w.cumulative_seconds:.3f}",
                         f"{rate:.1f}", loss, "warm-up" if w.warmup else "profiled" if w.profiled else "")
     shown: list[RenderableType] = [windows]
@@ -76,14 +79,44 @@ def status_line(results: RunRecord) -> str:
         line += f" · {results.energy_j_per_image:.3g} J/image"
     if results.startup_seconds is not None:
         line += f" · startup {results.startup_seconds:.1f} s"
+    if results.compile_seconds is not None:
+        line += f" · compile {results.compile_seconds:.1f} s (outside the windows)"
+    stopped = stop_reason(results)
+    if stopped:
+        line += f" · {stopped}"
     if results.error:
         line += f" · {results.error}"
     return line
 
 
+def stop_reason(results: RunRecord) -> str | None:
+    """iterations=auto: why the run stopped where it did."""
+    if results.iterations_requested != "auto" or not results.stopped_by:
+        return None
+    timing = results.config.get("timing") or {}
+    if results.stopped_by == "precision":
+        return f"precision ±{timing.get('precision_pct', '?')} % reached at {results.iterations} iterations"
+    return (f"timing.max_seconds ({timing.get('max_seconds', '?')} s) reached at {results.iterations} iterations, "
+            f"before ±{timing.get('precision_pct', '?')} %")
+
+
+def parity_line(results: RunRecord) -> str | None:
+    """parity=true: the digest of what was trained, and whether the replicas agree."""
+    if results.parity is None:
+        return None
+    digests = {d for d in results.parity.digests.values() if d}
+    agree = {True: "replicas agree", False: f"replicas differ (ranks {results.parity.differing_ranks})",
+             None: "one replica"}[results.parity.replicas_agree]
+    shown = ", ".join(sorted(d[:12] for d in digests)) or "none"
+    return f"parity: trained parameters' sha256 {shown} ({agree}); compared with its reference in the sweep's report"
+
+
 def log_run_summary(results: RunRecord, run_dir: Path) -> None:
     log.info("%s", render(*run_summary(results)))
     log.info("%s", status_line(results))
+    said = parity_line(results)
+    if said:
+        log.info("%s", said)
     breakdown = breakdown_line(results)
     if breakdown:
         log.info("%s", breakdown)

@@ -17,7 +17,7 @@ import psutil
 
 from harness.launch.activity import counter_at
 
-BUSY_SHARE = 0.2  # of all cores, taken by other processes during the steady windows
+BUSY_SHARE = 0.2  # of all cores, taken by other processes during the steady windows (timing.busy_share)
 BUSY_GPU_PCT = 10.0  # another PID's SM utilisation on the run's GPUs
 
 
@@ -74,7 +74,8 @@ class LoadReadings:
 
 
 def machine_section(readings: Sequence[tuple[float, float, float]], spans: Sequence[tuple[float, float]],
-                    cores: int, load_before: float | None, others_gpu_pct: float | None = None) -> dict[str, Any]:
+                    cores: int, load_before: float | None, others_gpu_pct: float | None = None,
+                    busy_share: float = BUSY_SHARE) -> dict[str, Any]:
     """Others' CPU seconds over the steady `spans` (each counter read linearly between the readings either
     side), and whether that, or another PID on the run's GPUs, makes the run `busy`."""
     machine = [(at, busy) for at, busy, _ in readings]
@@ -94,7 +95,7 @@ def machine_section(readings: Sequence[tuple[float, float, float]], spans: Seque
                                "windows_s": round(seconds, 3) if known else None,
                                "others_gpu_util_pct": others_gpu_pct, "busy": False, "reason": None}
     reasons = []
-    if known and others / seconds >= BUSY_SHARE * cores:
+    if known and busy_share < 1 and others / seconds >= busy_share * cores:
         reasons.append(f"other processes used {others / seconds:.1f} of {cores} cores during its windows")
     if others_gpu_pct is not None and others_gpu_pct >= BUSY_GPU_PCT:
         reasons.append(f"another process used {others_gpu_pct:.0f} % of a GPU's SMs")

@@ -161,7 +161,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
                "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
                                         launcher_pid, warning),
                **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
-               "machine": machine_load(load, sampler, records),
+               "machine": machine_load(load, sampler, records, cfg.timing.busy_share),
                "env": environment(env_extra), "round": cfg_dict.get("round"), "finished_at": time.time()}
     results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
                                results["compile_seconds"])
@@ -252,7 +252,8 @@ def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], i
 LOAD_INTERVAL_S = 0.1  # a reading costs ~1 ms of the launcher's time (it lists the process tree)
 
 
-def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[dict[str, Any]]) -> dict[str, Any]:
+def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[dict[str, Any]],
+                 busy_share: float) -> dict[str, Any]:
     """How busy the machine was during rank 0's steady windows (harness.launch.machine_load)."""
     reference = next((r for r in records if r["rank"] == 0 and r.get("window_spans")), None)
     spans = steady_spans([Window(**w) for w in reference["windows"]], reference["window_spans"]) if reference else []
@@ -261,7 +262,7 @@ def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: lis
         seen = [value for at, per in sampler.tracker.activity if any(a <= at <= b for a, b in spans)
                 for device in per.values() if (value := device.get("others_sm_pct")) is not None]
         others_gpu = max(seen) if seen else None
-    return machine_section(load.readings, spans, psutil.cpu_count() or 1, load.load_before, others_gpu)
+    return machine_section(load.readings, spans, psutil.cpu_count() or 1, load.load_before, others_gpu, busy_share)
 
 
 def publish(run_dir: Path, results: dict[str, Any]) -> RunRecord:

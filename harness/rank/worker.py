@@ -77,7 +77,7 @@ def progress_logger(label: str, global_batch: int, log_every: int, iterations: i
         tag = "  (warm-up)" if w.warmup else "  (profiled)" if w.profiled else ""
         if w.data_wait_s is not None and w.seconds > 0 and w.data_wait_s >= 0.01 * w.seconds:
             tag = f"  data wait {100 * w.data_wait_s / w.seconds:.0f} %{tag}"
-        log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss %.4f%s", label, w.end_iter,
+        log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss (rank 0) %.4f%s", label, w.end_iter,
                  iterations or "auto", w.seconds, w.cumulative_seconds, rate, w.loss, tag)
 
     return show

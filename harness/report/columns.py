@@ -45,7 +45,8 @@ class Column:
     """One column. `header`/`cell`: the formatted table (report.md, index.html; None: report.csv only).
     `csv`: report.csv's columns from it, (name, value) with plain numbers or text. `terminal`/`terminal_cell`:
     the terminal's short form (None: not there). `star`: the `winners()` figure that earns it a ★. `numeric`:
-    index.html sorts it by the number its cells start with. `shown`: whether the sweep's rows need it at all."""
+    index.html sorts it by the number its cells start with. `shown`: whether the sweep's rows need it at all.
+    `section`: the question whose table holds it in report.md and index.html."""
 
     header: str | None
     cell: Callable[[Row], str] | None = None
@@ -55,6 +56,7 @@ class Column:
     star: str | None = None
     numeric: bool = True
     shown: Callable[[Sequence[Row]], bool] = field(default=_always)
+    section: str = "speed"  # which question's table shows it (SECTIONS); the combination is in every one
 
 
 def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") -> str:
@@ -90,25 +92,58 @@ def _status(r: Row) -> str:
     return status + (f" · stopped early after round {r.stopped_early}: clearly slower" if r.stopped_early else "")
 
 
+CUMULATIVE_SHOWN = 8  # edges the formatted table shows at most (evenly spread, the last always); csv has all
+
+
 def _cumulative(rows: Sequence[Row]) -> list[Column]:
     """One column per window edge any row reached: the time at that iteration count, as in the original
-    hand-made table."""
+    hand-made table (report.csv: every edge; the formatted table: CUMULATIVE_SHOWN of them at most)."""
     edges = sorted({it for r in rows for it, _ in r.cumulative})
-    return [Column(f"{it} it", lambda r, it=it: fmt(dict(r.cumulative).get(it), 1),
-                   csv=((f"cumulative_s_at_{it}", lambda r, it=it: dict(r.cumulative).get(it)),)) for it in edges]
+    step = -(-len(edges) // CUMULATIVE_SHOWN) if edges else 1
+    shown = set(edges[::-1][::step])
+    return [Column(f"{it} it" if it in shown else None, lambda r, it=it: fmt(dict(r.cumulative).get(it), 1),
+                   csv=((f"cumulative_s_at_{it}", lambda r, it=it: dict(r.cumulative).get(it)),),
+                   section="cumulative") for it in edges]
+
+
+def _runs(r: Row) -> str:
+    """How many runs the row's figures rest on, and whether racing stopped it."""
+    if not r.ok_runs:
+        return "—"
+    return str(len(r.rounds) or r.ok_runs) + (f" (stopped r{r.stopped_early})" if r.stopped_early else "")
+
+
+def pids_said(pids: Sequence[int]) -> str:
+    """The PID of the row's last run on a device, and how many other runs' PIDs there were (one per run)."""
+    if not pids:
+        return "no PID"
+    return f"PID {max(pids)}" + (f" (+{len(pids) - 1} in other runs)" if len(pids) > 1 else "")
+
+
+def _per_device(r: Row) -> str:
+    return " · ".join(f"{d['device']} {fmt(d['used_mib'], 0)} MiB, {pids_said(d['pids'])}"
+                      for d in r.memory_per_device) or "—"
+
+
+def _imbalance(r: Row) -> str:
+    """Meaningful for devices only: CPU worker processes have no device memory to be out of balance."""
+    if r.memory_source == "psutil":
+        return "n/a"
+    return fmt(r.mem_imbalance_pct, 0, "%")
 
 
 def columns(rows: Sequence[Row]) -> list[Column]:
     """Every column of the report for these rows, in order (`shown` says which the formatted table leaves out)."""
     return [
         Column("combination", lambda r: r.label, csv=(("combination", lambda r: r.label),), terminal="combination",
-               terminal_cell=lambda r: r.label, numeric=False),
+               terminal_cell=lambda r: r.label, numeric=False, section="all"),
         Column(None, csv=(("strategy", lambda r: r.strategy), ("amp", lambda r: r.amp), ("model", lambda r: r.model),
                           ("variant", lambda r: r.variant))),
         Column("devices", lambda r: ",".join(r.devices) or "—",
                csv=(("devices", lambda r: " ".join(r.devices)), ("n_devices", lambda r: r.n_devices))),
         Column("procs", lambda r: str(r.processes or "—"), csv=(("processes", lambda r: r.processes),)),
-        Column("batch", lambda r: str(r.global_batch or "—"), csv=(("global_batch", lambda r: r.global_batch),)),
+        Column(None, csv=(("global_batch", lambda r: r.global_batch),)),
+        Column("runs", _runs, terminal="runs", terminal_cell=_runs),
         Column(None, csv=(("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
                           ("steady_windows", lambda r: r.steady_windows),
                           ("spread_known", lambda r: int(r.spread_known)))),
@@ -132,37 +167,76 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                terminal="speedup", terminal_cell=lambda r: fmt(r.speedup, 2, "×")),
         Column("efficiency", lambda r: fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
                csv=(("efficiency", lambda r: r.efficiency),)),
-        Column("mem max MiB", lambda r: fmt(r.mem_max_mib, 0) + (f" ({fmt(r.mem_max_lo, 0)}–{fmt(r.mem_max_hi, 0)})"
+        Column("final loss", lambda r: fmt(r.final_loss, 4), csv=(("final_loss", lambda r: r.final_loss),)),
+        Column("mem max MiB", section="memory", cell=lambda r: fmt(r.mem_max_mib, 0) + (f" ({fmt(r.mem_max_lo, 0)}–{fmt(r.mem_max_hi, 0)})"
                                                                  if r.mem_max_lo is not None else ""),
                csv=(("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
                     ("mem_max_hi_mib", lambda r: r.mem_max_hi)),
                terminal="mem MiB", terminal_cell=lambda r: fmt(r.mem_max_mib, 0), star="mem_max_mib"),
-        Column("mem min MiB", lambda r: fmt(r.mem_min_mib, 0), csv=(("mem_min_mib", lambda r: r.mem_min_mib),)),
-        Column("theory MiB/rank", lambda r: fmt(r.theory_mib, 1), csv=(("theory_mib", lambda r: r.theory_mib),)),
-        Column("imbalance", lambda r: fmt(r.mem_imbalance_pct, 0, "%"),
-               csv=(("mem_imbalance_pct", lambda r: r.mem_imbalance_pct),)),
-        Column("final loss", lambda r: fmt(r.final_loss, 4), csv=(("final_loss", lambda r: r.final_loss),)),
-        Column("startup s", lambda r: fmt(r.startup_s, 1), csv=(("startup_s", lambda r: r.startup_s),)),
-        Column("compile s", lambda r: fmt(r.compile_s, 1), csv=(("compile_s", lambda r: r.compile_s),)),
-        Column("data wait", lambda r: pct(r.data_wait_share), csv=(("data_wait_share", lambda r: r.data_wait_share),)),
-        Column(f"profiled: {BREAKDOWN_HEAD}", breakdown_cell,
+        Column("mem min MiB", lambda r: fmt(r.mem_min_mib, 0), csv=(("mem_min_mib", lambda r: r.mem_min_mib),),
+               section="memory"),
+        Column("theory MiB/rank", lambda r: fmt(r.theory_mib, 1), csv=(("theory_mib", lambda r: r.theory_mib),),
+               section="memory", terminal="theory MiB/rank", terminal_cell=lambda r: fmt(r.theory_mib, 1)),
+        Column("imbalance", _imbalance, csv=(("mem_imbalance_pct", lambda r: r.mem_imbalance_pct),), section="memory"),
+        Column("per device (PIDs)", _per_device, numeric=False, section="memory"),
+        Column("startup s", lambda r: fmt(r.startup_s, 1), csv=(("startup_s", lambda r: r.startup_s),),
+               section="time"),
+        Column("compile s", lambda r: fmt(r.compile_s, 1), csv=(("compile_s", lambda r: r.compile_s),), section="time"),
+        Column("data wait", lambda r: pct(r.data_wait_share), csv=(("data_wait_share", lambda r: r.data_wait_share),),
+               section="time"),
+        Column(f"profiled: {BREAKDOWN_HEAD}", breakdown_cell, section="time",
                csv=tuple((f"profiled_{part}_share", lambda r, part=part: r.breakdown.get(part))
                          for part in BREAKDOWN_PARTS)),
-        Column("comm overlapped", lambda r: pct(r.comm_overlapped_share),
+        Column("comm overlapped", lambda r: pct(r.comm_overlapped_share), section="time",
                csv=(("comm_overlapped_share", lambda r: r.comm_overlapped_share),)),
-        Column("J/image", lambda r: fmt(r.energy_j_per_image, 3),
+        Column("J/image", lambda r: fmt(r.energy_j_per_image, 3), section="time",
                csv=(("energy_j_per_image", lambda r: r.energy_j_per_image),)),
         # numerical parity (parity=true): before the status; report.csv always has its columns
-        Column("parity (max rel Δ)", parity.cell, shown=_with_parity,
+        Column("parity (max rel Δ)", parity.cell, shown=_with_parity, section="parity",
                csv=(("parity", lambda r: r.parity or ""), ("parity_reference", lambda r: r.parity_reference or ""),
                     ("parity_max_abs", lambda r: r.parity_max_abs), ("parity_max_rel", lambda r: r.parity_max_rel))),
         Column("max loss Δ", lambda r: "—" if r.parity_loss_diff is None else f"{r.parity_loss_diff:.1e}",
-               shown=_with_parity, csv=(("parity_loss_diff", lambda r: r.parity_loss_diff),)),
-        Column("status", _status, numeric=False,
+               shown=_with_parity, section="parity", csv=(("parity_loss_diff", lambda r: r.parity_loss_diff),)),
+        Column("status", _status, numeric=False, section="not_run",
                csv=(("status", lambda r: r.status), ("reason", lambda r: r.reason or "")),
-               terminal="status", terminal_cell=lambda r: r.status + (f" (stopped r{r.stopped_early})"
-                                                                        if r.stopped_early else "")),
+               ),
     ]
+
+
+# The report's questions, in order: (section, heading). A section none of whose cells says anything is left out.
+SECTIONS = (("speed", "Speed: how fast is each combination?"),
+            ("cumulative", "Over the iterations: time at each count (the original hand-made table), and loss"),
+            ("memory", "Memory: how much on each device, and which process holds it?"),
+            ("parity", "Numerical parity: does each combination train the same model?"),
+            ("time", "Where the time goes"))
+
+
+def ran(rows: Sequence[Row]) -> list[Row]:
+    """The rows the sections' tables hold: those with a run that finished (the rest are listed, not tabled)."""
+    return [r for r in rows if r.ok_runs]
+
+
+def section_table(rows: Sequence[Row], section: str) -> tuple[list[Column], list[list[str]]]:
+    """One section's table for the rows that ran: the combination, then the section's columns that say
+    something for at least one row (an all-"—" column is left out); no columns beyond the name: empty."""
+    body_rows = ran(rows)
+    picked = [c for c in columns(rows) if c.header is not None and c.section == section and c.shown(rows) and c.cell
+              and any(c.cell(r) not in ("—", "", "n/a") for r in body_rows)]
+    if not picked or not body_rows:
+        return [], []
+    name = columns(rows)[0]
+    shown = [name, *picked]
+    return shown, [[c.cell(r) if c.cell else "" for c in shown] for r in body_rows]
+
+
+def not_run(rows: Sequence[Row]) -> list[tuple[str, str, list[str]]]:
+    """(status, reason, labels) for every row some run of which did not finish, grouped by reason."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.status != "ok":
+            groups.setdefault((r.status.split(" ")[0] if not r.ok_runs else r.status, r.reason or "no reason recorded"),
+                              []).append(r.label)
+    return [(status, reason, labels) for (status, reason), labels in groups.items()]
 
 
 def table(rows: Sequence[Row]) -> tuple[list[Column], list[list[str]]]:

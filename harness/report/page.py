@@ -1,9 +1,12 @@
-"""index.html: the report a person opens and shares. One file beside its PNGs, no network: a header saying
-when, on what and how the figures were made, the verdict in words, a table sortable by any column, and
-the plots laid out for a wide screen and a narrow one."""
+"""index.html: the report a person opens and shares. One self-contained file (the plots inside it), no network:
+the verdict first, a header saying when, on what and how the figures were made, then a section per question
+(speed, time over iterations, memory, parity, where the time goes), each with a table of at most ten columns,
+sortable by any of them, and its plots; what did not run is one list. At 1400 px nothing scrolls sideways;
+narrower, only a table scrolls, inside its own box."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import html
 from collections.abc import Sequence
@@ -14,17 +17,19 @@ from harness.report import columns
 from harness.report.rows import PER, Context, Row, reproducibility, summary, winners
 
 STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222}
-h1{font-size:1.5em;margin-bottom:.2em} .meta{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em;
-font-size:13px;margin:.5em 0 1em} .meta dt{color:#666} .meta dd{margin:0;overflow-wrap:anywhere}
-.meta code{font-size:12px} .verdict{background:#f3f6fb;border-left:4px solid #1f77b4;padding:.6em 1em;margin:1em 0}
-.scroll{overflow-x:auto} table{border-collapse:collapse;font-size:13px;width:100%}
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
+h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.15em;margin:1.6em 0 .5em}
+.meta{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.15em 1em;font-size:13px;margin:.5em 0 1em}
+.meta dt{color:#666} .meta dd{margin:0;overflow-wrap:anywhere} .meta code{font-size:12px}
+.verdict{background:#f3f6fb;border-left:4px solid #1f77b4;padding:.6em 1em;margin:1em 0;overflow-wrap:anywhere}
+p,li{overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:13px}
 th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right;white-space:nowrap;vertical-align:top}
 th{cursor:pointer;background:#fafafa;position:sticky;top:0} th:hover{background:#eef}
-td.name,th.name{text-align:left} td.status{text-align:left;white-space:normal;min-width:12em;max-width:32em}
-.figures{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,620px),1fr));gap:1em;margin-top:1.5em}
-figure{margin:0} figure img{width:100%;height:auto;border:1px solid #eee}
-@media (max-width:900px){body{margin:.5em;padding:0} table{font-size:12px}}
+td.name,th.name{text-align:left}
+.figures{display:grid;grid-template-columns:minmax(0,1fr);gap:1em;margin-top:1em}
+figure{margin:0} figure img{width:100%;max-width:1100px;height:auto;border:1px solid #eee}
+@media (max-width:900px){body{margin:.5em auto} table{font-size:12px}}
 """
 
 SORT = """
@@ -61,26 +66,76 @@ def _sort_value(cell: str) -> str:
         return "" if cell == "—" else cell
 
 
-def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
-            ctx: Context | None = None) -> str:
-    shown, body = columns.table(rows)
-    won = winners(rows)
+PLOT_SECTION = {"throughput": "speed", "cumulative_time": "cumulative", "memory_per_device": "memory",
+                "loss": "cumulative", "breakdown": "time"}  # which section a plot answers, by its file's stem
+
+
+def _embedded(png: Path) -> str:
+    """The plot inside the page (a data URL): the file sent alone still shows it. The PNG stays beside it too."""
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    alt = html.escape(png.stem.replace("_", " "))
+    return f'<figure><img src="data:image/png;base64,{data}" alt="{alt}"></figure>'
+
+
+def _table(rows: Sequence[Row], shown: Sequence[columns.Column], body: Sequence[Sequence[str]],
+           won: dict[str, str]) -> str:
     head = "".join(f'<th class="{"name" if i == 0 else ""}">{html.escape(c.header or "")}</th>'
                    for i, c in enumerate(shown))
     trs = []
-    for row, cells in zip(rows, body, strict=True):
+    for row, cells in zip(columns.ran(rows), body, strict=True):
         tds = []
         for i, (column, cell) in enumerate(zip(shown, cells, strict=True)):
-            klass = "name" if i == 0 else "status" if column.header == "status" else ""
             star = "★ " if column.star and won.get(column.star) == row.label else ""
-            tds.append(f'<td class="{klass}" data-v="{html.escape(_sort_value(cell) if column.numeric else cell)}">'
+            value = _sort_value(cell) if column.numeric else cell
+            tds.append(f'<td class="{"name" if i == 0 else ""}" data-v="{html.escape(value)}">'
                        f"{star}{html.escape(cell)}</td>")
         trs.append("<tr>" + "".join(tds) + "</tr>")
-    figures = "".join(f'<figure><img src="{html.escape(p.name)}" alt="{html.escape(p.stem.replace("_", " "))}">'
-                      f"</figure>" for p in pngs)
-    warn = "".join(f"<li>{html.escape(s)}</li>" for s in skipped)
-    said = "".join(f"<li>{html.escape(line)}</li>" for line in parity.notes(rows))
-    parity_notes = f"<h2>Numerical parity</h2><ul>{said}</ul>" if said else ""
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>'
+
+
+def _notes(rows: Sequence[Row], section: str, baseline: str | None) -> str:
+    """What a section's figures mean, under its table."""
+    if section == "speed":
+        return (f"<p>Speedup against {html.escape(baseline or 'no row (none ran)')}. Throughput is the geometric "
+                f"mean of a row's runs (steady-state windows, warm-up excluded), time per {PER} iterations each run's "
+                "median window pooled the same way, each with its 95 % interval from the runs in brackets; ★ marks "
+                f"the winner when it is ahead beyond the noise of identical runs. {html.escape(reproducibility(rows))}"
+                ". Click a column to sort.</p>")
+    if section == "memory" and any(r.memory_source == "psutil" for r in columns.ran(rows)):
+        return ("<p>On CPU each worker is a process, not a device: the figures are each process's resident memory "
+                "growth, and imbalance (a device holding more than its share) has no meaning there (n/a).</p>")
+    if section == "parity":
+        said = "".join(f"<li>{html.escape(line)}</li>" for line in parity.notes(rows))
+        return f"<ul>{said}</ul>" if said else ""
+    return ""
+
+
+def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
+            ctx: Context | None = None) -> str:
+    """The page in the order a reader asks: the verdict, then a section per question (its table, what the
+    figures mean, its plots), then what did not run, in one list grouped by reason."""
+    won = winners(rows)
+    plots: dict[str, list[str]] = {}
+    for png in pngs:
+        plots.setdefault(PLOT_SECTION.get(png.stem, "speed"), []).append(_embedded(png))
+    sections = []
+    for key, heading in columns.SECTIONS:
+        shown, body = columns.section_table(rows, key)
+        figures = plots.get(key, [])
+        if not shown and not figures:
+            continue
+        sections.append(f'<section id="{key}"><h2>{html.escape(heading)}</h2>'
+                        + (_table(rows, shown, body, won) if shown else "") + _notes(rows, key, baseline)
+                        + (f'<div class="figures">{"".join(figures)}</div>' if figures else "") + "</section>")
+    missing = columns.not_run(rows)
+    if missing:
+        items = "".join(f"<li><strong>{html.escape(status)}</strong>: {html.escape(reason)} — "
+                        f"{html.escape(', '.join(labels))}</li>" for status, reason, labels in missing)
+        sections.append(f'<section id="not_run"><h2>What did not run here</h2><ul class="missing">{items}</ul>'
+                        "</section>")
+    if skipped:
+        warn = "".join(f"<li>{html.escape(s)}</li>" for s in skipped)
+        sections.append(f"<section><h2>Unreadable results files</h2><ul>{warn}</ul></section>")
     meta = ""
     if ctx is not None:
         items = [("when", _when(ctx)), ("runs", str(ctx.runs)), ("machine", ctx.machine), ("versions", ctx.versions),
@@ -94,14 +149,7 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
 <body><h1>Strategies side by side</h1>
 <p class="verdict"><strong>Verdict:</strong> {html.escape(summary(rows, baseline))}</p>
 {meta}
-<p>Speedup against {html.escape(baseline or "no row (none ran)")}. Throughput is the geometric mean of a row's runs
-(steady-state windows, warm-up excluded), time per {PER} iterations the same figure as time, each with its 95 %
-interval from the runs in brackets; ★ marks the winner when it is ahead beyond the noise of identical runs.
-{html.escape(reproducibility(rows))}. Click a column to sort.</p>
-<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>
-{parity_notes}
-{f"<h2>Unreadable results files</h2><ul>{warn}</ul>" if warn else ""}
-<div class="figures">{figures}</div>
+{"".join(sections)}
 <script>{SORT}</script>
 </body></html>
 """

@@ -10,7 +10,8 @@ from typing import Any
 
 from harness.report.rows import Row
 
-PLOT_ROWS = 20  # combinations drawn per plot
+WIDTH_IN, DPI = 9.0, 150  # at a 1400 px page (one plot per row, ≤ 1100 px wide) 8-point text is ≥ 9 px
+FONT = 9  # points: tick labels, legends, notes
 FIRST = ("single", "dp", "ddp", "apex_ddp", "allreduce", "ignite", "zero", "fsdp")  # the colours reports had
 # Every strategy with a yaml gets a stable colour without touching this file: the historical ones keep theirs,
 # the rest follow in name order.
@@ -37,15 +38,6 @@ def style(row: Row, colours: dict[str, str]) -> dict[str, Any]:
     return {"color": colours[row.strategy], "linestyle": line, "marker": marker, "hatch": hatch}
 
 
-def not_shown(rows: Sequence[Row]) -> str:
-    """'not run here: dp O0, dp O1 (skipped); ddp O2 (failed)', for the foot of every plot."""
-    by_status: dict[str, list[str]] = {}
-    for r in rows:
-        if not r.throughput:
-            by_status.setdefault(r.status.split(" ")[0], []).append(r.label)
-    return "; ".join(f"{', '.join(labels)} ({status})" for status, labels in by_status.items())
-
-
 def ordered(rows: Sequence[Row]) -> list[Row]:
     """Grouped by strategy, then amp level (bars of one strategy sit together)."""
     colours = strategy_colours(rows)
@@ -53,10 +45,31 @@ def ordered(rows: Sequence[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: (order.index(r.strategy), r.amp, r.label))
 
 
+VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+
+
+def variant_markers(rows: Sequence[Row]) -> dict[str, str]:
+    """A marker per row among rows sharing a strategy and amp level (their colour and line are the same)."""
+    seen: dict[tuple[str, str], int] = {}
+    markers = {}
+    for r in ordered(rows):
+        i = seen.get((r.strategy, r.amp), 0)
+        seen[(r.strategy, r.amp)] = i + 1
+        markers[r.label] = VARIANT_MARKERS[i % len(VARIANT_MARKERS)]
+    return markers
+
+
 def legends(ax: Any, rows: Sequence[Row], colours: dict[str, str], bars: bool) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
+    if not bars and len({(r.strategy, r.amp) for r in rows}) < len(rows):
+        # variants of one strategy and amp level: an entry per row (its colour, line and own marker)
+        markers = variant_markers(rows)
+        handles = [Line2D([], [], color=colours[r.strategy], linestyle=style(r, colours)["linestyle"],
+                          marker=markers[r.label], label=r.label) for r in ordered(rows)]
+        ax.legend(handles=handles, fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return
     strategies = [Patch(facecolor=colours[s], label=s) for s in dict.fromkeys(r.strategy for r in ordered(rows))]
     amps = sorted({r.amp for r in rows})
     if bars:
@@ -65,44 +78,49 @@ def legends(ax: Any, rows: Sequence[Row], colours: dict[str, str], bars: bool) -
     else:
         levels = [Line2D([], [], color="black", linestyle=AMP_STYLE.get(a, ("-",))[0],
                          marker=AMP_STYLE.get(a, ("-", "o"))[1], label=a) for a in amps]
-    first = ax.legend(handles=strategies, title="strategy", fontsize=8, title_fontsize=8, loc="upper left",
+    first = ax.legend(handles=strategies, title="strategy", fontsize=FONT, title_fontsize=FONT, loc="upper left",
                       bbox_to_anchor=(1.01, 1.0))
     ax.add_artist(first)
-    ax.legend(handles=levels, title="amp", fontsize=8, title_fontsize=8, loc="lower left", bbox_to_anchor=(1.01, 0.0))
+    ax.legend(handles=levels, title="amp", fontsize=FONT, title_fontsize=FONT, loc="lower left",
+              bbox_to_anchor=(1.01, 0.0))
 
 
 def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None) -> list[Path]:
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager" is not the report's
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ran = [r for r in rows if r.throughput or r.cumulative]
     if not ran:
         return []
-    note = not_shown(rows)
-    if len(ran) > PLOT_ROWS:  # beyond this, legends and labels are unreadable (and slow to lay out)
-        ranked = sorted(ran, key=lambda r: r.throughput or 0, reverse=True)[:PLOT_ROWS]
-        note = "; ".join(filter(None, [f"top {PLOT_ROWS} by throughput shown, every row is in report.md", note]))
-        ran = [r for r in ran if r in ranked]
-    ran = ordered(ran)
+    missing = [r for r in rows if not r.throughput and not r.cumulative]
+    ran = ordered(ran)  # every combination that ran, in every plot: none is cut for another's sake
     colours = strategy_colours(rows)
-    footer = f"not run here: {note}" if note else ""
+    footer = (f"{len(missing)} combination{'s' if len(missing) > 1 else ''} did not run here (listed in the report)"
+              if missing else "")
     written = []
+    plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT + 2, "axes.labelsize": FONT,
+                         "xtick.labelsize": FONT, "ytick.labelsize": FONT, "legend.fontsize": FONT})
 
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 5))
+    markers = variant_markers(ran) if len({(r.strategy, r.amp) for r in ran}) < len(ran) else {}
     for r in ran:
         if r.cumulative:
             xs, ys = zip(*[(0, 0.0), *r.cumulative], strict=True)
             s = style(r, colours)
-            ax.plot(xs, ys, color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=r.label)
+            ax.plot(xs, ys, color=s["color"], linestyle=s["linestyle"], marker=markers.get(r.label, s["marker"]),
+                    label=r.label)
     ax.set(xlabel="iterations", ylabel="cumulative time (s, median over repeats)", title="Cumulative training time")
     ax.grid(alpha=0.3)
     legends(ax, ran, colours, bars=False)
     written.append(_save(fig, out_dir / "cumulative_time.png", footer))
 
     rated = [r for r in ran if r.throughput]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rated) + 1.8))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.3 * len(rated) + 1.8))
     ys = list(range(len(rated)))
     for y, r in zip(ys, rated, strict=True):
         s = style(r, colours)
@@ -112,8 +130,8 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
     base = next((r for r in rows if r.label == baseline), None)
     if base is not None and base.throughput:
         ax.axvline(base.throughput, color="black", linestyle="--", linewidth=1)
-        ax.text(base.throughput, -0.6, f" baseline {base.label}", fontsize=8, va="bottom")
-    ax.set_yticks(ys, [r.label for r in rated], fontsize=8)
+        ax.text(base.throughput, -0.6, f" baseline {base.label}", fontsize=FONT, va="bottom")
+    ax.set_yticks(ys, [r.label for r in rated], fontsize=FONT)
     ax.invert_yaxis()
     ax.set(xlabel="throughput (images/s, steady state; whiskers: 95 % interval from the runs)", title="Throughput")
     ax.grid(axis="x", alpha=0.3)
@@ -126,11 +144,12 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
 
     lossy = [r for r in ran if len(r.losses) >= 2]
     if lossy:
-        fig, ax = plt.subplots(figsize=(9, 5))
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, 5))
         for r in lossy:
             xs, ys2 = zip(*r.losses, strict=True)
             s = style(r, colours)
-            ax.plot(xs, ys2, color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=r.label)
+            ax.plot(xs, ys2, color=s["color"], linestyle=s["linestyle"], marker=markers.get(r.label, s["marker"]),
+                    label=r.label)
         ax.set(xlabel="iterations", ylabel="training loss at the window's end (cross-entropy)",
                title="Loss (the same batches for every combination)")
         ax.grid(alpha=0.3)
@@ -153,18 +172,19 @@ def _breakdown_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, fo
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 2.0))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.35 * len(rows) + 2.0))
     for y, r in enumerate(rows):
         left = 0.0
         for part, colour in PART_COLOURS.items():
             share = 100 * r.breakdown.get(part, 0.0)
             ax.barh(y, share, left=left, color=colour, edgecolor="white", linewidth=0.5)
             if share >= 6:
-                ax.text(left + share / 2, y, f"{share:.0f}", ha="center", va="center", fontsize=7, color="white")
+                ax.text(left + share / 2, y, f"{share:.0f}", ha="center", va="center", fontsize=FONT - 1,
+                        color="white")
             left += share
         if r.comm_overlapped_share is not None:
-            ax.text(101, y, f"comm overlapped {100 * r.comm_overlapped_share:.0f} %", va="center", fontsize=7)
-    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=8)
+            ax.text(101, y, f"comm overlapped {100 * r.comm_overlapped_share:.0f} %", va="center", fontsize=FONT - 1)
+    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=FONT)
     for tick, r in zip(ax.get_yticklabels(), rows, strict=True):
         tick.set_color(colours[r.strategy])
     ax.invert_yaxis()
@@ -172,7 +192,7 @@ def _breakdown_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, fo
     views = sorted({r.breakdown_view or "?" for r in rows})
     ax.set(xlabel=f"share of the profiled window (%; {'/'.join(views)} view; the slowest rank)",
            title="Where the time goes (profile=true)")
-    ax.legend(handles=[Patch(color=c, label=p.replace("_", " ")) for p, c in PART_COLOURS.items()], fontsize=8,
+    ax.legend(handles=[Patch(color=c, label=p.replace("_", " ")) for p, c in PART_COLOURS.items()], fontsize=FONT,
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, footer)
 
@@ -185,45 +205,49 @@ MEMORY_AXIS = {
 
 
 def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, footer: str) -> Path:
-    """One group of bars per combination, a bar per device; device names under the bars, PIDs inside them."""
+    """Horizontal bars, one per device of each combination (the combination's label on its first bar, the
+    device and the PIDs holding it beside each bar), the theory per rank as a dotted mark: as readable with
+    40 combinations as with 4 (the plot grows downwards)."""
     import matplotlib.pyplot as plt
 
     bars = sum(len(r.memory_per_device) for r in rows)
-    fig, ax = plt.subplots(figsize=(min(26, max(9, 0.6 * bars + 0.6 * len(rows))), 6))
-    x, ticks, tick_labels, device_ticks, device_labels = 0.0, [], [], [], []
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.28 * bars + 0.2 * len(rows) + 1.6))
+    y, ticks, labels = 0.0, [], []
     theory_drawn = False
     top = max(d["used_mib"] for r in rows for d in r.memory_per_device) or 1.0
     for r in rows:
         s = style(r, colours)
-        start = x
-        for d in r.memory_per_device:
-            ax.bar(x, d["used_mib"], width=0.8, color=s["color"], hatch=s["hatch"], edgecolor="black", linewidth=0.5)
-            pids = ",".join(map(str, d["pids"])) or "no PID"
-            ax.text(x, top * 0.02, f"PID {pids}", rotation=90, fontsize=7, ha="center", va="bottom", color="white"
-                    if d["used_mib"] > 0.3 * top else "black")
-            device_ticks.append(x)
-            device_labels.append(d["device"].rpartition("/")[2] if "/" in d["device"] else d["device"])
-            x += 1
+        first = y
+        for i, d in enumerate(r.memory_per_device):
+            ax.barh(y, d["used_mib"], height=0.8, color=s["color"], hatch=s["hatch"], edgecolor="black",
+                    linewidth=0.5)
+            pids = f"PID {max(d['pids'])}" + (f" (+{len(d['pids']) - 1} in other runs)" if len(d["pids"]) > 1
+                                               else "") if d["pids"] else "no PID"
+            ax.text(d["used_mib"] + top * 0.01, y, f"{d['used_mib']:.0f} MiB · {pids}", va="center",
+                    fontsize=FONT - 1)
+            ticks.append(y)
+            device = d["device"].rpartition("/")[2] if "/" in d["device"] else d["device"]
+            labels.append(f"{r.label}  {device}" if i == 0 else device)
+            y += 1
         if r.theory_mib is not None:  # what parameters, gradients and optimizer state take per rank in theory
-            ax.hlines(r.theory_mib, start - 0.4, x - 0.6, colors="black", linestyles=":", linewidth=1.5)
+            ax.vlines(r.theory_mib, first - 0.45, y - 0.55, colors="black", linestyles=":", linewidth=1.5)
             theory_drawn = True
-        ticks.append((start + x - 1) / 2)
-        tick_labels.append(r.label)
-        x += 0.8
-    ax.set_xticks(device_ticks, device_labels, fontsize=7, rotation=90 if bars > 8 else 0)
-    for tick, label, r in zip(ticks, tick_labels, rows, strict=True):  # the combination above its group of bars
-        height = max((d["used_mib"] for d in r.memory_per_device), default=0.0)
-        ax.text(tick, height + top * 0.02, label, ha="center", va="bottom", fontsize=8,
-                rotation=90 if len(rows) > 8 else 0)
+        y += 0.6
+    ax.set_yticks(ticks, labels, fontsize=FONT)
+    owners = [row for row in rows for _ in row.memory_per_device]
+    for tick, owner in zip(ax.get_yticklabels(), owners, strict=True):
+        tick.set_color(colours[owner.strategy])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.7)  # room for the figures and PIDs beside the longest bar
     sources = {r.memory_source for r in rows}
-    ylabel = MEMORY_AXIS.get(next(iter(sources)), "memory (MiB)") if len(sources) == 1 else "memory (MiB; mixed sources)"
-    ax.set(ylabel=ylabel, title="Memory per device (PIDs in the bars)")
+    xlabel = MEMORY_AXIS.get(next(iter(sources)), "memory (MiB)") if len(sources) == 1 else "memory (MiB; mixed sources)"
+    ax.set(xlabel=xlabel, title="Memory per device (and the PIDs holding it)")
+    ax.grid(axis="x", alpha=0.3)
     if theory_drawn:
         from matplotlib.lines import Line2D
 
         ax.legend(handles=[Line2D([], [], color="black", linestyle=":", label="params + grads + optimizer state "
-                                  "per rank, in theory")], fontsize=8, loc="upper right")
-    ax.margins(y=0.25 if len(rows) > 8 else 0.1)
+                                  "per rank, in theory")], fontsize=FONT, loc="lower right")
     return _save(fig, path, footer)
 
 
@@ -233,11 +257,12 @@ def _save(fig: Any, path: Path, footer: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     if footer:
-        fig.text(0.01, 0.005, "\n".join(textwrap.wrap(footer, 150)), fontsize=7, ha="left", va="bottom", color="#555")
+        fig.text(0.01, 0.005, "\n".join(textwrap.wrap(footer, 100)), fontsize=FONT - 1, ha="left", va="bottom",
+                 color="#555")
     fig.tight_layout(rect=(0, 0.05 if footer else 0, 1, 1))
     from matplotlib.legend import Legend
 
     kept = [c for ax in fig.axes for c in ax.get_children() if isinstance(c, Legend)]  # outside the axes too
-    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=kept)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", bbox_extra_artists=kept)
     plt.close(fig)
     return path

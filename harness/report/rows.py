@@ -189,7 +189,7 @@ def _label(key: Combination, varying: set[str], common: frozenset[str] = frozens
     """`said`: option names its peers' variants spell short (`comm_hook=fp16`): this row's value of the same
     option is spelled the same way (`comm_hook=none`, not `strategy.comm_hook=none`). Settings that vary
     among its peers are named as the command line chose them (`optim=adamw`), else as `key=value`."""
-    parts = [f"{key.strategy} {key.amp}", *([key.variant] if key.variant else [])]
+    parts = key.variant.split() if key.variant else []
     parts += _setting_words(key, {n.removeprefix("setting:") for n in varying if n.startswith("setting:")}, overrides)
     for name in (n for n in LABELLED if n in varying):
         if name == "options":  # options: only those its peers do not all share, and not said by the variant
@@ -198,7 +198,8 @@ def _label(key: Combination, varying: set[str], common: frozenset[str] = frozens
             continue
         value = getattr(key, name)
         parts.append(f"{LABELLED[name]}={','.join(value) if name == 'devices' else value}")
-    return " ".join(parts)
+    # one fixed order in every label, whichever part of the config said what: by the option's name
+    return " ".join([f"{key.strategy} {key.amp}", *sorted(dict.fromkeys(parts), key=lambda w: w.partition("=")[0])])
 
 
 def _setting_words(key: Combination, names: set[str], overrides: Sequence[str]) -> list[str]:
@@ -546,12 +547,12 @@ def verdict(rows: Sequence[Row]) -> str:
                          f"{_ratio_words(state.margin)}, within the noise; more rounds (a larger timing.budget_s, "
                          "or repeat=N) would decide.")
         if state.stopped:
-            early = [f"{k} {_ratio_words(r)}" for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
-            later = [f"{k} {_ratio_words(r)}" for k, r in state.stopped.items() if not by_label[str(k)].stopped_early]
+            early = [(k, r) for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
+            later = [(k, r) for k, r in state.stopped.items() if not by_label[str(k)].stopped_early]
             if early:
-                parts.append("Stopped early, clearly slower: " + ", ".join(early) + ".")
+                parts.append("Stopped early, clearly slower: " + _slower(early) + ".")
             if later:
-                parts.append("Clearly slower: " + ", ".join(later) + ".")
+                parts.append("Clearly slower: " + _slower(later) + ".")
         busy = [r.label for r in rows if r.throughput and r.busy]
         if busy:
             parts.append("Not judged (measured while the machine was busy): " + ", ".join(busy) + ".")
@@ -566,6 +567,19 @@ def verdict(rows: Sequence[Row]) -> str:
     if said:
         parts.append(said)
     return " ".join(parts)
+
+
+SLOWER_NAMED = 3  # the verdict names the closest of the clearly slower rows; the speed table has them all
+
+
+def _slower(found: Sequence[tuple[Any, Ratio]]) -> str:
+    """The closest few by name with their ratio to the leader, then how many more and their range."""
+    ranked = sorted(found, key=lambda item: item[1].point, reverse=True)
+    named = [f"{k} {_ratio_words(r)}" for k, r in ranked[:SLOWER_NAMED]]
+    rest = ranked[SLOWER_NAMED:]
+    if rest:
+        named.append(f"{len(rest)} more at {rest[-1][1].point:.2f}–{rest[0][1].point:.2f}× the leader")
+    return ", ".join(named)
 
 
 def _nothing_timed(rows: Sequence[Row]) -> str:

@@ -33,63 +33,94 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             writer.writerow(["nan" if v is None else repr(float(v)) if isinstance(v, float) else v for v in values])
 
 
+SECTION_NOTES = {
+    "speed": lambda baseline: (
+        f"Speedup against {baseline or 'none (no row ran)'}, paired by round. Throughput is the geometric mean of a "
+        f"row's runs (steady-state windows, warm-up excluded), time per {PER} iterations each run's median window "
+        "pooled the same way, each with its 95 % interval from the runs (fresh processes in interleaved rounds; "
+        "docs/verdict.md); the p10–p90 of the windows within runs is in report.csv. Efficiency is the speedup of a "
+        "multi-device row over the one-device row at the same amp level, divided by its devices."),
+    "cumulative": lambda baseline: "The time at each iteration count (median over runs), as in the original "
+                                   "hand-made table; report.csv has every edge.",
+    "memory": lambda baseline: (
+        "Memory is peak minus the pre-run baseline (median over runs, min–max in brackets). Theory MiB/rank: "
+        "parameters, gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all "
+        "three / N; activations and buffers not included), beside the measured peak. On CPU each worker is a "
+        "process, not a device: imbalance has no meaning there (n/a)."),
+    "time": lambda baseline: (
+        "Compile s: torch.compile's time (compile=true), before the clock and outside start-up, or XLA's graph "
+        "compiles (in warm-up). Data wait: the share of the steady windows the loop waited for its next batch. With "
+        f"profile=true, the profiled window's time split into {BREAKDOWN_HEAD} (the slowest rank's), and the share "
+        "of communication that overlapped other work."),
+}
+
+
 def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str]) -> str:
-    header, body = table_rows(rows)
-    lines = ["# Strategies side by side", "", f"**Verdict:** {summary(rows, baseline)}", "",
-             f"Baseline for speedup: {baseline or 'none (no row ran)'}. Throughput is the geometric mean of a row's "
-             f"runs (steady-state windows, warm-up excluded), time per {PER} iterations the same figure as time, each "
-             "with its 95 % interval from the runs (fresh processes in interleaved rounds; docs/verdict.md); "
-             "speedups pair runs of the same round; the p10–p90 of the windows within runs is in report.csv. The "
-             "cumulative columns are the time at each "
-             "iteration count, as in the original hand-made table. Memory is peak minus the pre-run baseline "
-             "(median over repeats, min–max in brackets). Efficiency is the speedup of a multi-device row over "
-             "the one-device row at the same amp level, divided by its devices. Theory MiB/rank: parameters, "
-             "gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all three "
-             "/ N; activations and buffers not included), beside the measured peak. Compile s: torch.compile's "
-             "time (compile=true), before the clock and outside start-up, or XLA's graph compiles (in warm-up). "
-             "Data wait: the share of the steady windows the loop waited for its next batch. With profile=true, "
-             f"the profiled window's time split into {BREAKDOWN_HEAD} (the slowest rank's), and the share of "
-             "communication that overlapped other work.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
-    won = winners(rows)
-    lines += ["", "Clear wins (larger than the run-to-run spread): " +
-              (", ".join(f"{WIN_WORDS[k]}: {v}" for k, v in won.items()) or "none"),
-              "", f"How reproducible: {reproducibility(rows)}."]
-    said = parity.notes(rows)
-    if said:
-        lines += ["", "Numerical parity (parity=true; docs/parity.md):", *[f"- {s}" for s in said]]
+    """The page's order in Markdown: the verdict, a table per question, what did not run."""
+    lines = ["# Strategies side by side", "", f"**Verdict:** {summary(rows, baseline)}", ""]
+    for section, heading in columns.SECTIONS:
+        shown, body = columns.section_table(rows, section)
+        if not shown:
+            continue
+        header = [c.header or "" for c in shown]
+        lines += [f"## {heading}", ""]
+        note = SECTION_NOTES.get(section)
+        if note:
+            lines += [note(baseline), ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
+        lines.append("")
+        if section == "speed":
+            won = winners(rows)
+            lines += ["Clear wins (beyond the noise of identical runs): " +
+                      (", ".join(f"{WIN_WORDS[k]}: {v}" for k, v in won.items()) or "none"), "",
+                      f"How reproducible: {reproducibility(rows)}.", ""]
+        if section == "parity":
+            lines += [f"- {s}" for s in parity.notes(rows)] + [""]
+    missing = columns.not_run(rows)
+    if missing:
+        lines += ["## What did not run here", "", *[f"- {status}: {reason} — {', '.join(labels)}"
+                                                    for status, reason, labels in missing], ""]
     if skipped:
-        lines += ["", "Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
-    return "\n".join(lines) + "\n"
+        lines += ["Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None = None) -> str:
-    """The terminal's short form, readable at 80 columns: the figures a reader compares first (everything
-    else is in report.md). Reasons are grouped into footnotes, one per distinct reason."""
+    """The terminal's short form, in the page's order and within 80 columns: the verdict, then a table per
+    question (speed, memory) with the figures a reader compares first, what did not run (one line per
+    reason), how reproducible the figures are. Everything else is in report.md and index.html."""
     from rich.table import Table
 
     from harness.launch.console import render
 
     won = winners(rows)
-    title = f"Strategies side by side (speedup against {baseline})" if baseline else "Strategies side by side"
-    table = Table(title=title, title_justify="left", caption="★ best beyond the noise of identical runs; "
-                  "±: 95 % interval from the runs; ? spread unknown", caption_justify="left")
-    shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None]
-    for column in shown:
-        table.add_column(column.terminal, justify="right" if column.numeric else "left", overflow="fold")
-    reasons: dict[str, int] = {}
-    for row in rows:
-        cells = [("★" if column.star and won.get(column.star) == row.label else "") + column.terminal_cell(row)
-                 for column in shown if column.terminal_cell is not None]
-        if row.reason:  # the reason once, as a footnote to the status
-            number = reasons.setdefault(row.reason, len(reasons) + 1)
-            cells[[c.header for c in shown].index("status")] += f" [{number}]"
-        table.add_row(*cells)
-    notes = []
-    for reason, number in reasons.items():
-        labels = [r.label for r in rows if r.reason == reason]
-        notes.append(f"[{number}] {', '.join(labels)}: {reason}")
+    parts = [f"Verdict: {summary(rows, baseline)}"]
+    titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
+    for section, title in titles.items():
+        shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None
+                 and c.section in ("all", section)]
+        ran = columns.ran(rows)
+        if len(shown) < 2 or not ran:
+            continue
+        caption = "★ best beyond the noise of identical runs; ±: 95 % interval from the runs; ? spread unknown" \
+            if section == "speed" else None
+        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+        for column in shown:
+            table.add_column(column.terminal, justify="right" if column.numeric else "left", overflow="fold")
+        for row in ran:
+            table.add_row(*[("★" if column.star and won.get(column.star) == row.label else "")
+                            + column.terminal_cell(row) for column in shown if column.terminal_cell is not None])
+        parts.append(render(table, width=width))
+    missing = columns.not_run(rows)
+    if missing:
+        import textwrap
+
+        parts.append("Did not run here:")
+        parts += [textwrap.fill(f"{status}: {reason}: {', '.join(labels)}", width=width or 80,
+                                initial_indent="  ", subsequent_indent="    ") for status, reason, labels in missing]
+    parts.append(f"How reproducible: {reproducibility(rows)}")
     said = parity.notes(rows)
-    return "\n".join([f"Verdict: {summary(rows, baseline)}", render(table, width=width), *notes,
-                      f"How reproducible: {reproducibility(rows)}", *(["Numerical parity:", *said] if said else [])])
+    if said:
+        parts += ["Numerical parity:", *said]
+    return "\n".join(parts)

@@ -6,6 +6,7 @@ job's results (a dict, or None for a job that returned none)."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,13 +28,37 @@ class RoundsOutcome:
     ended_by: str = ""  # "repeat", "decided: <how>", "budget", "no combination left"
 
 
-def round_overrides(combination: list[str], index: int, number: int, subdir_template: str) -> list[str]:
-    """A job's overrides in round `number`: its round, and from the second round on a folder of the round's
-    own beside the first round's (`round-2/3_ddp_O0`), numbered as the combination is in round 1."""
+NAMED_BY_THE_FOLDER = ("strategy", "amp")  # the default folder pattern names these already
+
+
+def variant_suffixes(combinations: Sequence[list[str]]) -> list[str]:
+    """Per combination, the settings the sweep varies besides strategy and amp, for its folder's name
+    (`_comm_hook-fp16`, `_grad_accum-4`): variants of one strategy and amp level get folders that say which is
+    which. Options of a strategy are named short; characters a path cannot hold become `-`; one fixed order."""
+    values: dict[str, set[str]] = {}
+    for combination in combinations:
+        for override in combination:
+            key, _, value = override.lstrip("+~").partition("=")
+            values.setdefault(key, set()).add(value)
+    varying = sorted(k for k, v in values.items() if len(v) > 1 and k not in NAMED_BY_THE_FOLDER)
+    suffixes = []
+    for combination in combinations:
+        own = dict(o.lstrip("+~").partition("=")[::2] for o in combination)
+        words = [f"{key.removeprefix('strategy.')}-{re.sub(r'[^A-Za-z0-9._+-]+', '-', own[key])}"
+                 for key in varying if key in own]
+        suffixes.append("".join(f"_{w}" for w in words))
+    return suffixes
+
+
+def round_overrides(combination: list[str], index: int, number: int, subdir_template: str,
+                    suffix: str = "") -> list[str]:
+    """A job's overrides in round `number`: its round; its folder named as the combination is in round 1 (its
+    number, and what sets it apart from its peers: `3_ddp_O0_comm_hook-fp16`), from the second round on in a
+    folder of the round's own beside the first round's (`round-2/3_ddp_O0_comm_hook-fp16`)."""
     extra = [f"round={number}"]
-    if number > 1:
-        subdir = subdir_template.replace("${hydra.job.num}", str(index))
-        extra.append(f"hydra.sweep.subdir='round-{number}/{subdir}'")
+    if number > 1 or suffix:
+        subdir = subdir_template.replace("${hydra.job.num}", str(index)) + suffix
+        extra.append(f"hydra.sweep.subdir='{f'round-{number}/' if number > 1 else ''}{subdir}'")
     return [*combination, *extra]
 
 
@@ -50,6 +75,7 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
                subdir_template: str, describe: Callable[[int], str],
                clock: Callable[[], float] = time.monotonic) -> RoundsOutcome:
     outcome = RoundsOutcome()
+    suffixes = variant_suffixes(combinations)
     contenders = list(range(len(combinations)))
     found: list[Observation] = []
     started = clock()
@@ -58,7 +84,7 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
     while contenders:
         number += 1
         round_started = clock()
-        jobs = [round_overrides(combinations[c], c, number, subdir_template) for c in contenders]
+        jobs = [round_overrides(combinations[c], c, number, subdir_template, suffixes[c]) for c in contenders]
         if number > 1:
             log.info("round %d%s: %s", number, f" of {repeat}" if repeat else "",
                      ", ".join(describe(c) for c in contenders))
