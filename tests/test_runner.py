@@ -145,3 +145,32 @@ def test_the_root_cause_is_the_first_rank_to_fail_not_its_neighbours():
                 "ended_at": 10.0},
                {"rank": 2, "pid": 12, "status": "ok", "error": None, "ended_at": 13.0}]
     assert run_status(records, [], None) == ("oom", "rank 1 (pid 11): OutOfMemoryError: CUDA out of memory")
+
+
+def test_the_records_are_read_only_once_every_started_rank_has_ended(tmp_path):
+    """A rank the launcher lost track of (its fork server killed by a job-wide signal) is waited for by its pid
+    file; a pid file whose start time does not match the live process (a reused PID) is not waited for."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from harness.launch.runner import await_ranks
+
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
+    started = psutil.Process(late.pid).create_time()
+    (tmp_path / "rank1.pid").write_text(f"{late.pid} {started}")
+    begun = time.monotonic()
+    await_ranks(tmp_path, grace_s=10)
+    assert time.monotonic() - begun >= 0.5 and late.poll() is not None  # it ended; we did not kill it
+    assert late.returncode == 0
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / "rank1.pid").write_text(f"{other.pid} {psutil.Process(other.pid).create_time() - 100}")
+        begun = time.monotonic()
+        await_ranks(tmp_path, grace_s=5)
+        assert time.monotonic() - begun < 1 and other.poll() is None  # not ours: neither waited for nor killed
+    finally:
+        other.kill()
+        other.wait()

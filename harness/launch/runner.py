@@ -153,6 +153,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         if sampler is not None:
             sampler.stop()
 
+    await_ranks(record_dir)
     returned = time.time()
     records = read_records(record_dir)
     failures += silent_deaths(record_dir, records, failures)
@@ -196,6 +197,28 @@ def phases(started: float, launching: float, returned: float, finished: float, r
     return {k: round(max(v, 0.0), 4) for k, v in result.items()}
 
 
+def await_ranks(record_dir: Path, grace_s: float = 10.0) -> None:
+    """Every rank process that started (its pid file) has ended before the records are read. A launcher can lose
+    track of its workers: forked ones are the fork server's children, and a signal that reaches the whole job
+    (SLURM's SIGUSR2 at the time limit) ends the server at once, so the agent saw them "exit" while they were
+    still writing their records. Any still alive after `grace_s` are killed (their record is then missing)."""
+    procs = []
+    for path in record_dir.glob("rank*.pid"):
+        try:
+            pid_text, _, started = path.read_text().partition(" ")
+            proc = psutil.Process(int(pid_text))
+            if proc.pid != os.getpid() and abs(proc.create_time() - float(started)) < 0.05:  # not a reused PID
+                procs.append(proc)
+        except (ValueError, OSError, psutil.Error):
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
 SILENT_DEATH = ("ended without writing its record (os._exit, SIGKILL, the kernel's OOM killer or a crash below "
                 "Python)")
 
@@ -209,7 +232,7 @@ def silent_deaths(record_dir: Path, records: list[dict[str, Any]], failures: lis
     for path in sorted(record_dir.glob("rank*.pid")):
         rank = int(path.stem.removeprefix("rank"))
         if rank not in known:
-            pid = int(path.read_text().strip() or 0) or None
+            pid = int(path.read_text().split(" ")[0] or 0) or None
             found.append(WorkerFailure(rank=rank, pid=pid, exitcode=-1, message=SILENT_DEATH))
     return found
 

@@ -99,7 +99,7 @@ def run_rank(spec: dict[str, Any],
     stop = StopRequest().install()
     pid_file = Path(spec["record_dir"]) / f"rank{rank}.pid"  # a rank that dies without a record is still known
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.write_text(str(os.getpid()))
+    pid_file.write_text(f"{os.getpid()} {psutil.Process().create_time()}")  # the start time tells a reused PID
     record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
                               "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
                               "host": socket.gethostname(), "device": placement.rank_device(local_rank),
