@@ -548,7 +548,8 @@ def verdict(rows: Sequence[Row]) -> str:
                          "or repeat=N) would decide.")
         if state.stopped:
             early = [(k, r) for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
-            later = [(k, r) for k, r in state.stopped.items() if not by_label[str(k)].stopped_early]
+            later = [(k, r) for k, r in state.stopped.items() if not by_label[str(k)].stopped_early
+                     and not (state.decided == "winner" and k == state.runner_up)]  # its margin is said above
             if early:
                 parts.append("Stopped early, clearly slower: " + _slower(early) + ".")
             if later:
