@@ -51,3 +51,23 @@ def test_sigterm_mid_training_ends_at_the_next_iteration_with_its_windows_record
     assert record["status"] == "interrupted" and record["error"] == "Interrupted: stopped by SIGTERM"
     assert [w["end_iter"] for w in record["windows"]] == [20, 40]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_a_workers_library_noise_goes_to_run_log_and_only_its_records_to_the_terminal(tmp_path):
+    """setup_worker points file descriptors 1 and 2 at run.log: a library's print and a C library's write
+    (what "No CUDA runtime is found" and the profiler's notes are) land there; the harness's own records reach
+    the terminal (rank 0), and run.log too."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "run.log"
+    script = (f"import logging, os, sys\nfrom harness.core.logs import setup_worker\nsetup_worker({str(log)!r}, 0)\n"
+              "print('a library prints this')\nos.write(2, b'a C library writes this\\n')\n"
+              "logging.getLogger('harness').info('the window line')\n"
+              "logging.getLogger('harness').warning('a warning of ours')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "the window line\n" and proc.stderr == "warning: a warning of ours\n"
+    kept = log.read_text()
+    for line in ("a library prints this", "a C library writes this", "the window line", "a warning of ours"):
+        assert line in kept
