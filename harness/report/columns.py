@@ -110,7 +110,7 @@ def _runs(r: Row) -> str:
     """How many runs the row's figures rest on, and whether racing stopped it."""
     if not r.ok_runs:
         return "—"
-    return str(len(r.rounds) or r.ok_runs) + (f" (stopped r{r.stopped_early})" if r.stopped_early else "")
+    return str(len(r.run_throughputs) or r.ok_runs) + (f" (stopped r{r.stopped_early})" if r.stopped_early else "")
 
 
 def pids_said(pids: Sequence[int]) -> str:
@@ -147,7 +147,7 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column(None, csv=(("runs", lambda r: r.runs), ("ok_runs", lambda r: r.ok_runs),
                           ("steady_windows", lambda r: r.steady_windows),
                           ("spread_known", lambda r: int(r.spread_known)))),
-        Column(None, csv=(("rounds", lambda r: len(r.rounds)), ("stopped_early_after_round", lambda r: r.stopped_early),
+        Column(None, csv=(("rounds", lambda r: len(r.run_throughputs)), ("stopped_early_after_round", lambda r: r.stopped_early),
                           ("busy", lambda r: int(bool(r.busy))))),
         Column(f"s/{PER} it [95 %]", lambda r: fmt(r.s_per_20, 3) + _interval_or_unknown(r, r.s_per_20_lo,
                                                                                        r.s_per_20_hi, 3),

@@ -101,7 +101,7 @@ def compare(a: Path, b: Path) -> tuple[list[str], list[Ratio]]:
                           "(same model, batch, image size, settings; A has "
                           f"{', '.join(r.label for r in rows_a.values()) or 'none'}; B has "
                           f"{', '.join(r.label for r in rows_b.values()) or 'none'})")
-    found = ratios({rows_b[key].label: ([v for _, v in rows_a[key].rounds], [v for _, v in rows_b[key].rounds])
+    found = ratios({rows_b[key].label: ([v for _, v in rows_a[key].run_throughputs], [v for _, v in rows_b[key].run_throughputs])
                     for key in common})
     return environment_differences([r for _, r in found_a], [r for _, r in found_b]), found
 

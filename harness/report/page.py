@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.parity import report as parity
 from harness.report import columns
-from harness.report.rows import PER, Context, Row, reproducibility, summary, winners
+from harness.report.rows import PER, Context, Row, reproducibility, verdict, winners
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
@@ -147,7 +147,7 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Strategies side by side</title><style>{STYLE}</style></head>
 <body><h1>Strategies side by side</h1>
-<p class="verdict"><strong>Verdict:</strong> {html.escape(summary(rows, baseline))}</p>
+<p class="verdict"><strong>Verdict:</strong> {html.escape(verdict(rows))}</p>
 {meta}
 {"".join(sections)}
 <script>{SORT}</script>

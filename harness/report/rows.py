@@ -48,7 +48,7 @@ class Row:
     cumulative: list[tuple[int, float]] = field(default_factory=list)  # (iteration, median seconds)
     throughput: float | None = None  # geometric mean over runs (quiet runs only, where there are any)
     run_rates: list[float] = field(default_factory=list)  # each ok run's throughput (the unit that varies)
-    rounds: list[tuple[int | None, float]] = field(default_factory=list)  # (round, throughput) of its quiet runs
+    run_throughputs: list[tuple[int | None, float]] = field(default_factory=list)  # (round, img/s) of its quiet runs
     run_s_per_20: list[tuple[int | None, float]] = field(default_factory=list)  # (round, median window) of the same
     throughput_lo: float | None = None  # 95 % interval from the runs (None: unknown, one run in the sweep)
     throughput_hi: float | None = None
@@ -291,7 +291,7 @@ def _row(group: list[RunRecord], label: str) -> Row:
     if timed and not quiet:
         row.busy = next(r.machine.reason for r in timed if r.machine) or "the machine was busy"
         quiet = timed
-    row.rounds = [(r.round, r.throughput_img_s) for r in quiet if r.throughput_img_s]
+    row.run_throughputs = [(r.round, r.throughput_img_s) for r in quiet if r.throughput_img_s]
     row.run_s_per_20 = [(r.round, statistics.median(w.seconds * PER / (r.log_every or 1) for w in r.windows
                                                     if _steady(w))) for r in quiet]
     row.startup_s = _median_of([r.startup_seconds for r in ok])
@@ -390,10 +390,10 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baselin
     return rows, base.label if base else None
 
 
-def row_fit(rows: Sequence[Row], figure: str = "rounds") -> Fit:
+def row_fit(rows: Sequence[Row], figure: str = "run_throughputs") -> Fit:
     """The sweep's runs as harness.verdict fits them: each row's quiet runs (a row measured only while the
-    machine was busy keeps its own figures, and no other row's interval rests on them). `figure`: `rounds`
-    (throughput) or `run_s_per_20` (each run's median window)."""
+    machine was busy keeps its own figures, and no other row's interval rests on them). `figure`:
+    `run_throughputs` or `run_s_per_20` (each run's median window)."""
     return Fit(Observation(r.label, round_, value) for r in rows if not r.busy for round_, value in getattr(r, figure))
 
 
@@ -402,7 +402,7 @@ def apply_intervals(rows: Sequence[Row]) -> Fit:
     interval from the runs (rounds), never from the windows of one process."""
     fit, times = row_fit(rows), row_fit(rows, "run_s_per_20")
     for row in rows:
-        own = fit if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.rounds)
+        own = fit if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.run_throughputs)
         level = own.level(row.label)
         if level is None:
             continue
@@ -482,12 +482,12 @@ def reproducibility(rows: Sequence[Row]) -> str:
     fit = row_fit(rows)
     timed = [r for r in rows if r.throughput]
     unknown = [r.label for r in timed if not r.spread_known]
-    rounds = max((len(r.rounds) for r in timed), default=0)
+    rounds = max((len(r.run_throughputs) for r in timed), default=0)
     parts = []
     if fit.s_within is not None and fit.min_effect is not None:
         parts.append(f"intervals are 95 % t-intervals from {rounds} run{'s' if rounds != 1 else ''} per row at most "
                      f"(fresh processes in interleaved rounds), the run-to-run spread pooled over "
-                     f"{len({o for o in fit.logs})} rows ({100 * (math.exp(fit.s_within) - 1):.1f} % SD, "
+                     f"{len(fit.logs)} rows ({100 * (math.exp(fit.s_within) - 1):.1f} % SD, "
                      f"{fit.df_within} degrees of freedom); ratios pair runs of the same round; a difference is "
                      f"claimed only beyond {100 * fit.min_effect:.1f} %, as far as one run strays from its "
                      "combination's mean 95 % of the time")
@@ -589,11 +589,6 @@ def _nothing_timed(rows: Sequence[Row]) -> str:
         return (f"No timing: {', '.join(untimed)} ran without a steady window (too few iterations for one after "
                 "warm-up; allowed with parity=true).")
     return "No combination finished here."
-
-
-def summary(rows: Sequence[Row], baseline: str | None) -> str:
-    """The verdict (kept under its old name for the report's callers)."""
-    return verdict(rows)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.parity import report as parity
 from harness.report import columns
 from harness.report.columns import BREAKDOWN_HEAD
-from harness.report.rows import PER, WIN_WORDS, Row, reproducibility, summary, winners
+from harness.report.rows import PER, WIN_WORDS, Row, reproducibility, verdict, winners
 
 
 def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
@@ -57,7 +57,7 @@ SECTION_NOTES = {
 
 def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str]) -> str:
     """The page's order in Markdown: the verdict, a table per question, what did not run."""
-    lines = ["# Strategies side by side", "", f"**Verdict:** {summary(rows, baseline)}", ""]
+    lines = ["# Strategies side by side", "", f"**Verdict:** {verdict(rows)}", ""]
     for section, heading in columns.SECTIONS:
         shown, body = columns.section_table(rows, section)
         if not shown:
@@ -95,7 +95,7 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
     from harness.launch.console import render
 
     won = winners(rows)
-    parts = [f"Verdict: {summary(rows, baseline)}"]
+    parts = [f"Verdict: {verdict(rows)}"]
     titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
     for section, title in titles.items():
         shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None

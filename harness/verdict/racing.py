@@ -45,12 +45,8 @@ def standing(fit: Fit, contenders: Iterable[Hashable]) -> Standing:
         return Standing(leader, stopped=stopped, decided="alone" if not stopped else "winner",
                         runner_up=ranked[1] if len(ranked) > 1 else None,
                         margin=fit.ratio(leader, ranked[1]) if len(ranked) > 1 else None)
+    # a runner-up still left is not clearly slower, so the leader cannot be a winner yet: a tie, or undecided
     runner_up = left[1]
-    margin = fit.ratio(leader, runner_up)
     tied = tuple(k for k in left[1:] if fit.judge(fit.ratio(k, leader)) == "same")
-    decided: Decided | None = None
-    if fit.judge(margin) == "faster":
-        decided = "winner"
-    elif len(tied) == len(left) - 1:
-        decided = "tie"
-    return Standing(leader, runner_up, margin, stopped, tied, decided)
+    return Standing(leader, runner_up, fit.ratio(leader, runner_up), stopped, tied,
+                    "tie" if len(tied) == len(left) - 1 else None)
