@@ -70,6 +70,9 @@ BENCHES = (
     Bench("verdicts", "How right the verdicts are",
           "the verdicts themselves: A/A sweeps, a known 2x-pixels difference, identical default sweeps",
           "A/A claims ≤ 5 %, known found ≥ 95 %, no contradiction"),
+    Bench("prediction", "How right the predictions are",
+          "predicted peak memory and time per iteration against the measured ones, case by case",
+          "memory within 10 %, time within 15 %, per case"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

@@ -43,7 +43,7 @@ def precheck(argv: Sequence[str]) -> list[str]:
     A sweep that types an axis of its own (`-m launcher=elastic,spawn`) sweeps only what it typed:
     `sweep=none` is added, so conf/sweep/'s default grid does not multiply it."""
     flags = [a for a in argv if a.startswith("-")]
-    overrides = [a for a in argv if not a.startswith("-")]
+    overrides = [plan_shorthand(a) for a in argv if not a.startswith("-")]
     multirun = bool({"-m", "--multirun"} & set(flags))
     try:
         check_output_dirs(overrides)
@@ -51,26 +51,56 @@ def precheck(argv: Sequence[str]) -> list[str]:
         check_round_keys(overrides)
         if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
             overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
+        if planning_only(overrides, multirun):
+            sys.exit(run_plan(overrides, multirun))
         check_runs(overrides, multirun)
     except ConfigError as error:
         refuse(error)
     return [*flags, *overrides]
 
 
+def plan_shorthand(override: str) -> str:
+    """`plan=true` is short for `plan.enabled=true`, so that `plan.hardware=...` can follow it (Hydra cannot set a
+    key inside a value it has just made a bool)."""
+    key, sep, value = override.partition("=")
+    return f"plan.enabled={value}" if sep and key == "plan" and value in ("true", "false") else override
+
+
+def planning_only(overrides: Sequence[str], multirun: bool) -> bool:
+    with hydra_context():
+        first = combinations(overrides, multirun)[0]
+        return compose_one(first).run_config().plan.enabled
+
+
+def run_plan(overrides: Sequence[str], multirun: bool) -> int:
+    from harness.planning import plan_command
+
+    with hydra_context():
+        return plan_command(combinations(overrides, multirun), multirun)
+
+
 def check_runs(overrides: Sequence[str], multirun: bool) -> None:
     """Compose and check every combination; in a sweep an Incompatible one is left to become a skipped row."""
     from harness.launch.placement import probe_hardware
     from harness.launch.runner import plan
+    from harness.planning import check_plan_presets, ensure_link
 
     with hydra_context():
         hw = probe_hardware()
+        configs, ranks = [], 1
         for combo in combinations(overrides, multirun):
             cfg = compose_one(combo).run_config()
+            configs.append(cfg)
             try:
-                plan(cfg, hw, in_sweep=multirun)
+                decided = plan(cfg, hw, in_sweep=multirun)
             except Incompatible:
                 if not multirun:
                     raise
+                continue
+            if decided.strategy_cls.one_process_per_device:
+                ranks = max(ranks, decided.placement.world_size)
+        check_plan_presets(configs)
+        ensure_link(ranks, hw.has_gpu)
 
 
 def refuse(error: Exception) -> None:

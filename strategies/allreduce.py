@@ -17,7 +17,7 @@ so the broadcast does not reach them (nor does DDP's): the shared seed keeps the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,10 +27,17 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.autograd import Variable
 from torch.utils.hooks import RemovableHandle
 
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import ProcessGroupStrategy
 
 
 class ManualAllReduce(ProcessGroupStrategy):
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """All-reduced after backward, waited for (no overlap); bucket=true flattens them into one copy."""
+        buffers = (Buffer("grads"),) if cls.options_of(options).get("bucket") else ()
+        return Traffic((Collective("all_reduce", "grads", "none"),), buffers)
+
     def __init__(self, bucket: bool = False) -> None:
         super().__init__()
         self.bucket = bucket

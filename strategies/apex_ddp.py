@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
 from amp import AmpSpec
@@ -9,6 +12,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.optional import apex_missing
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy
 
 
@@ -20,6 +24,13 @@ class ApexDDP(ProcessGroupStrategy):
                          "float16 with strategy=apex_ddp at {level} (apex DDP reduces only half, float and double "
                          "gradients; bfloat16 weights would fail or go unreduced)"),)
     needs_cuda = True
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Flattened buckets of `message_size` elements all-reduced during backward (after it, with
+        delay_allreduce); the flat buffers are a second copy of the gradients."""
+        overlap = "none" if cls.options_of(options).get("delay_allreduce") else "backward"
+        return Traffic((Collective("all_reduce", "grads", overlap),), (Buffer("grads"),))
 
     def __init__(self, delay_allreduce: bool = False, message_size: int = 10_000_000,
                  convert_syncbn: bool = False) -> None:

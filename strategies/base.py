@@ -19,6 +19,7 @@ from amp import Amp, AmpSpec, OptimizerSpec
 from harness.core.config import RunConfig
 from harness.core.devices import DeviceOps, Placement
 from harness.core.errors import Incompatible
+from harness.core.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,15 @@ class Strategy:
         self._ops: DeviceOps | None = None
 
     # ---- decided in the parent, before anything starts ----
+
+    def unit_names(self, model: nn.Module) -> list[str]:
+        """The modules whose parameters are gathered one at a time (FSDP's units); none here."""
+        return []
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """What each iteration sends and what is held to send it (harness.plan's predictions): nothing."""
+        return Traffic()
 
     @classmethod
     def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:

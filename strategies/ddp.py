@@ -16,9 +16,11 @@ from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import Backend, ProcessGroupStrategy
 
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
+_HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 class TorchDDP(ProcessGroupStrategy):
@@ -74,6 +76,19 @@ class TorchDDP(ProcessGroupStrategy):
             return (f"comm_hook=powersgd: gradients are sent as a rank-{options['powersgd_rank']} "
                     "approximation after the first iterations")
         return None
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Buckets all-reduced as backward fills them (overlapped); the buckets are a second copy of the
+        gradients unless gradient_as_bucket_view; a compression hook adds a half copy of one bucket."""
+        o = cls.options_of(options)
+        hook = o["comm_hook"]
+        sent = Collective("all_reduce", "powersgd", "backward", powersgd_rank=o["powersgd_rank"]) \
+            if hook == "powersgd" else Collective("all_reduce", "grads", "backward", _HOOK_DTYPE.get(hook))
+        buffers = () if o["gradient_as_bucket_view"] else (Buffer("grads"),)
+        if hook in _HOOK_DTYPE:
+            buffers += (Buffer("bucket", dtype=_HOOK_DTYPE[hook], bucket_cap_mb=o["bucket_cap_mb"]),)
+        return Traffic((sent,), buffers)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None

@@ -3,10 +3,14 @@ scattered, outputs gathered and gradients reduced on the first (base) GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
 from amp import AmpSpec
 from harness.core.devices import Placement
+from harness.core.traffic import Collective, Traffic
 from strategies.base import AmpRule, Strategy
 
 
@@ -20,6 +24,14 @@ class DataParallelStrategy(Strategy):
     amp_rules = (AmpRule({"impl": "apex", "level": ("O0", "O2", "O3")}, "impl",
                          "native with strategy=dp at {level} (apex's patched forward would make every DataParallel "
                          "replica run GPU 0's weights; apex works with dp at O1 only)"),)
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Every iteration: the parameters broadcast from the base GPU to the replicas (waited for, before
+        forward) and the replicas' gradients reduced onto it (during backward); a replica of the model on
+        every GPU."""
+        return Traffic((Collective("broadcast", "params", "none"), Collective("reduce", "grads", "backward")),
+                       replicas_per_device=True)
 
     @classmethod
     def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:

@@ -45,11 +45,15 @@ from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
 from strategies.ddp import CommHook
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+_HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 class FSDP2(ProcessGroupStrategy):
@@ -85,6 +89,18 @@ class FSDP2(ProcessGroupStrategy):
         hook = cls.options_of(options)["comm_hook"]
         return f"comm_hook={hook}: gradients are reduced in {hook} (reduce_dtype)" if hook != "none" else None
 
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Each unit's parameters all-gathered before its forward (prefetched: overlapped), again before its
+        backward when resharded after forward, and its gradients reduce-scattered during backward. Held:
+        the gathered unit and the next one prefetched, and one unit's unsharded gradients."""
+        o = cls.options_of(options)
+        gathers = (Collective("all_gather", "params", "forward"),)
+        if o["reshard_after_forward"]:
+            gathers += (Collective("all_gather", "params", "backward"),)
+        reduce = Collective("reduce_scatter", "grads", "backward", _HOOK_DTYPE.get(o["comm_hook"]))
+        return Traffic(gathers + (reduce,), (Buffer("unit_params", 2), Buffer("unit_grads", 1)))
+
     def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:
         """The amp plugin says what FSDP2 does in place of its casting (`Amp.sharded_precision`): the model is
         cast only where no policy maps the level (O3, O2 without masters)."""
@@ -101,7 +117,7 @@ class FSDP2(ProcessGroupStrategy):
         # fp32 batch-norm beside half parameters: its own unit, gathering fp32 and taking its input as it comes
         norm_policy = MixedPrecisionPolicy(reduce_dtype=p.reduce_dtype, cast_forward_inputs=False) \
             if p.norms_apart and p.param_dtype is not None else policy
-        units = dict.fromkeys(self._block_names(model))
+        units = dict.fromkeys(self.unit_names(model))
         if p.norms_apart:
             # fp32 batch-norm in a half block (a ResNet's): FSDP2 asserts one original dtype per unit
             # (_fsdp_param_group.py: "FSDP expects uniform original parameter dtype but got ..."), so each
@@ -115,7 +131,7 @@ class FSDP2(ProcessGroupStrategy):
         self._root = fully_shard(model, mp_policy=root_policy, reshard_after_forward=self.reshard_after_forward)
         return model
 
-    def _block_names(self, model: nn.Module) -> list[str]:
+    def unit_names(self, model: nn.Module) -> list[str]:
         """`blocks` as given, or (null) every child of the model's top-level Sequential containers that holds
         parameters: a torchvision ResNet's residual blocks (layer1.0, ...), tiny_cnn's layers."""
         modules = dict(model.named_modules())

@@ -27,6 +27,7 @@ from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.optional import package_missing
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, RankEnv
 
 INSTALL_HINT = ("strategy=horovod needs horovod built against this torch: HOROVOD_WITH_PYTORCH=1 "
@@ -93,6 +94,14 @@ class HorovodStrategy(ProcessGroupStrategy):
                 "amp.dtype=bfloat16 with strategy=horovod at {level}: dynamic scaling would decide on each rank's "
                 "gradients before horovod averages them"),
     )
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Gradients all-reduced as backward produces them, fused into a 64 MiB buffer (HOROVOD_FUSION_THRESHOLD's
+        default); fp16 compression sends them in half."""
+        half = "float16" if cls.options_of(options).get("compression") == "fp16" else None
+        return Traffic((Collective("all_reduce", "grads", "backward", half),),
+                       (Buffer("bucket", dtype=half, bucket_cap_mb=64),))
+
     def __init__(self, compression: Literal["none", "fp16"] = "none") -> None:
         super().__init__()
         self.compression = compression

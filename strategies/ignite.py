@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.optional import package_missing
+from harness.core.traffic import Buffer, Collective, Traffic
 from strategies import horovod
 from strategies.base import RankEnv, Strategy, check_backend
 
@@ -44,6 +46,11 @@ def _idist() -> Any:
 
 class IgniteStrategy(Strategy):
     one_process_per_device = True
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """idist.auto_model wraps the model in torch DDP (default options) when there are several processes."""
+        return Traffic((Collective("all_reduce", "grads", "backward"),), (Buffer("grads"),))
 
     def __init__(self, sync_bn: bool = False, find_unused_parameters: bool = False,
                  backend: Literal["auto", "gloo", "nccl", "mpi", "horovod", "xla-tpu"] = "auto") -> None:

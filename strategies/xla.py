@@ -20,6 +20,7 @@ compile time XLA measured is reported on its own (`compile_seconds`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError
 from harness.core.optional import package_missing
+from harness.core.traffic import Traffic
 from strategies.base import AmpRule, RankEnv, Strategy
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
@@ -58,6 +60,12 @@ class XlaStrategy(Strategy):
         AmpRule({"loss_scale": "dynamic"}, "loss_scale", "a fixed scale or amp.dtype=bfloat16 with strategy=xla "
                 "(torch.amp's GradScaler reads inf checks on the host every step: a graph break)"),
     )
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        return Traffic(predictable=False, why_not="strategy=xla: XLA compiles and fuses the step as a whole; the "
+                       "planner has no model of its graphs")
+
     def __init__(self, devices: int = 1) -> None:
         super().__init__()
         self.devices = devices

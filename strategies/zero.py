@@ -9,13 +9,15 @@ where ZeRO never steps them, and is refused at the levels that have them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from amp import OptimizerSpec
+from harness.core.traffic import Collective, Traffic
 from strategies.base import AmpRule, Backend
 from strategies.ddp import CommHook, TorchDDP
 
@@ -39,6 +41,13 @@ class ZeroDDP(TorchDDP):
         super().__init__(find_unused_parameters, bucket_cap_mb, gradient_as_bucket_view, comm_hook, powersgd_rank,
                          powersgd_start_iter, backend)
         self.parameters_as_bucket_view = parameters_as_bucket_view
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """DDP's, then after the step every rank broadcasts its updated share: together an all-gather of the
+        parameters, waited for."""
+        ddp = super().traffic(options)
+        return Traffic(ddp.collectives + (Collective("all_gather", "stored_params", "none"),), ddp.buffers)
 
     def build_optimizer(self, params: Iterable[nn.Parameter], optimizer: OptimizerSpec) -> torch.optim.Optimizer:
         """The configured optimizer's class and keywords, inside ZeRO: each rank builds it over its share."""

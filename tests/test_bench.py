@@ -28,6 +28,7 @@ SCRIPTS = {
     "modern.py": ["== tiny_cnn, global batch 8, 2 workers"],
     "profile_cost.py": ["== tiny_cnn, DDP 2 workers: profile=true against profile=false"],
     "verdicts.py": ["== verdicts against known truths"],
+    "prediction.py": ["== predicted against measured, per case"],
 }
 
 

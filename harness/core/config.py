@@ -110,6 +110,18 @@ class ParityConfig:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """Predictions before launch (harness.plan). `plan=true` on the command line is short for
+    `plan.enabled=true`: predict every combination on `hardware` (a conf/plan/hardware/ preset) and train
+    nothing. Otherwise every run is predicted on this machine first; one predicted not to fit its device
+    memory is skipped unless `enforce` is false."""
+
+    enabled: bool = False
+    hardware: str = "local"
+    enforce: bool = True
+
+
+@dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
 
@@ -145,6 +157,7 @@ class RunConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     profile: bool = False  # torch.profiler over the first window after warm-up (excluded from steady figures)
 
     @property
@@ -231,6 +244,7 @@ class RunConfig:
             raise ConfigError("compile", compile_, "true or false")
         grad_accum = cfg.get("grad_accum", 1)
         _positive_int("grad_accum", grad_accum)
+        plan = check_plan(cfg.get("plan"))
 
         return cls(
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
@@ -238,14 +252,14 @@ class RunConfig:
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, parity=parity,
-            compile=compile_, grad_accum=grad_accum, profile=profile,
+            compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
                             "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum",
-                            "profile"})
+                            "profile", "plan"})
 
 
 def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
@@ -303,6 +317,22 @@ def check_parity(section: Any) -> ParityConfig:
     parity = ParityConfig(**check_record("parity", section, ParityConfig))
     _one_of("parity.reference", parity.reference, PARITY_REFERENCES)
     return parity
+
+
+def check_plan(section: Any) -> PlanConfig:
+    """`plan=true|false` or the section. Whether `plan.hardware` names a preset, and the preset's own fields,
+    are checked where presets are read (harness.plan.hardware), before anything starts."""
+    if section is None:
+        return PlanConfig()
+    if isinstance(section, bool):
+        return PlanConfig(enabled=section)
+    if not isinstance(section, Mapping):
+        raise ConfigError("plan", section, "true, false, or the section (plan.enabled, plan.hardware, plan.enforce)")
+    plan = PlanConfig(**check_record("plan", section, PlanConfig))
+    if not plan.hardware or not str(plan.hardware).replace("-", "").replace("_", "").isalnum():
+        raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
+                          "digits, - and _)")
+    return plan
 
 
 def check_dist(section: Mapping[str, Any]) -> DistConfig:

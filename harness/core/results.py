@@ -73,6 +73,40 @@ class RankEntry:
     status: Status | None = None
     error: str | None = None
     allocator: list[dict[str, Any]] | None = None  # torch's allocator peaks per device (GPU runs)
+    tensor_peak_mib: float | None = None  # CPU: the peak of live tensor bytes (harness.memory.tensor_peak)
+
+
+@dataclass
+class PredictionRecord:
+    """What harness.plan predicted before the run (on this machine's measured preset): the figures compared,
+    and the breakdown (memory per rank by kind, time by part, assumptions) as the planner wrote it."""
+
+    __pydantic_config__ = _FORBID
+    hardware: str
+    peak_mib: float  # the largest rank's predicted peak
+    s_per_iteration: float
+    throughput_img_s: float
+    fits: bool
+    device_memory_mib: float
+    world_size: int
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    time: dict[str, float] = field(default_factory=dict)
+    flops_per_iteration: int | None = None
+    misfit: str | None = None
+    assumptions: list[str] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PredictionError:
+    """(measured - predicted) / measured, each with what was measured."""
+
+    __pydantic_config__ = _FORBID
+    peak_mib: float | None = None
+    s_per_iteration: float | None = None
+    measured_peak_mib: float | None = None
+    measured_s_per_iteration: float | None = None
+    memory_source: str | None = None  # what measured the peak: the allocator (GPU) or the live-tensor probe (CPU)
 
 
 @dataclass
@@ -264,6 +298,8 @@ class RunRecord:
     round: int | None = None  # which round of a sweep (1, 2, ...): rounds pair runs in the report's ratios
     phases: dict[str, float] = field(default_factory=dict)  # where the run's wall time went, seconds (PHASES)
     machine: MachineLoad | None = None  # what else the machine did while the run was timed
+    prediction: PredictionRecord | None = None  # harness.plan's, made before the run started
+    prediction_error: PredictionError | None = None
 
     @classmethod
     def not_run(cls, *, status: Status, error: str, strategy: str, amp: str, model: str,

@@ -33,6 +33,7 @@ from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardw
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.parity.merge import run_parity
+from harness.plan.predict import Prediction
 from harness.profile.merge import profile_section
 from harness.rank.worker import run_rank
 
@@ -109,6 +110,17 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
         return record.to_dict()
 
+    prediction = predict_run(cfg, placement, amp, strategy_cls)
+    if prediction is not None:
+        base["prediction"] = prediction.as_dict()
+        if not prediction.fits and cfg.plan.enforce:
+            known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
+            record = RunRecord.not_run(status="skipped", error=f"{prediction.misfit()} (plan.enforce=false starts it "
+                                       "anyway)", **known)
+            write_results(run_dir, record)
+            log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
+            return record.to_dict()
+
     for note in placement.notes:
         log.info("note: %s", note)
     base["compile_cache"] = prepare_compile_cache() if cfg.compile else None  # before any worker starts
@@ -166,10 +178,52 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
                "env": environment(env_extra), "round": cfg_dict.get("round"), "finished_at": time.time()}
     results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
                                results["compile_seconds"])
+    if prediction is not None:
+        results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
+                                                       records)
     publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return results
+
+
+def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any) -> Prediction | None:
+    """The run predicted on this machine before it starts (harness.plan); None, saying why, where the planner
+    cannot (a strategy it has no model of, a trace that fails)."""
+    from harness.plan.predict import NotPredictable, predict
+    from harness.plan.targets import local_target
+
+    ranks = len(placement.gpus) if strategy_cls.drives_all_devices and placement.gpus else placement.world_size
+    try:
+        prediction = predict(cfg, placement, amp, strategy_cls,
+                             local_target(placement.accelerator, ranks, placement.threads_per_process))
+    except NotPredictable as error:
+        log.info("[%s %s] not predicted: %s", cfg.strategy_name, cfg.amp.level, error)
+        return None
+    except Exception as error:  # noqa: BLE001 (a prediction never stops a run)
+        log.warning("[%s %s] not predicted: %s", cfg.strategy_name, cfg.amp.level, last_line(error))
+        return None
+    log.info("[%s %s] predicted: peak %.1f MiB per rank, %.4f s per iteration", cfg.strategy_name, cfg.amp.level,
+             prediction.peak_mib, prediction.s_per_iteration)
+    return prediction
+
+
+def prediction_error(peak_mib: float, s_per_iteration: float, results: dict[str, Any],
+                     records: list[dict[str, Any]]) -> dict[str, Any]:
+    """(measured - predicted) / measured for the peak (GPU: the caching allocator's reserved peak, the largest
+    device's; CPU: the largest rank's live-tensor peak) and the time per iteration (the steady windows')."""
+    reserved = [p["max_reserved_mib"] for r in records for p in r.get("allocator") or []]
+    probed = [r["tensor_peak_mib"] for r in records if r.get("tensor_peak_mib") is not None]
+    measured_peak, source = (max(reserved), "torch-allocator") if reserved else \
+        (max(probed), "live-tensor-probe") if probed else (None, None)
+    throughput = results.get("throughput_img_s")
+    measured_s = results["global_batch"] / throughput if throughput else None
+
+    def error(measured: float | None, predicted: float) -> float | None:
+        return (measured - predicted) / measured if measured else None
+
+    return {"peak_mib": error(measured_peak, peak_mib), "s_per_iteration": error(measured_s, s_per_iteration),
+            "measured_peak_mib": measured_peak, "measured_s_per_iteration": measured_s, "memory_source": source}
 
 
 def phases(started: float, launching: float, returned: float, finished: float, records: list[dict[str, Any]],
@@ -455,7 +509,7 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "precision": precision,
         "parity": run_parity(cfg, placement, records),
         "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",
-                                         "allocator")} for r in records],
+                                         "allocator", "tensor_peak_mib")} for r in records],
     }
 
 

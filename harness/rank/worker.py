@@ -31,6 +31,7 @@ from harness.core.results import write_json_atomic
 from harness.core.stops import Interrupted, StopRequest, caused_by, last_line
 from harness.core.timing import AutoStop, Window, WindowClock
 from harness.memory.footprint import footprint, per_rank
+from harness.memory.tensor_peak import TensorPeak
 from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges
@@ -83,6 +84,15 @@ def progress_logger(label: str, global_batch: int, log_every: int, iterations: i
     return show
 
 
+PROBE_ITERATIONS = 2  # the live-tensor peak on CPU: from before the model is built to the end of iteration 2
+MIB = 2**20
+
+
+def probe_fits_warmup(cfg: RunConfig) -> bool:
+    """The probe slows what it watches: only inside the warm-up window."""
+    return cfg.warmup_windows >= 1 and cfg.log_every > PROBE_ITERATIONS
+
+
 def run_rank(spec: dict[str, Any],
              before_teardown: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise.
@@ -108,6 +118,7 @@ def run_rank(spec: dict[str, Any],
                               "memory_theory": None,
                               "times": {"process_started": psutil.Process().create_time(), "entered": entered}}
     clock: WindowClock | None = None
+    probe: TensorPeak | None = None
     strategy = None
     batches: BatchSource | None = None
     try:
@@ -117,6 +128,7 @@ def run_rank(spec: dict[str, Any],
         record["times"]["group_ready"] = time.time()
         record["backend"] = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
@@ -147,6 +159,8 @@ def run_rank(spec: dict[str, Any],
         def before_step(it: int) -> None:  # a few attribute reads: nothing waits for the device
             stop.check()
             inject(it)
+            if it == PROBE_ITERATIONS + 1 and probe is not None:
+                record["tensor_peak_mib"] = probe.stop() / MIB  # type: ignore[operator]
 
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
@@ -155,6 +169,8 @@ def run_rank(spec: dict[str, Any],
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
         loop_ended = time.time()
+        if probe is not None and "tensor_peak_mib" not in record:
+            record["tensor_peak_mib"] = probe.stop() / MIB  # type: ignore[operator]
         record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
                                            world_size, strategy.shards, cfg.grad_accum)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
@@ -180,6 +196,8 @@ def run_rank(spec: dict[str, Any],
             record["allocator"] = strategy.ops.allocator_peaks()
         raise
     finally:
+        if probe is not None:
+            probe.stop()  # a failed run: profiling off before anything else runs here
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]

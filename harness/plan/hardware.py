@@ -1,0 +1,220 @@
+"""Hardware presets (conf/plan/hardware/*.yaml), checked field by field, and this machine's measured one.
+
+A preset is what a prediction needs of a machine it may never have run on: device memory, peak compute per
+dtype, and the two links (inside a node, between nodes) as latency and bus bandwidth. `local` is this
+machine, measured on first use and cached (its compute by timing matrix products, its link by the harness's
+collectives benchmark, fitted by harness.plan.links); the cache's key names the hardware and torch version,
+so a different machine or torch measures anew."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from harness.core.config import CONF_DIR
+from harness.core.errors import ConfigError
+from harness.plan.links import Link
+
+PRESET_DIR = CONF_DIR / "plan" / "hardware"
+LOCAL = "local"
+DTYPES = ("float32", "bfloat16", "float16")
+FIELDS = ("accelerator", "devices_per_node", "nodes", "device_memory_gib", "peak_tflops", "intra", "inter")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    accelerator: str  # cuda | cpu
+    devices_per_node: int
+    nodes: int
+    device_memory_gib: float  # per device; on CPU the RAM, which every rank shares
+    peak_tflops: Mapping[str, float]  # per device and dtype; on CPU per process at the run's thread count
+    intra: Link
+    inter: Link
+    measured: bool = False
+    source: str = ""
+    per_op: Mapping[str, Link] = field(default_factory=dict)  # this machine: each collective's own fitted link
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_node * self.nodes
+
+    @property
+    def shared_memory(self) -> bool:
+        """CPU ranks share the host's RAM: they fit together or not at all."""
+        return self.accelerator == "cpu"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preset_names(preset_dir: Path = PRESET_DIR) -> list[str]:
+    return sorted(p.stem for p in preset_dir.glob("*.yaml"))
+
+
+def load_preset(name: str, preset_dir: Path = PRESET_DIR, machine: Mapping[str, Any] | None = None) -> Preset:
+    """The preset `name`, every field checked (ConfigError naming plan.hardware, the file and the field).
+    `local` needs this machine's measurements (`machine`, from `measure_machine`)."""
+    names = preset_names(preset_dir)
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError("plan.hardware", name, f"{hint}a preset of conf/plan/hardware/: " + ", ".join(names) +
+                          " (or add <name>.yaml there)")
+    path = preset_dir / f"{name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError("plan.hardware", name, f"a readable yaml file ({path}: {str(error).splitlines()[0]})") \
+            from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("plan.hardware", name, f"a mapping of {', '.join(FIELDS)} in {path}")
+    per_op = {}
+    if machine is not None and any(data.get(k) == "measured" for k in FIELDS):
+        per_op = {op: Link(**link) for op, link in (machine.get("per_op") or {}).items()}
+        machine = {k: v for k, v in machine.items() if k in FIELDS}
+        data = {k: machine[k] if data.get(k) == "measured" else data.get(k) for k in FIELDS}
+    preset = check_preset(name, data, str(path), measured=name == LOCAL)
+    return dataclasses.replace(preset, per_op=per_op) if per_op else preset
+
+
+def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool = False) -> Preset:
+    def bad(field: str, value: object, allowed: str) -> ConfigError:
+        return ConfigError("plan.hardware", name, f"a preset whose `{field}` is {allowed} ({source} has "
+                           f"{field}: {value!r})")
+
+    missing = [k for k in FIELDS if k not in data]
+    if missing:
+        return_error = ConfigError("plan.hardware", name, f"a preset with every field ({', '.join(FIELDS)}): "
+                                   f"{source} has no `{missing[0]}`")
+        raise return_error
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise bad(unknown[0], data[unknown[0]], "not a preset field: the fields are " + ", ".join(FIELDS))
+    if data["accelerator"] not in ("cuda", "cpu"):
+        raise bad("accelerator", data["accelerator"], "cuda or cpu")
+    for key in ("devices_per_node", "nodes"):
+        if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 1:
+            raise bad(key, data[key], "an integer >= 1")
+    memory = data["device_memory_gib"]
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or not memory > 0:
+        raise bad("device_memory_gib", memory, "a number of GiB > 0")
+    rates = data["peak_tflops"]
+    if not isinstance(rates, Mapping) or set(rates) != set(DTYPES):
+        raise bad("peak_tflops", rates, "a mapping of " + ", ".join(DTYPES) + " to TFLOP/s")
+    for dtype, rate in rates.items():
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise bad(f"peak_tflops.{dtype}", rate, "a number of TFLOP/s > 0")
+    links = {}
+    for key in ("intra", "inter"):
+        link = data[key]
+        if not isinstance(link, Mapping) or set(link) != {"latency_us", "bandwidth_gbps"}:
+            raise bad(key, link, "a mapping of latency_us and bandwidth_gbps")
+        for name, least in (("latency_us", 0.0), ("bandwidth_gbps", None)):
+            value = link[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
+                    (least is None and not value > 0):
+                raise bad(f"{key}.{name}", value, "a number >= 0" if least is not None else "a number > 0")
+        links[key] = Link(float(link["latency_us"]), float(link["bandwidth_gbps"]))
+    return Preset(name=name, accelerator=data["accelerator"], devices_per_node=data["devices_per_node"],
+                  nodes=data["nodes"], device_memory_gib=float(memory),
+                  peak_tflops={k: float(v) for k, v in rates.items()}, intra=links["intra"], inter=links["inter"],
+                  measured=measured, source=source)
+
+
+# ---- this machine ----
+
+def machine_key() -> str:
+    """What the measurements depend on: the processor, the cores, the GPUs, torch."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    text = json.dumps([cpu, len(os.sched_getaffinity(0)), gpus, torch.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cache_path() -> Path:
+    base = os.environ.get("HARNESS_MACHINE_CACHE") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parallel-harness"
+    return Path(base) / f"machine-{machine_key()}.json"
+
+
+def read_machine() -> dict[str, Any]:
+    path = cache_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_machine(data: Mapping[str, Any]) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    temporary.replace(path)
+
+
+def gemm_tflops(dtype: torch.dtype, threads: int, device: str = "cpu", size: int = 512) -> float:
+    """Achieved TFLOP/s of square matrix products in `dtype` on `threads` threads (the best of a few)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        best = float("inf")
+        for _ in range(4):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(3):
+                a @ b
+            if device == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / 3)
+        return 2 * size**3 / best / 1e12
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_machine(threads: int, accelerator: str, devices: int,
+                    measure_link: Callable[[], tuple[Link, dict[str, Link]]] | None,
+                    memory_gib: float) -> dict[str, Any]:
+    """This machine as a preset's fields, measured where the cache lacks them (compute per thread count; the
+    link once, by `measure_link`, when there are several devices to link)."""
+    cached = read_machine()
+    rates = cached.get("rates", {})
+    key = f"{accelerator}:{threads}"
+    if key not in rates:
+        device = "cuda" if accelerator == "cuda" else "cpu"
+        rates[key] = {name: gemm_tflops(getattr(torch, name), threads, device,
+                                        size=2048 if device == "cuda" else 512) for name in DTYPES}
+    link, per_op = cached.get("link"), cached.get("per_op")
+    if link is None and measure_link is not None and devices > 1:
+        pooled, each = measure_link()
+        link, per_op = asdict(pooled), {op: asdict(fit) for op, fit in each.items()}
+    data = {**cached, "rates": rates, "link": link, "per_op": per_op}
+    if data != cached:
+        write_machine(data)
+    return {"accelerator": accelerator, "devices_per_node": devices, "nodes": 1, "device_memory_gib": memory_gib,
+            "peak_tflops": rates[key], "link_measured": link is not None, "per_op": per_op,
+            "intra": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9},  # one device: never used
+            "inter": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9}}

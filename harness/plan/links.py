@@ -1,0 +1,84 @@
+"""The latency-bandwidth (alpha-beta) model of ring collectives, and its fit to measured timings.
+
+A ring collective over n ranks takes `steps` hops of latency alpha and moves `bus_factor x S` bytes through
+each rank's link at bus bandwidth B (NVIDIA nccl-tests' definition, doc/PERFORMANCE.md): all_reduce
+2(n-1)/n and 2(n-1) hops (reduce-scatter then all-gather), all_gather and reduce_scatter (n-1)/n and n-1
+hops, broadcast 1 and n-1 hops (pipelined). S is the full buffer (for all_gather and reduce_scatter, every
+rank's share together). Across nodes the ring is as fast as its slowest link: the inter-node bus bandwidth,
+with the hops that cross nodes paying the inter-node latency."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_us: float  # one hop
+    bandwidth_gbps: float  # bus bandwidth, GB/s (1e9 bytes/s)
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective {op}")
+
+
+def hops(op: str, n: int) -> int:
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes: int, intra: Link,
+                       inter: Link, per_op: Mapping[str, Link] | None = None) -> float:
+    """One collective over devices_per_node x nodes ranks (0 for one rank). `per_op`: a link fitted to each op
+    apart (this machine's: gloo's algorithms differ from op to op), used in place of `intra` inside a node."""
+    n = devices_per_node * nodes
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    if per_op and op in per_op and nodes == 1:
+        intra = per_op[op]
+    bandwidth = intra.bandwidth_gbps if nodes == 1 else min(intra.bandwidth_gbps, inter.bandwidth_gbps)
+    total_hops = hops(op, n)
+    crossing = 0 if nodes == 1 else total_hops * nodes // n  # a ring crosses nodes `nodes` times per pass
+    latency = (total_hops - crossing) * intra.latency_us + crossing * inter.latency_us
+    return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB)
+
+
+@dataclass(frozen=True)
+class Fit:
+    link: Link
+    r_squared: float
+    points: int
+
+
+def fit_link(samples: Sequence[tuple[str, int, float]], n: int) -> Fit:
+    """Non-negative least squares of seconds against hops and bus bytes, pooled over ops:
+    t = hops x alpha + bus_factor x S / B. `samples`: (op, size in bytes, median seconds) from the collectives
+    benchmark over `n` ranks. R^2 is of the fitted times against the measured ones."""
+    design = np.array([[hops(op, n), bus_factor(op, n) * size] for op, size, _ in samples], dtype=float)
+    seconds = np.array([s for _, _, s in samples], dtype=float)
+    scale = design.max(axis=0)
+    scale[scale == 0] = 1.0
+    (alpha, inverse_bw), _ = optimize.nnls(design / scale, seconds)
+    alpha, inverse_bw = alpha / scale[0], inverse_bw / scale[1]
+    fitted = design @ np.array([alpha, inverse_bw])
+    residual = float(((seconds - fitted) ** 2).sum())
+    total = float(((seconds - seconds.mean()) ** 2).sum()) or 1.0
+    bandwidth = 1 / inverse_bw / GB if inverse_bw > 0 else float("inf")
+    return Fit(Link(latency_us=float(alpha * 1e6), bandwidth_gbps=float(bandwidth)), 1 - residual / total, len(samples))
+
+
+def fit_links(samples: Sequence[tuple[str, int, float]], n: int) -> tuple[Fit, dict[str, Fit]]:
+    """The pooled fit, and one per op (each op's own latency and bandwidth)."""
+    ops = dict.fromkeys(op for op, _, _ in samples)
+    return fit_link(samples, n), {op: fit_link([s for s in samples if s[0] == op], n) for op in ops}

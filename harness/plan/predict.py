@@ -1,0 +1,303 @@
+"""A combination's prediction: each rank's peak memory by kind, and one iteration's time by part.
+
+Memory: the traced step (harness.plan.trace) at the rank's micro-batch, with what the strategy shards divided
+by the ranks sharing it, its declared communication buffers (strategies' `traffic`), the batches the data
+source keeps on the device, and on CUDA the caching allocator's overhead. Time: the calibrated forward,
+backward and optimizer step (harness.plan.calibrate; on a preset scaled by the ratio of peak rates in the
+dtype the level computes in), plus each declared collective by the latency-bandwidth model
+(harness.plan.links), hidden under the pass it overlaps with, except its last piece."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.core.amp_levels import AmpSpec
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.traffic import Buffer, Collective, Traffic
+from harness.plan.calibrate import Calibration, calibrate
+from harness.plan.hardware import GIB, Preset
+from harness.plan.links import collective_seconds
+from harness.plan.trace import StepTrace, trace_step
+
+MIB = 2**20
+CUDA_ALLOCATOR_OVERHEAD = 0.10  # reserved beyond allocated at the peak: assumed (block rounding, fragmentation)
+FORWARD_SHARE = 1 / 3  # of forward + backward: backward computes about twice the forward's FLOPs
+PRESET_CALIBRATION_BATCH = 8  # a preset's calibration runs here, at most this many images per micro-batch
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    device: str
+    params_mib: float  # master copies included
+    grads_mib: float
+    optimizer_mib: float
+    activations_mib: float
+    inputs_mib: float
+    comm_buffers_mib: float
+    allocator_mib: float
+
+    @property
+    def peak_mib(self) -> float:
+        return (self.params_mib + self.grads_mib + self.optimizer_mib + self.activations_mib + self.inputs_mib +
+                self.comm_buffers_mib + self.allocator_mib)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()},
+                "peak_mib": round(self.peak_mib, 2)}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    hardware: str
+    world_size: int
+    ranks: tuple[RankMemory, ...]
+    device_memory_mib: float
+    shared_memory: bool
+    compute_s: float
+    optimizer_s: float
+    comm_s: float
+    exposed_comm_s: float
+    flops_per_iteration: int
+    global_batch: int
+    assumptions: tuple[str, ...]
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def peak_mib(self) -> float:
+        return max(r.peak_mib for r in self.ranks)
+
+    @property
+    def overlapped_comm_s(self) -> float:
+        return self.comm_s - self.exposed_comm_s
+
+    @property
+    def s_per_iteration(self) -> float:
+        return self.compute_s + self.optimizer_s + self.exposed_comm_s
+
+    @property
+    def throughput_img_s(self) -> float:
+        return self.global_batch / self.s_per_iteration if self.s_per_iteration > 0 else math.inf
+
+    @property
+    def worst(self) -> RankMemory:
+        return max(self.ranks, key=lambda r: r.peak_mib)
+
+    def needed_mib(self) -> float:
+        """What must fit in one device's memory (CPU ranks share the RAM: all of them together)."""
+        return sum(r.peak_mib for r in self.ranks) if self.shared_memory else self.peak_mib
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_mib() <= self.device_memory_mib
+
+    def misfit(self) -> str | None:
+        """`predicted peak 13.2 GiB > 11.0 GiB on cuda:1 (activations 7.9 GiB)`, or None when it fits."""
+        if self.fits:
+            return None
+        worst = self.worst
+        largest = max(("params", worst.params_mib), ("gradients", worst.grads_mib),
+                      ("optimizer state", worst.optimizer_mib), ("activations", worst.activations_mib),
+                      ("inputs", worst.inputs_mib), ("communication buffers", worst.comm_buffers_mib),
+                      key=lambda kv: kv[1])
+        where = f"the RAM the {len(self.ranks)} ranks share" if self.shared_memory else worst.device
+        return (f"predicted peak {self.needed_mib() / 1024:.1f} GiB > {self.device_memory_mib / 1024:.1f} GiB on "
+                f"{where} ({largest[0]} {largest[1] / 1024:.1f} GiB)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hardware": self.hardware, "world_size": self.world_size, "peak_mib": round(self.peak_mib, 2),
+                "s_per_iteration": self.s_per_iteration, "throughput_img_s": self.throughput_img_s,
+                "fits": self.fits, "device_memory_mib": round(self.device_memory_mib, 1),
+                "memory": [r.as_dict() for r in self.ranks],
+                "time": {"compute_s": self.compute_s, "optimizer_s": self.optimizer_s, "comm_s": self.comm_s,
+                         "exposed_comm_s": self.exposed_comm_s, "overlapped_comm_s": self.overlapped_comm_s},
+                "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(),
+                "assumptions": list(self.assumptions), "calibration": self.calibration}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the combination is predicted: a preset, and the local rates its compute is scaled from."""
+
+    preset: Preset
+    local_tflops: dict[str, float]  # this machine's measured rates at the calibration's thread count
+    calibration_threads: int
+    link_measured: bool = True  # False: this machine's link was never measured (communication left out)
+
+
+def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any, target: Target) -> Prediction:
+    preset = target.preset
+    traffic: Traffic = strategy_cls.traffic(cfg.strategy)
+    if not traffic.predictable:
+        raise NotPredictable(traffic.why_not)
+    n = placement.world_size
+    devices = len(placement.gpus) if traffic.replicas_per_device and placement.gpus else 1
+    replicas = max(devices, 1)
+    local_batch = cfg.batch_size // n // replicas  # DataParallel: each replica's share
+    micro = local_batch // cfg.grad_accum
+    unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
+    trace = trace_step(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
+                       unit_names)
+    ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
+    compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro)
+    if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
+        optimizer /= n
+    comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
+    assumptions = (*notes, *memory_notes(preset, cfg),
+                   f"communication: {', '.join(_describe(c) for c in traffic.collectives) or 'none'}; "
+                   f"latency-bandwidth model over {preset.name}'s links" if traffic.collectives else
+                   "communication: none")
+    if not target.link_measured and n > 1:
+        comm = exposed = 0.0
+        assumptions += ("this machine's link was never measured (python -m harness.plan measures it): "
+                        "communication left out",)
+    if preset.accelerator == "cpu" and n > 1:
+        assumptions += ("CPU: communication runs on the cores that compute, so it overlaps nothing here",)
+    return Prediction(hardware=preset.name, world_size=n, ranks=ranks,
+                      device_memory_mib=preset.device_memory_gib * GIB / MIB, shared_memory=preset.shared_memory,
+                      compute_s=compute, optimizer_s=optimizer, comm_s=comm, exposed_comm_s=exposed,
+                      flops_per_iteration=trace.flops * n * replicas, global_batch=cfg.batch_size,
+                      assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()})
+
+
+class NotPredictable(ValueError):
+    """A strategy the planner has no model of (it says why)."""
+
+
+def _unit_names(strategy_cls: Any, cfg: RunConfig) -> Callable[[Any], list[str]]:
+    options = {k: v for k, v in cfg.strategy.items() if k != "_target_"}
+    strategy = strategy_cls(**options)
+    return strategy.unit_names
+
+
+def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool, bool], n: int, cfg: RunConfig,
+                   placement: Placement, preset: Preset, replicas: int) -> tuple[RankMemory, ...]:
+    params_sharded, grads_sharded, state_sharded = shards
+    params = trace.stored_params / n if params_sharded else trace.params + trace.masters
+    grads = trace.grads / n if grads_sharded and cfg.grad_accum == 1 else trace.grads
+    state = trace.optimizer_state / n if state_sharded else trace.optimizer_state
+    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers)
+    image = 3 * cfg.data.image_size ** 2 * 4 + 8  # fp32 pixels and an int64 label
+    local_batch = cfg.batch_size // n
+    kept = cfg.data.pool if cfg.data.name == "synthetic" else 2  # a loader: the batch in use and the next
+    inputs = kept * local_batch * image
+    overhead = CUDA_ALLOCATOR_OVERHEAD if preset.accelerator == "cuda" else 0.0
+
+    def rank(device: str, params: float, grads: float, state: float, acts: float, inputs: float,
+             buffers: float) -> RankMemory:
+        live = params + grads + state + acts + inputs + buffers
+        return RankMemory(device, params / MIB, grads / MIB, state / MIB, acts / MIB, inputs / MIB, buffers / MIB,
+                          overhead * live / MIB)
+
+    labels = _device_labels(placement, preset, n, replicas)
+    if replicas > 1:  # DataParallel: the base device keeps everything, each other a replica and its activations
+        first = rank(labels[0], params, grads, state, trace.activations, inputs, buffers)
+        others = [rank(label, trace.params, trace.grads, 0, trace.activations, 0, 0) for label in labels[1:]]
+        return (first, *others)
+    return tuple(rank(label, params, grads, state, trace.activations, inputs, buffers) for label in labels)
+
+
+def _device_labels(placement: Placement, preset: Preset, n: int, replicas: int) -> list[str]:
+    count = max(n, replicas)
+    if preset.accelerator == "cuda":
+        return [f"cuda:{i}" if preset.nodes == 1 else f"node{i // preset.devices_per_node}/cuda:"
+                f"{i % preset.devices_per_node}" for i in range(count)]
+    return [f"cpu:{i}" if count > 1 else "cpu" for i in range(count)]
+
+
+def _buffer_bytes(buffer: Buffer, trace: StepTrace) -> float:
+    grad_element = trace.model_grads / max(trace.param_count, 1)
+    ratio = ELEMENT_BYTES[buffer.dtype] / grad_element if buffer.dtype else 1.0
+    if buffer.size == "grads":
+        size = trace.model_grads * ratio
+    elif buffer.size == "params":
+        size = trace.model_params
+    elif buffer.size == "bucket":
+        size = min(buffer.bucket_cap_mb * MIB, trace.model_grads) * ratio
+    else:  # unit_params / unit_grads: the largest unit, as cast
+        size = max(trace.units, default=0)
+    return size * buffer.copies
+
+
+def memory_notes(preset: Preset, cfg: RunConfig) -> tuple[str, ...]:
+    notes = ["memory: a step traced by torch's MemTracker on meta/fake tensors (two steps: the second's peak)",
+             f"inputs: {cfg.data.pool if cfg.data.name == 'synthetic' else 2} batches kept on the device"]
+    if preset.accelerator == "cuda":
+        notes.append(f"allocator overhead assumed {CUDA_ALLOCATOR_OVERHEAD:.0%} of the live peak (reserved beyond "
+                     "allocated); the CUDA context is outside the allocator and not counted")
+    else:
+        notes.append("CPU: peak of live tensor bytes (no caching allocator)")
+    return tuple(notes)
+
+
+def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int) -> tuple[float, float, dict[str, Any],
+                                                                                     tuple[str, ...]]:
+    preset = target.preset
+    if preset.measured:
+        cal = calibrate_fn_default(cfg, amp, micro, target.calibration_threads)
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict()}, (
+            f"compute: measured here, one process, {micro} images per micro-batch, "
+            f"{target.calibration_threads} thread(s)",)
+    small = max(1, min(micro, PRESET_CALIBRATION_BATCH))
+    cal = calibrate_fn_default(cfg, amp, small, target.calibration_threads)
+    dtype = amp.dtype if (amp.autocast or amp.cast_model) else "float32"
+    rate_ratio = target.local_tflops[dtype] / preset.peak_tflops[dtype]
+    scale = micro / small * rate_ratio
+    return cal.forward_backward_s * scale, cal.optimizer_s * rate_ratio, {"compute": cal.as_dict(),
+                                                                          "rate_ratio": rate_ratio}, (
+        f"compute: measured here at {small} images per micro-batch, scaled x{micro / small:g} by batch and by "
+        f"{dtype} peak rates ({target.local_tflops[dtype]:.3g} TFLOP/s here, {preset.peak_tflops[dtype]:g} on "
+        f"{preset.name}): the same share of peak as here, which a GPU may beat or miss",
+        "optimizer step scaled by the same rates (it is bound by memory bandwidth on a GPU: likely underestimated)")
+
+
+def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
+    return calibrate(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
+                     threads)
+
+
+def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float,
+              options: Any) -> tuple[float, float]:
+    """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with."""
+    if n <= 1 or not traffic.collectives:
+        return 0.0, 0.0
+    nodes = preset.nodes if preset.devices >= n else max(1, math.ceil(n / preset.devices_per_node))
+    per_node = min(n, preset.devices_per_node)
+    hidden_budget = {"forward": compute * FORWARD_SHARE, "backward": compute * (1 - FORWARD_SHARE), "none": 0.0}
+    if preset.accelerator == "cpu":
+        hidden_budget = {k: 0.0 for k in hidden_budget}
+    total = exposed = 0.0
+    for collective in traffic.collectives:
+        size = _payload_bytes(collective, trace)
+        seconds = collective_seconds(collective.op, size, per_node, nodes, preset.intra, preset.inter, preset.per_op)
+        pieces = max(1, len(trace.units)) if collective.payload in ("params",) and trace.units else \
+            max(1, math.ceil(size / (25 * MIB)))
+        last = seconds / pieces  # the last bucket (or the first unit) waits for its pass to end
+        hidden = min(seconds - last, hidden_budget[collective.overlap])
+        hidden_budget[collective.overlap] -= hidden
+        total += seconds
+        exposed += seconds - hidden
+    return total, exposed
+
+
+def _payload_bytes(collective: Collective, trace: StepTrace) -> float:
+    grad_element = trace.model_grads / max(trace.param_count, 1)
+    if collective.payload == "params":
+        return trace.model_params
+    if collective.payload == "stored_params":
+        return trace.stored_params
+    if collective.payload == "powersgd":
+        r = collective.powersgd_rank
+        return sum(min(r * (rows + cols) * 4, rows * cols * grad_element) for rows, cols in trace.matrices)
+    size = trace.model_grads
+    return size * ELEMENT_BYTES[collective.dtype] / grad_element if collective.dtype else size
+
+
+def _describe(collective: Collective) -> str:
+    hidden = {"backward": "under backward", "forward": "under forward", "none": "waited for"}[collective.overlap]
+    dtype = f" in {collective.dtype}" if collective.dtype else ""
+    return f"{collective.op} of {collective.payload}{dtype} ({hidden})"

@@ -1,0 +1,37 @@
+"""Where a prediction is made for: this machine (its measured preset, `local`) or a named preset, with the
+local compute rates a preset's compute is scaled from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psutil
+import torch
+
+from harness.plan.hardware import GIB, LOCAL, load_preset, measure_machine
+from harness.plan.links import Link
+from harness.plan.predict import Target
+
+
+def local_memory_gib(accelerator: str) -> float:
+    if accelerator == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    return psutil.virtual_memory().total / GIB
+
+
+def local_target(accelerator: str, devices: int, threads: int,
+                 measure_link: Callable[[], tuple[Link, dict[str, Link]]] | None = None) -> Target:
+    """This machine for a run of `devices` ranks (processes on CPU) at `threads` threads each; the link is read
+    from the cache, or measured by `measure_link` when given."""
+    machine = measure_machine(threads, accelerator, devices, measure_link, local_memory_gib(accelerator))
+    preset = load_preset(LOCAL, machine=machine)
+    return Target(preset, dict(preset.peak_tflops), threads, link_measured=devices <= 1 or machine["link_measured"])
+
+
+def preset_target(name: str, threads: int) -> Target:
+    """A named preset; its compute scaled from this machine's rates at `threads` threads (on CPU; the GPU's
+    own rates where this machine has one)."""
+    preset = load_preset(name)
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    machine = measure_machine(threads, accelerator, 1, None, 1.0)
+    return Target(preset, dict(machine["peak_tflops"]), threads)

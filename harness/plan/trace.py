@@ -1,0 +1,140 @@
+"""One rank's training step traced without allocating anything: memory by kind at its peak, and its FLOPs.
+
+The model is built, cast by the run's amp plugin, given its optimizer and stepped twice (the optimizer's
+state exists from the first step, so the second step's peak is the steady one) by torch's own MemTracker
+(torch.distributed._tools.mem_tracker), which files every tensor under parameters, buffers, gradients,
+activations, temporaries or optimizer state and keeps the breakdown at the peak. The tensors are meta
+tensors (shapes and dtypes, no data), or at O1 fake CPU tensors (FakeTensorMode): autocast changes dtypes
+only for a real device type, and meta is none. (Fake tensors everywhere would do, but casting a module of
+fake tensors fails in torch's `_apply`, "Couldn't swap Conv2d.weight".) FLOPs come from
+torch.utils.flop_counter over the first forward and backward.
+
+What this single process cannot show (communication buffers, shards, the data the run keeps on the device)
+is added by harness.plan.predict from the strategy's declared Traffic."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils.flop_counter import FlopCounterMode
+
+from amp import AmpSpec, OptimizerSpec
+from amp.native import NativeAmp
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Bytes at the step's peak, by kind, and what the planner needs of the model."""
+
+    peak: int
+    params: int  # the model's parameters and buffers as cast, at the peak
+    masters: int  # fp32 master copies the optimizer steps (O2)
+    grads: int  # gradients alive at the peak
+    optimizer_state: int  # at the peak, master copies excluded
+    activations: int  # activations and temporaries (what backward keeps, and what an op needs briefly)
+    flops: int  # forward and backward of one micro-batch
+    model_params: int  # the model's parameters as cast (whole, not at the peak)
+    model_grads: int  # every gradient backward leaves, in its dtype
+    stored_params: int  # what a sharding strategy shards: the masters if any, else the model's parameters
+    param_count: int
+    matrices: tuple[tuple[int, int], ...]  # each parameter as PowerSGD sees it: (rows, columns)
+    units: tuple[int, ...]  # bytes of each unit given (FSDP), as cast
+    tracer: str  # meta | fake
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("matrices")
+        return data
+
+
+@contextlib.contextmanager
+def _tensors(fake: bool) -> Iterator[torch.device]:
+    if fake:
+        with FakeTensorMode():
+            yield torch.device("cpu")
+    else:
+        with torch.device("meta"):
+            yield torch.device("meta")
+
+
+def trace_step(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
+               micro_batch: int, image_size: int, grad_accum: int = 1, unit_names: Any = None) -> StepTrace:
+    """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model."""
+    return _trace(_freeze(model_cfg), num_classes, amp, _freeze(optim), micro_batch, image_size, grad_accum,
+                  unit_names)
+
+
+def _freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
+           micro_batch: int, image_size: int, grad_accum: int, unit_names: Any) -> StepTrace:
+    # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
+    spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
+    with _tensors(spec.autocast) as device:
+        torch.manual_seed(0)
+        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, num_classes=num_classes)
+        plugin = NativeAmp(spec, torch.device("cpu"))
+        model = plugin.cast_module(model)
+        units = tuple(sum(_bytes(p) for p in dict(model.named_modules())[name].parameters())
+                      for name in (unit_names(model) if unit_names else []))
+        optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
+        wrapped = plugin.wrap_module(model)
+        images = torch.randn(micro_batch * grad_accum, 3, image_size, image_size)
+        labels = torch.randint(0, num_classes, (micro_batch * grad_accum,))
+        tracker = MemTracker()
+        tracker.track_external(wrapped, optimizer)
+        counter = FlopCounterMode(display=False)
+        with tracker:
+            with counter:
+                _forward_backward(wrapped, plugin, images, labels, grad_accum)
+            _step(plugin, optimizer)
+            tracker.reset_mod_stats()
+            _forward_backward(wrapped, plugin, images, labels, grad_accum)
+            _step(plugin, optimizer)
+        peak = tracker.get_tracker_snapshot("peak")[device]
+        masters = sum(_bytes(p) for p in plugin.optimizer_params(model)) if spec.master_weights and spec.cast_model \
+            else 0
+        model_params = sum(_bytes(p) for p in model.parameters())
+        grads = [p for p in model.parameters() if p.requires_grad]
+        by_kind = {str(k).rpartition(".")[2]: int(v) for k, v in peak.items()}
+        opt = by_kind.get("OPT", 0)
+        return StepTrace(
+            peak=by_kind["Total"], params=by_kind.get("PARAM", 0) + by_kind.get("BUFFER", 0), masters=min(masters, opt),
+            grads=by_kind.get("GRAD", 0), optimizer_state=opt - min(masters, opt),
+            activations=by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0),
+            flops=int(counter.get_total_flops()) * grad_accum, model_params=model_params,
+            model_grads=sum(_bytes(p) for p in grads), stored_params=masters or model_params,
+            param_count=sum(p.numel() for p in model.parameters()),
+            matrices=tuple((p.shape[0], p.numel() // p.shape[0]) for p in grads if p.dim() > 0),
+            units=units, tracer="fake" if spec.autocast else "meta")
+
+
+def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,
+                      grad_accum: int) -> None:
+    for images_part, labels_part in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
+        with plugin.forward_context():
+            loss = F.cross_entropy(model(images_part), labels_part) / grad_accum
+        plugin.backward(loss)
+
+
+def _step(plugin: NativeAmp, optimizer: torch.optim.Optimizer) -> None:
+    plugin.step(optimizer)
+    plugin.zero_grad(optimizer)
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

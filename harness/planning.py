@@ -1,0 +1,198 @@
+"""`python run.py plan=true ... plan.hardware=<preset>` (and with -m): every combination predicted on a
+preset, nothing trained. Each combination is placed on the preset's devices as it would be there, refused
+or skipped for the reasons a run would be, and predicted (harness.plan); plan.json and the tables land in
+runs/plan/<time>/. Bad input (an unknown preset, a preset missing a field) is one line, exit 2, nothing
+written. Also measures this machine's link for the `local` preset when it is needed and not yet cached."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_class
+
+from harness.core.config import RunConfig
+from harness.core.errors import ConfigError, Incompatible
+from harness.plan.hardware import LOCAL, load_preset
+from harness.plan.links import Link, fit_links
+from harness.plan.predict import NotPredictable, Prediction, Target, predict
+from harness.plan.targets import local_target, preset_target
+
+log = logging.getLogger(__name__)
+PLAN_DIR = Path("runs") / "plan"
+LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+LINK_SIZES = ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB"]
+
+
+def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
+    """This machine's link: the collectives benchmark over `nprocs` workers, fitted (harness.plan.links)."""
+    import tempfile
+
+    from harness.collectives import run_benchmark
+
+    log.info("plan: measuring this machine's link once (collectives benchmark, %d workers; cached)", nprocs)
+    with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
+        results = run_benchmark({"nprocs": nprocs, "gpus": None, "dist": {"timeout_s": 60, "start_timeout_s": 120},
+                                 "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
+                                                 "repeats": 10}}, Path(folder))
+    if results["status"] != "ok":
+        raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
+    samples = [(row["op"], row["size_bytes"], row["time_us"] * 1e-6) for row in results["rows"]]
+    pooled, each = fit_links(samples, results["world_size"])
+    for op, fit in each.items():
+        log.info("plan: %s fitted: %.1f us per hop, %.2f GB/s bus bandwidth (R^2 %.3f over %d sizes)", op,
+                 fit.link.latency_us, fit.link.bandwidth_gbps, fit.r_squared, fit.points)
+    return pooled.link, {op: fit.link for op, fit in each.items()}
+
+
+def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
+    """Predict every combination; 0 when all were predicted or skipped for a reason, 2 on bad input."""
+    from harness.compose import compose_one
+    from harness.core.logs import add_file, setup_cli
+    from harness.launch.placement import usable_cores
+
+    configs = [(list(combo), compose_one(combo).run_config()) for combo in combos]
+    check_plan_presets([cfg for _, cfg in configs])  # before anything is measured or written
+    setup_cli()
+    out = PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=False)
+    handler = add_file(out / "plan.log")
+    rows = []
+    started = time.perf_counter()
+    try:
+        for combo, cfg in configs:
+            begun = time.perf_counter()
+            row = plan_one(cfg, combo, usable_cores())
+            row["seconds"] = round(time.perf_counter() - begun, 2)
+            log.info("plan: %s: %s (%.1f s)", _label(row), row["status"], row["seconds"])
+            rows.append(row)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows, "seconds": time.perf_counter() - started},
+                                              indent=1, default=str))
+    text = tables(rows)
+    (out / "plan.md").write_text(text)
+    log.info("%s", text)
+    log.info("plan: %d combination(s) in %.1f s, nothing trained: %s", len(rows), time.perf_counter() - started,
+             out / "plan.json")
+    return 0
+
+
+def plan_one(cfg: RunConfig, combo: Sequence[str], cores: int) -> dict[str, Any]:
+    from harness.launch.placement import Hardware, TorchrunWorld, probe_hardware
+    from harness.launch.runner import plan as place_run
+    from harness.launch.runner import variant_fields
+
+    strategy_cls = get_class(cfg.strategy["_target_"])
+    row: dict[str, Any] = {"strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
+                           "variant": variant_fields(cfg)["variant"], "hardware": cfg.plan.hardware,
+                           "global_batch": cfg.batch_size, "overrides": list(combo)}
+    try:
+        if cfg.plan.hardware == LOCAL:
+            hw, torchrun = probe_hardware(), None
+        else:
+            preset = load_preset(cfg.plan.hardware)
+            hw = Hardware(visible_gpus=tuple(range(preset.devices_per_node)) if preset.accelerator == "cuda" else (),
+                          cores=cores)
+            torchrun = TorchrunWorld(local_world_size=preset.devices_per_node, nodes=preset.nodes, node_rank=0) \
+                if preset.nodes > 1 and strategy_cls.one_process_per_device else None
+        decided = place_run(cfg, hw, in_sweep=True, torchrun=torchrun)
+    except Incompatible as error:
+        return {**row, "status": "skipped", "reason": str(error)}
+    placement, amp = decided.placement, decided.amp
+    reason = strategy_cls.skip_reason(placement, amp) or \
+        get_class(cfg.amp_plugin).skip_reason(amp, placement.accelerator)
+    if reason:
+        return {**row, "status": "skipped", "reason": f"strategy={cfg.strategy_name}: {reason}"}
+    ranks = len(placement.gpus) if strategy_cls.drives_all_devices and placement.gpus else placement.world_size
+    if cfg.plan.hardware == LOCAL:
+        target = local_target(placement.accelerator, ranks, placement.threads_per_process,
+                              lambda: measure_link(ranks))
+    else:
+        target = preset_target(cfg.plan.hardware, cores)
+    try:
+        prediction = predict(cfg, placement, amp, strategy_cls, target)
+    except NotPredictable as error:
+        return {**row, "status": "not predicted", "reason": str(error)}
+    return {**row, "status": "predicted", "world_size": placement.world_size, "reason": prediction.misfit(),
+            "prediction": prediction.as_dict()}
+
+
+def tables(rows: Sequence[dict[str, Any]]) -> str:
+    """Memory by kind for the largest rank, then time by part; what was not predicted, with why."""
+    from rich.table import Table
+
+    from harness.launch.console import render
+
+    predicted = [r for r in rows if r["status"] == "predicted"]
+    parts = []
+    if predicted:
+        memory = Table(title=f"Predicted peak memory per rank, MiB ({predicted[0]['hardware']})", title_justify="left")
+        for name in ("combination", "params", "grads", "optim", "activ", "inputs", "comm", "alloc", "peak", "fits"):
+            memory.add_column(name, justify="left" if name == "combination" else "right")
+        for r in predicted:
+            p = r["prediction"]
+            worst = max(p["memory"], key=lambda m: m["peak_mib"])
+            memory.add_row(_label(r), *[_mib(worst[k]) for k in ("params_mib", "grads_mib", "optimizer_mib",
+                                                               "activations_mib", "inputs_mib", "comm_buffers_mib",
+                                                               "allocator_mib", "peak_mib")],
+                           "yes" if p["fits"] else "NO")
+        parts.append(render(memory, width=110))
+        speed = Table(title="Predicted time per iteration, ms", title_justify="left")
+        for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "img/s"):
+            speed.add_column(name, justify="left" if name == "combination" else "right")
+        for r in predicted:
+            t, p = r["prediction"]["time"], r["prediction"]
+            speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
+                                                                    "exposed_comm_s", "overlapped_comm_s")],
+                          f"{1000 * p['s_per_iteration']:.2f}", f"{p['throughput_img_s']:.0f}")
+        parts.append(render(speed, width=110))
+        misfits = [f"{_label(r)}: {r['reason']}" for r in predicted if r["reason"]]
+        if misfits:
+            parts.append("Would not fit:\n" + "\n".join(f"- {m}" for m in misfits))
+        assumptions = dict.fromkeys(a for r in predicted for a in r["prediction"]["assumptions"])
+        parts.append("Assumptions:\n" + "\n".join(f"- {a}" for a in assumptions))
+    others = [r for r in rows if r["status"] != "predicted"]
+    if others:
+        parts.append("Not predicted:\n" + "\n".join(f"- {_label(r)}: {r['status']}: {r['reason']}" for r in others))
+    return "\n\n".join(parts) + "\n"
+
+
+def _label(row: dict[str, Any]) -> str:
+    return " ".join(filter(None, (row["strategy"], row["amp"], row["variant"])))
+
+
+def _mib(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def ensure_link(ranks: int, gpus: bool) -> None:
+    """Before runs whose predictions need this machine's link: measure it once (cached by harness.plan.hardware).
+    A failed measurement leaves the predictions without communication, saying so; it never stops the runs."""
+    from harness.plan.hardware import read_machine
+
+    if ranks < 2 or read_machine().get("link") is not None:
+        return
+    from harness.core.logs import setup_cli
+
+    setup_cli()
+    try:
+        local_target("cuda" if gpus else "cpu", ranks, 1, lambda: measure_link(ranks))
+    except Exception as error:  # noqa: BLE001
+        log.warning("plan: this machine's link could not be measured (%s): predictions leave communication out",
+                    error)
+
+
+def check_plan_presets(configs: Sequence[RunConfig]) -> None:
+    """Bad presets refused before anything starts (ConfigError)."""
+    for cfg in configs:
+        if cfg.plan.hardware != LOCAL:
+            load_preset(cfg.plan.hardware)
+
+
+__all__ = ["ConfigError", "Prediction", "Target", "check_plan_presets", "measure_link", "plan_command"]
