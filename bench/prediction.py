@@ -46,23 +46,27 @@ def pct(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="tiny_cnn,resnet18")
     args = common.parse_args(parser, argv)
-    common_overrides = ["repeat=1", f"model={args.models}", "amp=O0,O1", "amp.dtype=bfloat16"]
+    # iterations per model: enough steady windows (20 iterations each) that a case's time is not one window's
+    models = {"tiny_cnn": ["model=tiny_cnn", "iterations=400"], "resnet18": ["model=resnet18", "iterations=100"]}
+    common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16"]
     if args.quick:  # seconds: the tiny model, two cases
-        common_overrides = ["repeat=1", "model=tiny_cnn", "amp=O0", "iterations=40", "batch_size=8"]
-    settings = {"cases": "single, ddp, zero, fsdp x O0, O1 bf16 x " + args.models + " x 1 and 2 processes",
-                "overrides": " ".join(common_overrides), "cores": common.cores(),
-                "OMP_NUM_THREADS": "pinned to the cores (common.pinned_env)"}
+        models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}
+        common_overrides = ["repeat=1", "amp=O0"]
+    settings = {"cases": "single, ddp, zero, fsdp x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
+                "overrides": " ".join(common_overrides) + "; " + "; ".join(" ".join(m) for m in models.values()),
+                "cores": common.cores(), "OMP_NUM_THREADS": "pinned to the cores (common.pinned_env)"}
     common.print_settings("Predictions against measurements", settings)
     table = common.Table("predicted against measured, per case",
                          ["case", "procs", "peak MiB pred", "peak MiB meas", "memory error",
                           "ms/it pred", "ms/it meas", "time error", "within goals"])
     started = time.perf_counter()
     with common.runs_dir(args, "prediction") as runs, common.measure_load() as load:
-        sweep(["strategy=single", *common_overrides], runs / "single")
         multi = "ddp" if args.quick else "ddp,zero,fsdp"
-        sweep([f"strategy={multi}", "nprocs=1" if args.quick else "nprocs=1,2", *common_overrides], runs / "multi")
+        for name, model in models.items():
+            sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
+            sweep([f"strategy={multi}", "nprocs=1" if args.quick else "nprocs=1,2", *model, *common_overrides],
+                  runs / f"{name}-multi")
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
     for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"])):

@@ -82,25 +82,28 @@ def run_plan(overrides: Sequence[str], multirun: bool) -> int:
 def check_runs(overrides: Sequence[str], multirun: bool) -> None:
     """Compose and check every combination; in a sweep an Incompatible one is left to become a skipped row."""
     from harness.launch.placement import probe_hardware
-    from harness.launch.runner import plan
+    from harness.launch.runner import plan, predict_run
     from harness.planning import check_plan_presets, ensure_link
 
     with hydra_context():
         hw = probe_hardware()
-        configs, ranks = [], 1
+        configs, placed = [], []
         for combo in combinations(overrides, multirun):
             cfg = compose_one(combo).run_config()
             configs.append(cfg)
             try:
-                decided = plan(cfg, hw, in_sweep=multirun)
+                placed.append((cfg, plan(cfg, hw, in_sweep=multirun)))
             except Incompatible:
                 if not multirun:
                     raise
-                continue
-            if decided.strategy_cls.one_process_per_device:
-                ranks = max(ranks, decided.placement.world_size)
         check_plan_presets(configs)
-        ensure_link(ranks, hw.has_gpu)
+        ranks = [d.placement.world_size for _, d in placed if d.strategy_cls.one_process_per_device]
+        ensure_link(max(ranks, default=1), hw.has_gpu)
+        # every prediction made now, before any worker or fork server exists: the runs then read them from the
+        # planner's caches, and no calibration is timed beside another process
+        for cfg, decided in placed:
+            if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None:
+                predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
 
 
 def refuse(error: Exception) -> None:

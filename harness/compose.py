@@ -28,14 +28,30 @@ def has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+def sized_for_gpus(root: Any) -> bool:
+    """Whether `${hw:...}` takes its GPU value: this machine has GPUs, or `plan=true` predicts for a GPU preset
+    (so `plan=true plan.hardware=h100x8` plans the user's GPU experiment, not the CPU-sized one)."""
+    plan = OmegaConf.select(root, "plan", default=None) if root is not None else None
+    if plan is not None and OmegaConf.select(plan, "enabled", default=False) is True:
+        hardware = OmegaConf.select(plan, "hardware", default="local")
+        if hardware != "local":
+            from harness.plan.hardware import preset_accelerator
+
+            accelerator = preset_accelerator(str(hardware))
+            if accelerator is not None:
+                return accelerator == "cuda"
+    return has_gpu()
+
+
 def register_resolvers() -> None:
-    """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs, a CPU-sized workload otherwise.
+    """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs (or planned for a GPU preset), a CPU-sized
+    workload otherwise.
     `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`).
     `${cpu_iterations:PROFILE}`: the CPU default of `iterations`, 40, or 60 with profile=true."""
     from harness.core.amp_levels import plugin_path
 
     if not OmegaConf.has_resolver("hw"):
-        OmegaConf.register_new_resolver("hw", lambda gpu, cpu: gpu if has_gpu() else cpu)
+        OmegaConf.register_new_resolver("hw", lambda gpu, cpu, *, _root_: gpu if sized_for_gpus(_root_) else cpu)
     if not OmegaConf.has_resolver("amp_plugin"):
         OmegaConf.register_new_resolver("amp_plugin", plugin_path)
     if not OmegaConf.has_resolver("cpu_iterations"):  # a profiled window needs a steady window beside it

@@ -13,14 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_class
-
 from harness.core.config import RunConfig
-from harness.core.errors import ConfigError, Incompatible
 from harness.plan.hardware import LOCAL, load_preset
 from harness.plan.links import Link, fit_links
-from harness.plan.predict import NotPredictable, Prediction, Target, predict
-from harness.plan.targets import local_target, preset_target
+from harness.plan.targets import local_target
 
 log = logging.getLogger(__name__)
 PLAN_DIR = Path("runs") / "plan"
@@ -35,10 +31,14 @@ def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
     from harness.collectives import run_benchmark
 
     log.info("plan: measuring this machine's link once (collectives benchmark, %d workers; cached)", nprocs)
+    quiet = logging.getLogger("harness.collectives.runner")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its table is the benchmark's output, not the plan's
     with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
         results = run_benchmark({"nprocs": nprocs, "gpus": None, "dist": {"timeout_s": 60, "start_timeout_s": 120},
                                  "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
                                                  "repeats": 10}}, Path(folder))
+    quiet.setLevel(level)
     if results["status"] != "ok":
         raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
     samples = [(row["op"], row["size_bytes"], row["time_us"] * 1e-6) for row in results["rows"]]
@@ -53,6 +53,7 @@ def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
     """Predict every combination; 0 when all were predicted or skipped for a reason, 2 on bad input."""
     from harness.compose import compose_one
     from harness.core.logs import add_file, setup_cli
+    from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
 
     configs = [(list(combo), compose_one(combo).run_config()) for combo in combos]
@@ -66,7 +67,7 @@ def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
     try:
         for combo, cfg in configs:
             begun = time.perf_counter()
-            row = plan_one(cfg, combo, usable_cores())
+            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": combo}
             row["seconds"] = round(time.perf_counter() - begun, 2)
             log.info("plan: %s: %s (%.1f s)", _label(row), row["status"], row["seconds"])
             rows.append(row)
@@ -81,46 +82,6 @@ def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
     log.info("plan: %d combination(s) in %.1f s, nothing trained: %s", len(rows), time.perf_counter() - started,
              out / "plan.json")
     return 0
-
-
-def plan_one(cfg: RunConfig, combo: Sequence[str], cores: int) -> dict[str, Any]:
-    from harness.launch.placement import Hardware, TorchrunWorld, probe_hardware
-    from harness.launch.runner import plan as place_run
-    from harness.launch.runner import variant_fields
-
-    strategy_cls = get_class(cfg.strategy["_target_"])
-    row: dict[str, Any] = {"strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
-                           "variant": variant_fields(cfg)["variant"], "hardware": cfg.plan.hardware,
-                           "global_batch": cfg.batch_size, "overrides": list(combo)}
-    try:
-        if cfg.plan.hardware == LOCAL:
-            hw, torchrun = probe_hardware(), None
-        else:
-            preset = load_preset(cfg.plan.hardware)
-            hw = Hardware(visible_gpus=tuple(range(preset.devices_per_node)) if preset.accelerator == "cuda" else (),
-                          cores=cores)
-            torchrun = TorchrunWorld(local_world_size=preset.devices_per_node, nodes=preset.nodes, node_rank=0) \
-                if preset.nodes > 1 and strategy_cls.one_process_per_device else None
-        decided = place_run(cfg, hw, in_sweep=True, torchrun=torchrun)
-    except Incompatible as error:
-        return {**row, "status": "skipped", "reason": str(error)}
-    placement, amp = decided.placement, decided.amp
-    reason = strategy_cls.skip_reason(placement, amp) or \
-        get_class(cfg.amp_plugin).skip_reason(amp, placement.accelerator)
-    if reason:
-        return {**row, "status": "skipped", "reason": f"strategy={cfg.strategy_name}: {reason}"}
-    ranks = len(placement.gpus) if strategy_cls.drives_all_devices and placement.gpus else placement.world_size
-    if cfg.plan.hardware == LOCAL:
-        target = local_target(placement.accelerator, ranks, placement.threads_per_process,
-                              lambda: measure_link(ranks))
-    else:
-        target = preset_target(cfg.plan.hardware, cores)
-    try:
-        prediction = predict(cfg, placement, amp, strategy_cls, target)
-    except NotPredictable as error:
-        return {**row, "status": "not predicted", "reason": str(error)}
-    return {**row, "status": "predicted", "world_size": placement.world_size, "reason": prediction.misfit(),
-            "prediction": prediction.as_dict()}
 
 
 def tables(rows: Sequence[dict[str, Any]]) -> str:
@@ -195,4 +156,4 @@ def check_plan_presets(configs: Sequence[RunConfig]) -> None:
             load_preset(cfg.plan.hardware)
 
 
-__all__ = ["ConfigError", "Prediction", "Target", "check_plan_presets", "measure_link", "plan_command"]
+__all__ = ["check_plan_presets", "ensure_link", "measure_link", "plan_command"]

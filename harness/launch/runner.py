@@ -187,7 +187,8 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     return results
 
 
-def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any) -> Prediction | None:
+def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any,
+                quiet: bool = False) -> Prediction | None:
     """The run predicted on this machine before it starts (harness.plan); None, saying why, where the planner
     cannot (a strategy it has no model of, a trace that fails)."""
     from harness.plan.predict import NotPredictable, predict
@@ -198,13 +199,16 @@ def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls
         prediction = predict(cfg, placement, amp, strategy_cls,
                              local_target(placement.accelerator, ranks, placement.threads_per_process))
     except NotPredictable as error:
-        log.info("[%s %s] not predicted: %s", cfg.strategy_name, cfg.amp.level, error)
+        log.log(logging.DEBUG if quiet else logging.INFO, "[%s %s] not predicted: %s", cfg.strategy_name,
+                cfg.amp.level, error)
         return None
     except Exception as error:  # noqa: BLE001 (a prediction never stops a run)
-        log.warning("[%s %s] not predicted: %s", cfg.strategy_name, cfg.amp.level, last_line(error))
+        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s %s] not predicted: %s", cfg.strategy_name,
+                cfg.amp.level, last_line(error))
         return None
-    log.info("[%s %s] predicted: peak %.1f MiB per rank, %.4f s per iteration", cfg.strategy_name, cfg.amp.level,
-             prediction.peak_mib, prediction.s_per_iteration)
+    if not quiet:
+        log.info("[%s %s] predicted: peak %.1f MiB per rank, %.4f s per iteration", cfg.strategy_name,
+                 cfg.amp.level, prediction.peak_mib, prediction.s_per_iteration)
     return prediction
 
 

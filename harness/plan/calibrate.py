@@ -22,7 +22,7 @@ from amp.native import NativeAmp
 from harness.plan.trace import _freeze
 
 WARMUP_STEPS = 2
-MIN_STEPS, MAX_STEPS, MIN_SECONDS = 3, 10, 1.0
+MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 1.5
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,15 @@ def preset_names(preset_dir: Path = PRESET_DIR) -> list[str]:
     return sorted(p.stem for p in preset_dir.glob("*.yaml"))
 
 
+def preset_accelerator(name: str, preset_dir: Path = PRESET_DIR) -> str | None:
+    """The preset's accelerator as its file says (None: no such preset, or unreadable: checked later, in full)."""
+    try:
+        data = yaml.safe_load((preset_dir / f"{name}.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data.get("accelerator") if isinstance(data, Mapping) else None
+
+
 def load_preset(name: str, preset_dir: Path = PRESET_DIR, machine: Mapping[str, Any] | None = None) -> Preset:
     """The preset `name`, every field checked (ConfigError naming plan.hardware, the file and the field).
     `local` needs this machine's measurements (`machine`, from `measure_machine`)."""

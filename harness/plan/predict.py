@@ -9,6 +9,7 @@ dtype the level computes in), plus each declared collective by the latency-bandw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -147,6 +148,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
         optimizer /= n
     comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
+    if cfg.compile:
+        notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg),
                    f"communication: {', '.join(_describe(c) for c in traffic.collectives) or 'none'}; "
                    f"latency-bandwidth model over {preset.name}'s links" if traffic.collectives else
@@ -180,7 +183,8 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     params = trace.stored_params / n if params_sharded else trace.params + trace.masters
     grads = trace.grads / n if grads_sharded and cfg.grad_accum == 1 else trace.grads
     state = trace.optimizer_state / n if state_sharded else trace.optimizer_state
-    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers)
+    # one rank: FSDP's all-gather of its only shard is the shard itself (no unit buffers)
+    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or not b.size.startswith("unit"))
     image = 3 * cfg.data.image_size ** 2 * 4 + 8  # fp32 pixels and an int64 label
     local_batch = cfg.batch_size // n
     kept = cfg.data.pool if cfg.data.name == "synthetic" else 2  # a loader: the batch in use and the next
@@ -243,16 +247,39 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int) -> tu
             f"compute: measured here, one process, {micro} images per micro-batch, "
             f"{target.calibration_threads} thread(s)",)
     small = max(1, min(micro, PRESET_CALIBRATION_BATCH))
-    cal = calibrate_fn_default(cfg, amp, small, target.calibration_threads)
     dtype = amp.dtype if (amp.autocast or amp.cast_model) else "float32"
-    rate_ratio = target.local_tflops[dtype] / preset.peak_tflops[dtype]
+    here = calibration_dtype(dtype)
+    cal_amp = amp if here == dtype else fp32_spec(amp) if here == "float32" else dataclasses.replace(amp, dtype=here)
+    cal = calibrate_fn_default(cfg, cal_amp, small, target.calibration_threads)
+    rate_ratio = target.local_tflops[here] / preset.peak_tflops[dtype]
     scale = micro / small * rate_ratio
     return cal.forward_backward_s * scale, cal.optimizer_s * rate_ratio, {"compute": cal.as_dict(),
                                                                           "rate_ratio": rate_ratio}, (
-        f"compute: measured here at {small} images per micro-batch, scaled x{micro / small:g} by batch and by "
-        f"{dtype} peak rates ({target.local_tflops[dtype]:.3g} TFLOP/s here, {preset.peak_tflops[dtype]:g} on "
-        f"{preset.name}): the same share of peak as here, which a GPU may beat or miss",
+        f"compute: measured here in {here} at {small} images per micro-batch, scaled x{micro / small:g} by batch and "
+        f"by peak rates ({here} {target.local_tflops[here]:.3g} TFLOP/s here, {dtype} {preset.peak_tflops[dtype]:g} "
+        f"on {preset.name}): the same share of peak as here, which a GPU may beat or miss",
         "optimizer step scaled by the same rates (it is bound by memory bandwidth on a GPU: likely underestimated)")
+
+
+def calibration_dtype(dtype: str) -> str:
+    """The dtype this machine calibrates a half level in: its own where it has native kernels (a GPU, or a CPU
+    with them), else the other half type (same FLOPs), else float32: an emulated half type would time the
+    emulation, tens of times slower."""
+    import torch
+
+    from harness.core.devices import cpu_half_reason
+
+    if dtype == "float32" or torch.cuda.is_available():
+        return dtype
+    for candidate in (dtype, "bfloat16" if dtype == "float16" else "float16"):
+        if cpu_half_reason(candidate) is None:
+            return candidate
+    return "float32"
+
+
+def fp32_spec(amp: AmpSpec) -> AmpSpec:
+    return dataclasses.replace(amp, dtype="float32", autocast=False, cast_model=False, master_weights=False,
+                               loss_scale=1.0)
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
@@ -271,11 +298,17 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     if preset.accelerator == "cpu":
         hidden_budget = {k: 0.0 for k in hidden_budget}
     total = exposed = 0.0
+    unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
     for collective in traffic.collectives:
         size = _payload_bytes(collective, trace)
-        seconds = collective_seconds(collective.op, size, per_node, nodes, preset.intra, preset.inter, preset.per_op)
-        pieces = max(1, len(trace.units)) if collective.payload in ("params",) and trace.units else \
-            max(1, math.ceil(size / (25 * MIB)))
+        if unit_calls:  # FSDP: one call per unit (each pays the latency), the root's parameters in one more
+            share = size / max(trace.model_params if collective.payload == "params" else trace.model_grads, 1)
+            calls = [u * share for u in trace.units] + [max(0.0, size - sum(trace.units) * share)]
+        else:
+            calls = [size]
+        seconds = sum(collective_seconds(collective.op, c, per_node, nodes, preset.intra, preset.inter, preset.per_op)
+                      for c in calls if c > 0)
+        pieces = len(calls) if unit_calls else max(1, math.ceil(size / (25 * MIB)))
         last = seconds / pieces  # the last bucket (or the first unit) waits for its pass to end
         hidden = min(seconds - last, hidden_budget[collective.overlap])
         hidden_budget[collective.overlap] -= hidden

@@ -41,20 +41,32 @@ class Report:
     outputs: list[Path] = field(default_factory=list)
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None, quiet: bool = False) -> Report:
+def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = None, quiet: bool = False,
+                 project: Sequence[str] = ()) -> Report:
+    """`project`: hardware presets to project every finished row onto (harness.report.projection)."""
     found, skipped = find_results(paths)
     for entry in skipped:
         log.warning("skipping unreadable results file %s", entry)
     rows, base = build_rows(found, baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(rows=rows, baseline=base, skipped_files=skipped)
-    (out_dir / "report.md").write_text(to_markdown(rows, base, skipped))
-    write_csv(rows, out_dir / "report.csv")
-    write_json_atomic(out_dir / "report.json", {"baseline": base, "skipped_files": skipped,
-                                                  "winners": winners(rows), "rows": [asdict(r) for r in rows]})
+    projected, extra, markdown, scaling = [], "", to_markdown(rows, base, skipped), []
     pngs = write_plots(rows, out_dir, base)
-    (out_dir / "index.html").write_text(to_html(rows, base, pngs, skipped, context(found)))
-    report.outputs = [out_dir / n for n in ("report.md", "report.csv", "report.json", "index.html")] + pngs
+    if project:
+        from harness.report import projection
+        from harness.report.page import embedded
+
+        projected = projection.project(rows, project)
+        plot = projection.scaling_plot(rows, projected, out_dir / "scaling.png")
+        scaling = [plot] if plot else []
+        extra = projection.html_section(projected, embedded(plot) if plot else "")
+        markdown += "\n" + projection.markdown(projected)
+    (out_dir / "report.md").write_text(markdown)
+    write_csv(rows, out_dir / "report.csv")
+    write_json_atomic(out_dir / "report.json", {"baseline": base, "skipped_files": skipped, "winners": winners(rows),
+                                                  "rows": [asdict(r) for r in rows], "projected": projected})
+    (out_dir / "index.html").write_text(to_html(rows, base, pngs, skipped, context(found), extra))
+    report.outputs = [out_dir / n for n in ("report.md", "report.csv", "report.json", "index.html")] + pngs + scaling
     if not quiet:
         log.info("%s", terminal_table(rows, base))
         log.info("report: %s", out_dir / "index.html")

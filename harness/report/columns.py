@@ -59,6 +59,10 @@ class Column:
     section: str = "speed"  # which question's table shows it (SECTIONS); the combination is in every one
 
 
+def _signed_pct(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:+.1f} %"
+
+
 def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") -> str:
     return f" [{fmt(lo, digits)}–{fmt(hi, digits)}{suffix}]" if lo is not None and hi is not None else ""
 
@@ -191,6 +195,19 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                csv=(("comm_overlapped_share", lambda r: r.comm_overlapped_share),)),
         Column("J/image", lambda r: fmt(r.energy_j_per_image, 3), section="time",
                csv=(("energy_j_per_image", lambda r: r.energy_j_per_image),)),
+        # harness.plan's prediction, made before the run, beside the measurement
+        Column("predicted peak MiB", lambda r: fmt(r.predicted_peak_mib, 1), section="prediction",
+               csv=(("predicted_peak_mib", lambda r: r.predicted_peak_mib),)),
+        Column("measured peak MiB", lambda r: fmt(r.measured_peak_mib, 1), section="prediction",
+               csv=(("measured_peak_mib", lambda r: r.measured_peak_mib),)),
+        Column("memory error", lambda r: _signed_pct(r.peak_error), section="prediction",
+               csv=(("peak_error", lambda r: r.peak_error),)),
+        Column("predicted s/it", lambda r: fmt(r.predicted_s_per_it, 4), section="prediction",
+               csv=(("predicted_s_per_it", lambda r: r.predicted_s_per_it),)),
+        Column("measured s/it", lambda r: fmt(r.measured_s_per_it, 4), section="prediction",
+               csv=(("measured_s_per_it", lambda r: r.measured_s_per_it),)),
+        Column("time error", lambda r: _signed_pct(r.time_error), section="prediction",
+               csv=(("time_error", lambda r: r.time_error),)),
         # numerical parity (parity=true): before the status; report.csv always has its columns
         Column("parity (max rel Δ)", parity.cell, shown=_with_parity, section="parity",
                csv=(("parity", lambda r: r.parity or ""), ("parity_reference", lambda r: r.parity_reference or ""),
@@ -208,7 +225,9 @@ SECTIONS = (("speed", "Speed: how fast is each combination?"),
             ("cumulative", "Over the iterations: time at each count (the original hand-made table), and loss"),
             ("memory", "Memory: how much on each device, and which process holds it?"),
             ("parity", "Numerical parity: does each combination train the same model?"),
-            ("time", "Where the time goes"))
+            ("time", "Where the time goes"),
+            ("prediction", "Predicted before each run, beside what it measured (error = (measured − predicted) / "
+                           "measured)"))
 
 
 def ran(rows: Sequence[Row]) -> list[Row]:

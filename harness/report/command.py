@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         help="an empty or new folder to write to (default: runs/reports/<date_time>/)")
     parser.add_argument("--baseline", help="row the speedups are against, as strategy:amp (default single:O0)")
+    parser.add_argument("--project", metavar="PRESETS",
+                        help="hardware presets (conf/plan/hardware/) to project every row onto, e.g. h100x8,h100x16-ib")
     args = parser.parse_args(argv)
     setup_cli()
     if args.compare is not None:
@@ -41,14 +43,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.core.errors import ConfigError
     from harness.report import build_report, build_rows, find_results
 
-    if args.baseline is not None:  # checked against the rows before anything is written
-        try:
+    presets = [p for p in (args.project or "").split(",") if p]
+    try:  # checked before anything is written
+        if args.project is not None:
+            from harness.report.projection import check_presets
+
+            if not presets:
+                raise ConfigError("--project", args.project, "hardware presets, e.g. h100x8,h100x16-ib")
+            check_presets(presets)
+        if args.baseline is not None:
             check_baseline_form("--baseline", args.baseline)
             build_rows(find_results(args.paths)[0], args.baseline, strict=True)
-        except ConfigError as error:
-            log.error("%s", error)
-            return 2
-    report = build_report(args.paths, out, args.baseline)
+    except ConfigError as error:
+        log.error("%s", error)
+        return 2
+    report = build_report(args.paths, out, args.baseline, project=presets)
     if not report.rows:
         log.error("no results.json found under %s", ", ".join(map(str, args.paths)))
         return 1

@@ -70,7 +70,7 @@ PLOT_SECTION = {"throughput": "speed", "cumulative_time": "cumulative", "memory_
                 "loss": "cumulative", "breakdown": "time"}  # which section a plot answers, by its file's stem
 
 
-def _embedded(png: Path) -> str:
+def embedded(png: Path) -> str:
     """The plot inside the page (a data URL): the file sent alone still shows it. The PNG stays beside it too."""
     data = base64.b64encode(png.read_bytes()).decode("ascii")
     alt = html.escape(png.stem.replace("_", " "))
@@ -111,13 +111,13 @@ def _notes(rows: Sequence[Row], section: str, baseline: str | None) -> str:
 
 
 def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
-            ctx: Context | None = None) -> str:
+            ctx: Context | None = None, extra: str = "") -> str:
     """The page in the order a reader asks: the verdict, then a section per question (its table, what the
     figures mean, its plots), then what did not run, in one list grouped by reason."""
     won = winners(rows)
     plots: dict[str, list[str]] = {}
     for png in pngs:
-        plots.setdefault(PLOT_SECTION.get(png.stem, "speed"), []).append(_embedded(png))
+        plots.setdefault(PLOT_SECTION.get(png.stem, "speed"), []).append(embedded(png))
     sections = []
     for key, heading in columns.SECTIONS:
         shown, body = columns.section_table(rows, key)
@@ -127,6 +127,8 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
         sections.append(f'<section id="{key}"><h2>{html.escape(heading)}</h2>'
                         + (_table(rows, shown, body, won) if shown else "") + _notes(rows, key, baseline)
                         + (f'<div class="figures">{"".join(figures)}</div>' if figures else "") + "</section>")
+    if extra:  # a section made elsewhere (the projection)
+        sections.append(extra)
     missing = columns.not_run(rows)
     if missing:
         items = "".join(f"<li><strong>{html.escape(status)}</strong>: {html.escape(reason)} — "

@@ -86,6 +86,16 @@ class Row:
     comm_overlapped_share: float | None = None  # of all the time a collective was in flight
     breakdown_view: str | None = None  # host or device
     energy_j_per_image: float | None = None
+    # harness.plan's prediction made before each run, beside what the run measured (medians over repeats)
+    predicted_peak_mib: float | None = None
+    measured_peak_mib: float | None = None
+    peak_error: float | None = None  # (measured - predicted) / measured
+    predicted_s_per_it: float | None = None
+    measured_s_per_it: float | None = None
+    time_error: float | None = None
+    # what a projection needs of the row (`--project`): its first finished run's resolved config and batch share
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    local_batch: int | None = None
 
     @property
     def n_devices(self) -> int:
@@ -297,9 +307,23 @@ def _row(group: list[RunRecord], label: str) -> Row:
     row.startup_s = _median_of([r.startup_seconds for r in ok])
     row.compile_s = _median_of([r.compile_seconds for r in ok])
     row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
+    _pool_prediction(row, ok)
+    row.config, row.local_batch = ok[0].config, ok[0].local_batch
     _pool_memory(row, ok)
     _pool_breakdown(row, ok)
     return row
+
+
+def _pool_prediction(row: Row, ok: Sequence[RunRecord]) -> None:
+    pairs = [(r.prediction, r.prediction_error) for r in ok if r.prediction and r.prediction_error]
+    if not pairs:
+        return
+    row.predicted_peak_mib = _median_of([p.peak_mib for p, _ in pairs])
+    row.measured_peak_mib = _median_of([e.measured_peak_mib for _, e in pairs])
+    row.peak_error = _median_of([e.peak_mib for _, e in pairs])
+    row.predicted_s_per_it = _median_of([p.s_per_iteration for p, _ in pairs])
+    row.measured_s_per_it = _median_of([e.measured_s_per_iteration for _, e in pairs])
+    row.time_error = _median_of([e.s_per_iteration for _, e in pairs])
 
 
 def _steady(window: WindowRecord) -> bool:
