@@ -109,6 +109,9 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
             speed.add_column(name, justify="left" if name == "combination" else "right")
         for r in predicted:
             t, p = r["prediction"]["time"], r["prediction"]
+            if p["s_per_iteration"] is None:  # would not fit: no time
+                speed.add_row(_label(r), *["—"] * 7)
+                continue
             speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
                                                                     "exposed_comm_s", "overlapped_comm_s")],
                           f"{1000 * p['s_per_iteration']:.2f}", f"{p['throughput_img_s']:.0f}")

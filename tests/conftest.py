@@ -352,6 +352,32 @@ def shared_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     return sweep, proc
 
 
+MACHINE_FIGURES = {  # what harness.plan measures of this machine, fixed for the tests (tests/test_planning.py
+    # measures them for real once): rates in TFLOP/s per thread count, this machine's link per collective
+    "rates": {f"{accelerator}:{threads}": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}
+              for accelerator in ("cpu", "cuda") for threads in range(1, 65)},
+    "link": {"latency_us": 500.0, "bandwidth_gbps": 1.0},
+    "per_op": {op: {"latency_us": 500.0, "bandwidth_gbps": 1.0}
+               for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixed_machine_figures(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Path]:
+    """Every run of the session (subprocesses too) reads this machine's figures from a folder of the session's
+    own, written here: no test measures them by chance, none waits for another's measurement."""
+    from harness.plan import hardware
+
+    folder = tmp_path_factory.mktemp("machine")
+    previous = os.environ.get("HARNESS_MACHINE_CACHE")
+    os.environ["HARNESS_MACHINE_CACHE"] = str(folder)
+    hardware.write_machine(MACHINE_FIGURES)
+    yield folder
+    if previous is None:
+        os.environ.pop("HARNESS_MACHINE_CACHE", None)
+    else:
+        os.environ["HARNESS_MACHINE_CACHE"] = previous
+
+
 @pytest.fixture(scope="session", autouse=True)
 def results_files_match_the_shipped_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterable[None]:
     """Every results.json the harness wrote during the session (schema 2; files a test wrote by hand as older

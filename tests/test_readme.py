@@ -103,8 +103,30 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
     assert len(linked_pages()) >= len(documents()) + 12  # the benchmarks' index and their eleven pages too
 
 
+@pytest.fixture
+def checks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acceptance, not prediction: the predictions precheck makes for every run (tests/test_plan_*.py check
+    them) are skipped, and `plan=true` composes and checks its presets without predicting."""
+    from harness import planning
+    from harness.launch import runner
+
+    def plan_checked(combos, multirun):  # noqa: ANN001, ANN202
+        from harness.compose import compose_one
+
+        planning.check_plan_presets([compose_one(c).run_config() for c in combos])
+        return 0
+
+    monkeypatch.setattr(runner, "predict_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(planning, "plan_command", plan_checked)
+
+
 @pytest.mark.parametrize("args", RUN_COMMANDS, ids=[" ".join(a) for a in RUN_COMMANDS])
-def test_every_run_py_command_is_accepted_as_typed(args, capsys):
+def test_every_run_py_command_is_accepted_as_typed(args, capsys, checks_only):
+    if any(a in ("plan=true", "plan.enabled=true") for a in args):
+        with pytest.raises(SystemExit) as info:
+            cli.precheck(args)
+        assert info.value.code == 0 and capsys.readouterr().err == ""
+        return
     if names_missing_gpus(args) and "-m" not in args:
         with pytest.raises(SystemExit) as info:
             cli.precheck(args)
@@ -135,7 +157,9 @@ def test_every_collectives_command_is_accepted_as_typed(args):
 def test_the_merge_command_works_with_its_placeholders_filled(tmp_path, monkeypatch):
     from harness import report
 
-    merge, compare = readme_commands("-m harness.report")
+    commands = readme_commands("-m harness.report")
+    merge = next(c for c in commands if "--baseline" in c)
+    compare = next(c for c in commands if c[0] == "--compare")
     monkeypatch.chdir(tmp_path)
     for name, strategy, job in (("A", "single", "0"), ("B", "ddp", "0"), ("B", "single", "1")):
         folder = tmp_path / "runs" / "multirun" / name / job

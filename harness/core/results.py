@@ -84,13 +84,13 @@ class PredictionRecord:
     __pydantic_config__ = _FORBID
     hardware: str
     peak_mib: float  # the largest rank's predicted peak
-    s_per_iteration: float
-    throughput_img_s: float
+    s_per_iteration: float | None  # None: not predicted (the combination would not fit)
+    throughput_img_s: float | None
     fits: bool
     device_memory_mib: float
     world_size: int
     memory: list[dict[str, Any]] = field(default_factory=list)
-    time: dict[str, float] = field(default_factory=dict)
+    time: dict[str, float | None] = field(default_factory=dict)
     flops_per_iteration: int | None = None
     misfit: str | None = None
     assumptions: list[str] = field(default_factory=list)

@@ -179,8 +179,8 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
                                results["compile_seconds"])
     if prediction is not None:
-        results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
-                                                       records)
+        results["prediction_error"] = prediction_error(prediction.peak_mib, base["prediction"]["s_per_iteration"],
+                                                       results, records)
     publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
@@ -212,7 +212,7 @@ def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls
     return prediction
 
 
-def prediction_error(peak_mib: float, s_per_iteration: float, results: dict[str, Any],
+def prediction_error(peak_mib: float, s_per_iteration: float | None, results: dict[str, Any],
                      records: list[dict[str, Any]]) -> dict[str, Any]:
     """(measured - predicted) / measured for the peak (GPU: the caching allocator's reserved peak, the largest
     device's; CPU: the largest rank's live-tensor peak) and the time per iteration (the steady windows')."""
@@ -223,8 +223,8 @@ def prediction_error(peak_mib: float, s_per_iteration: float, results: dict[str,
     throughput = results.get("throughput_img_s")
     measured_s = results["global_batch"] / throughput if throughput else None
 
-    def error(measured: float | None, predicted: float) -> float | None:
-        return (measured - predicted) / measured if measured else None
+    def error(measured: float | None, predicted: float | None) -> float | None:
+        return (measured - predicted) / measured if measured and predicted is not None else None
 
     return {"peak_mib": error(measured_peak, peak_mib), "s_per_iteration": error(measured_s, s_per_iteration),
             "measured_peak_mib": measured_peak, "measured_s_per_iteration": measured_s, "memory_source": source}

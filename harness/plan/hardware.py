@@ -132,11 +132,11 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
         link = data[key]
         if not isinstance(link, Mapping) or set(link) != {"latency_us", "bandwidth_gbps"}:
             raise bad(key, link, "a mapping of latency_us and bandwidth_gbps")
-        for name, least in (("latency_us", 0.0), ("bandwidth_gbps", None)):
-            value = link[name]
+        for part, least in (("latency_us", 0.0), ("bandwidth_gbps", None)):
+            value = link[part]
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
                     (least is None and not value > 0):
-                raise bad(f"{key}.{name}", value, "a number >= 0" if least is not None else "a number > 0")
+                raise bad(f"{key}.{part}", value, "a number >= 0" if least is not None else "a number > 0")
         links[key] = Link(float(link["latency_us"]), float(link["bandwidth_gbps"]))
     return Preset(name=name, accelerator=data["accelerator"], devices_per_node=data["devices_per_node"],
                   nodes=data["nodes"], device_memory_gib=float(memory),
@@ -204,6 +204,18 @@ def gemm_tflops(dtype: torch.dtype, threads: int, device: str = "cpu", size: int
         torch.set_num_threads(previous)
 
 
+def gemm_rates(threads: int, accelerator: str) -> dict[str, float]:
+    """TFLOP/s per dtype; on a GPU in a spawned child (the parent creates no CUDA context)."""
+    if accelerator != "cuda":
+        return {name: gemm_tflops(getattr(torch, name), threads) for name in DTYPES}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return {name: pool.submit(gemm_tflops, getattr(torch, name), threads, "cuda", 4096).result()
+                for name in DTYPES}
+
+
 def measure_machine(threads: int, accelerator: str, devices: int,
                     measure_link: Callable[[], tuple[Link, dict[str, Link]]] | None,
                     memory_gib: float) -> dict[str, Any]:
@@ -213,9 +225,7 @@ def measure_machine(threads: int, accelerator: str, devices: int,
     rates = cached.get("rates", {})
     key = f"{accelerator}:{threads}"
     if key not in rates:
-        device = "cuda" if accelerator == "cuda" else "cpu"
-        rates[key] = {name: gemm_tflops(getattr(torch, name), threads, device,
-                                        size=2048 if device == "cuda" else 512) for name in DTYPES}
+        rates[key] = gemm_rates(threads, accelerator)
     link, per_op = cached.get("link"), cached.get("per_op")
     if link is None and measure_link is not None and devices > 1:
         pooled, each = measure_link()

@@ -105,19 +105,26 @@ class Prediction:
                       ("optimizer state", worst.optimizer_mib), ("activations", worst.activations_mib),
                       ("inputs", worst.inputs_mib), ("communication buffers", worst.comm_buffers_mib),
                       key=lambda kv: kv[1])
-        where = f"the RAM the {len(self.ranks)} ranks share" if self.shared_memory else worst.device
+        where = (f"the RAM the {len(self.ranks)} ranks share" if len(self.ranks) > 1 else "the RAM") \
+            if self.shared_memory else worst.device
         return (f"predicted peak {self.needed_mib() / 1024:.1f} GiB > {self.device_memory_mib / 1024:.1f} GiB on "
                 f"{where} ({largest[0]} {largest[1] / 1024:.1f} GiB)")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "world_size": self.world_size, "peak_mib": round(self.peak_mib, 2),
-                "s_per_iteration": self.s_per_iteration, "throughput_img_s": self.throughput_img_s,
+        return {"hardware": self.hardware, "world_size": self.world_size, "peak_mib": self.peak_mib,
+                "s_per_iteration": _finite(self.s_per_iteration), "throughput_img_s": _finite(self.throughput_img_s),
                 "fits": self.fits, "device_memory_mib": round(self.device_memory_mib, 1),
                 "memory": [r.as_dict() for r in self.ranks],
-                "time": {"compute_s": self.compute_s, "optimizer_s": self.optimizer_s, "comm_s": self.comm_s,
-                         "exposed_comm_s": self.exposed_comm_s, "overlapped_comm_s": self.overlapped_comm_s},
+                "time": {k: _finite(v) for k, v in (("compute_s", self.compute_s), ("optimizer_s", self.optimizer_s),
+                                                    ("comm_s", self.comm_s), ("exposed_comm_s", self.exposed_comm_s),
+                                                    ("overlapped_comm_s", self.overlapped_comm_s))},
                 "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(),
                 "assumptions": list(self.assumptions), "calibration": self.calibration}
+
+
+def _finite(value: float) -> float | None:
+    """None for a figure not predicted (NaN: the combination would not fit)."""
+    return None if math.isnan(value) else value
 
 
 @dataclass(frozen=True)
@@ -144,10 +151,18 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     trace = trace_step(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
                        unit_names)
     ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
-    compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro)
-    if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
-        optimizer /= n
-    comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
+    device_memory = preset.device_memory_gib * GIB / MIB
+    needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
+    notes: tuple[str, ...]
+    if needed > device_memory:  # it would not run: its time is not calibrated (that could run out of memory here)
+        compute = optimizer = comm = exposed = math.nan
+        calibration: dict[str, Any] = {}
+        notes = ("time not predicted: the combination would not fit",)
+    else:
+        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro)
+        if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
+            optimizer /= n
+        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg),
@@ -161,7 +176,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     if preset.accelerator == "cpu" and n > 1:
         assumptions += ("CPU: communication runs on the cores that compute, so it overlaps nothing here",)
     return Prediction(hardware=preset.name, world_size=n, ranks=ranks,
-                      device_memory_mib=preset.device_memory_gib * GIB / MIB, shared_memory=preset.shared_memory,
+                      device_memory_mib=device_memory, shared_memory=preset.shared_memory,
                       compute_s=compute, optimizer_s=optimizer, comm_s=comm, exposed_comm_s=exposed,
                       flops_per_iteration=trace.flops * n * replicas, global_batch=cfg.batch_size,
                       assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()})
@@ -183,8 +198,9 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     params = trace.stored_params / n if params_sharded else trace.params + trace.masters
     grads = trace.grads / n if grads_sharded and cfg.grad_accum == 1 else trace.grads
     state = trace.optimizer_state / n if state_sharded else trace.optimizer_state
-    # one rank: FSDP's all-gather of its only shard is the shard itself (no unit buffers)
-    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or not b.size.startswith("unit"))
+    # one rank: FSDP's all-gather of its only shard is the shard itself (no gathered units); its gradients still
+    # pass through a reduce-scatter buffer
+    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or b.size != "unit_params")
     image = 3 * cfg.data.image_size ** 2 * 4 + 8  # fp32 pixels and an int64 label
     local_batch = cfg.batch_size // n
     kept = cfg.data.pool if cfg.data.name == "synthetic" else 2  # a loader: the batch in use and the next
@@ -283,8 +299,11 @@ def fp32_spec(amp: AmpSpec) -> AmpSpec:
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
+    """On this machine's own accelerator: its GPU where it has one (a child process), else its CPU."""
+    import torch
+
     return calibrate(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
-                     threads)
+                     threads, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float,

@@ -14,8 +14,18 @@ from harness.plan.predict import Target
 
 
 def local_memory_gib(accelerator: str) -> float:
+    """Each GPU's total memory through NVML (the parent creates no CUDA context), or the RAM."""
     if accelerator == "cuda":
-        return torch.cuda.get_device_properties(0).total_memory / GIB
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / GIB
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 (no NVML: torch's figure, at the cost of initialising CUDA here)
+            return torch.cuda.get_device_properties(0).total_memory / GIB
     return psutil.virtual_memory().total / GIB
 
 

@@ -1,0 +1,84 @@
+"""Hardware presets (harness.plan.hardware): every shipped one loads; bad ones are refused naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.errors import ConfigError
+from harness.plan.hardware import LOCAL, PRESET_DIR, load_preset, preset_names
+
+GOOD = """accelerator: cuda
+devices_per_node: 4
+nodes: 1
+device_memory_gib: 24
+peak_tflops: {float32: 10, bfloat16: 100, float16: 100}
+intra: {latency_us: 3, bandwidth_gbps: 20}
+inter: {latency_us: 10, bandwidth_gbps: 5}
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text)
+    return folder
+
+
+def test_every_shipped_preset_loads_with_its_figures():
+    names = preset_names()
+    assert {"local", "h100x8", "h100x16-ib", "a100x8", "a100x16-25gbe"} <= set(names)
+    h100 = load_preset("h100x8")
+    assert (h100.accelerator, h100.devices, h100.nodes) == ("cuda", 8, 1)
+    assert h100.peak_tflops["bfloat16"] > h100.peak_tflops["float32"] > 0
+    ib = load_preset("h100x16-ib")
+    assert ib.devices == 16 and ib.inter.bandwidth_gbps < ib.intra.bandwidth_gbps
+    slow = load_preset("a100x16-25gbe")
+    assert slow.inter.bandwidth_gbps < 4  # 25 Gb/s is 3.1 GB/s
+
+
+def test_local_takes_the_measured_fields():
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 24.0,
+               "peak_tflops": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01},
+               "intra": {"latency_us": 900.0, "bandwidth_gbps": 1.0},
+               "inter": {"latency_us": 900.0, "bandwidth_gbps": 1.0},
+               "per_op": {"broadcast": {"latency_us": 100.0, "bandwidth_gbps": 4.0}}}
+    local = load_preset(LOCAL, machine=machine)
+    assert local.measured and local.shared_memory and local.devices == 2
+    assert local.per_op["broadcast"].bandwidth_gbps == 4.0
+
+
+def test_unknown_preset_names_the_closest_one():
+    with pytest.raises(ConfigError) as caught:
+        load_preset("h100x9")
+    message = str(caught.value)
+    assert message.startswith("plan.hardware=h100x9 is not allowed: did you mean h100x8?")
+    assert "h100x16-ib" in message  # and lists them all
+
+
+@pytest.mark.parametrize("change, field", [
+    ("device_memory_gib: 24", "no `device_memory_gib`"),
+    ("device_memory_gib: 24\n", "device_memory_gib: 0\n"),
+    ("device_memory_gib: 24\n", "device_memory_gib: lots\n"),
+    ("intra: {latency_us: 3, bandwidth_gbps: 20}", "intra: {latency_us: 3}"),
+    ("peak_tflops: {float32: 10, bfloat16: 100, float16: 100}", "peak_tflops: {float32: 10}"),
+    ("accelerator: cuda", "accelerator: tpu"),
+])
+def test_a_bad_preset_is_refused_naming_the_field(tmp_path, change, field):
+    text = GOOD.replace(change, "" if field.startswith("no ") else field)
+    folder = write(tmp_path / "presets", "mine", text)
+    with pytest.raises(ConfigError) as caught:
+        load_preset("mine", preset_dir=folder)
+    message = str(caught.value)
+    assert message.startswith("plan.hardware=mine is not allowed:") and "\n" not in message
+    named = field.removeprefix("no ").strip("`").split(":")[0].strip("` ")
+    assert named in message, message
+
+
+def test_a_good_user_preset_loads(tmp_path):
+    preset = load_preset("mine", preset_dir=write(tmp_path / "presets", "mine", GOOD))
+    assert preset.device_memory_gib == 24.0 and preset.inter.latency_us == 10.0
+
+
+def test_the_preset_folder_is_in_conf():
+    assert PRESET_DIR.parts[-3:] == ("conf", "plan", "hardware")

@@ -1,0 +1,65 @@
+"""The latency-bandwidth model of collectives (harness.plan.links): hand-worked times that tell the right bus
+factor and hop count from the plausible wrong ones, and fits that recover a link known by construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.plan.links import Link, bus_factor, collective_seconds, fit_link, fit_links, hops
+
+NVLINK = Link(latency_us=2.0, bandwidth_gbps=100.0)
+
+
+def test_all_reduce_over_four_ranks_by_hand():
+    # 1 GB over 4 ranks: 2(n-1) = 6 hops x 2 us, and 2(n-1)/n = 1.5 x 1e9 bytes at 100 GB/s = 15 ms
+    seconds = collective_seconds("all_reduce", 1e9, 4, 1, NVLINK, NVLINK)
+    assert seconds == pytest.approx(12e-6 + 0.015)
+    # the plausible wrong ones: all-gather's factor (n-1)/n would give 7.5 ms, algorithm bandwidth 10 ms
+    assert seconds > 0.0140
+
+
+def test_all_gather_reduce_scatter_and_broadcast_by_hand():
+    assert collective_seconds("all_gather", 1e9, 4, 1, NVLINK, NVLINK) == pytest.approx(3 * 2e-6 + 0.75e9 / 100e9)
+    assert collective_seconds("reduce_scatter", 8e8, 2, 1, NVLINK, NVLINK) == pytest.approx(2e-6 + 0.5 * 8e8 / 100e9)
+    assert collective_seconds("broadcast", 1e9, 8, 1, NVLINK, NVLINK) == pytest.approx(7 * 2e-6 + 1e9 / 100e9)
+    assert bus_factor("broadcast", 8) == 1.0 and hops("all_reduce", 8) == 14
+
+
+def test_one_rank_or_nothing_sent_costs_nothing():
+    assert collective_seconds("all_reduce", 1e9, 1, 1, NVLINK, NVLINK) == 0.0
+    assert collective_seconds("all_reduce", 0, 8, 1, NVLINK, NVLINK) == 0.0
+
+
+def test_across_nodes_the_slowest_link_and_its_latency_count():
+    ib = Link(latency_us=5.0, bandwidth_gbps=40.0)
+    seconds = collective_seconds("all_reduce", 1.6e9, 8, 2, NVLINK, ib)
+    # 16 ranks: 30 hops in two passes round the ring, each crossing between the 2 nodes twice: 4 at 5 us, 26 at
+    # 2 us; 2 x 15/16 x 1.6 GB at the slower 40 GB/s
+    assert seconds == pytest.approx(26 * 2e-6 + 4 * 5e-6 + 2 * 15 / 16 * 1.6e9 / 40e9)
+
+
+def test_a_per_op_link_replaces_the_preset_link_inside_a_node():
+    slow = {"reduce_scatter": Link(1000.0, 0.5)}
+    assert collective_seconds("reduce_scatter", 1e6, 2, 1, NVLINK, NVLINK, slow) == pytest.approx(1e-3 + 0.5e6 / 0.5e9)
+    assert collective_seconds("all_gather", 1e6, 2, 1, NVLINK, NVLINK, slow) == pytest.approx(2e-6 + 0.5e6 / 100e9)
+
+
+def test_the_fit_recovers_a_link_known_by_construction():
+    truth = Link(latency_us=150.0, bandwidth_gbps=1.5)
+    samples = [(op, size, collective_seconds(op, size, 2, 1, truth, truth))
+               for op in ("all_reduce", "all_gather", "broadcast") for size in (2**16, 2**20, 2**24)]
+    fit = fit_link(samples, 2)
+    assert fit.link.latency_us == pytest.approx(150.0, rel=1e-6)
+    assert fit.link.bandwidth_gbps == pytest.approx(1.5, rel=1e-6)
+    assert fit.r_squared == pytest.approx(1.0) and fit.points == 9
+
+
+def test_per_op_fits_keep_each_collective_its_own_link():
+    fast, slow = Link(100.0, 4.0), Link(2000.0, 0.5)
+    samples = [("broadcast", s, collective_seconds("broadcast", s, 2, 1, fast, fast)) for s in (2**16, 2**20, 2**24)]
+    samples += [("reduce_scatter", s, collective_seconds("reduce_scatter", s, 2, 1, slow, slow))
+                for s in (2**16, 2**20, 2**24)]
+    pooled, each = fit_links(samples, 2)
+    assert each["broadcast"].link.bandwidth_gbps == pytest.approx(4.0, rel=1e-6)
+    assert each["reduce_scatter"].link.latency_us == pytest.approx(2000.0, rel=1e-6)
+    assert pooled.r_squared < 1.0  # one link cannot fit both

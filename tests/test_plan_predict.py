@@ -1,0 +1,175 @@
+"""Predictions (harness.plan.predict, trace, calibrate): hand-worked memory by kind for each strategy's layout,
+the exposed part of communication, compression payloads and preset scaling; the traced step against the
+independent live-tensor instrument."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_config
+from hydra.utils import get_class
+
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.traffic import Collective, Traffic
+from harness.launch.placement import Hardware
+from harness.launch.runner import plan as place_run
+from harness.memory.tensor_peak import TensorPeak
+from harness.plan import predict as predict_module
+from harness.plan.calibrate import Calibration
+from harness.plan.hardware import load_preset
+from harness.plan.predict import MIB, Prediction, RankMemory, Target, comm_time, memory_by_rank, predict
+from harness.plan.trace import StepTrace, trace_step
+
+# a step known by hand, in MiB: 100 of fp32 parameters (units of 30, 20, 10 and a root of 40), 80 of gradients
+# alive at the peak, 100 of momentum, 50 of activations
+TRACE = StepTrace(peak=330 * MIB, params=100 * MIB, masters=0, grads=80 * MIB, optimizer_state=100 * MIB,
+                  activations=50 * MIB, flops=10**9, model_params=100 * MIB, model_grads=100 * MIB,
+                  stored_params=100 * MIB, param_count=100 * MIB // 4, matrices=((64, 27), (10, 16)),
+                  units=(30 * MIB, 20 * MIB, 10 * MIB), tracer="meta")
+INPUTS_MIB = 8 * 6 * (3 * 8 * 8 * 4 + 8) / MIB  # the synthetic pool: 8 batches of this rank's 6 images, 8 px
+
+
+def layout(name: str, n: int, preset: str = "h100x8") -> tuple[RankMemory, ...]:
+    cfg = run_config(name, nprocs=n, batch_size=6 * n)
+    strategy_cls = get_class(cfg.strategy["_target_"])
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=8), in_sweep=True)
+    return memory_by_rank(TRACE, strategy_cls.traffic(cfg.strategy), strategy_cls.shards, n, cfg, decided.placement,
+                          load_preset(preset), 1)
+
+
+def test_ddp_keeps_everything_and_a_bucket_copy_of_the_gradients():
+    rank = layout("ddp", 2)[0]
+    assert (rank.params_mib, rank.grads_mib, rank.optimizer_mib, rank.activations_mib) == (100, 80, 100, 50)
+    assert rank.comm_buffers_mib == 100  # gradient_as_bucket_view=false: the buckets hold a second copy
+    assert rank.inputs_mib == pytest.approx(INPUTS_MIB)
+    live = 100 + 80 + 100 + 50 + 100 + INPUTS_MIB
+    assert rank.allocator_mib == pytest.approx(0.10 * live)  # a CUDA preset: the assumed 10 %
+    assert rank.peak_mib == pytest.approx(1.10 * live)
+
+
+def test_zero_shards_the_optimizer_state_only():
+    rank = layout("zero", 4)[0]
+    assert (rank.params_mib, rank.grads_mib, rank.optimizer_mib) == (100, 80, 25)
+
+
+def test_fsdp_shards_all_three_and_holds_two_gathered_units_and_one_unit_of_gradients():
+    rank = layout("fsdp", 4)[0]
+    assert (rank.params_mib, rank.grads_mib, rank.optimizer_mib) == (25, 20, 25)
+    assert rank.comm_buffers_mib == 2 * 30 + 30
+    alone = layout("fsdp", 1)[0]  # one rank: its all-gather is its own shard; a unit of gradients is still copied
+    assert alone.comm_buffers_mib == 30 and alone.params_mib == 100
+
+
+def test_on_cpu_there_is_no_allocator_overhead_and_the_ranks_share_the_ram():
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0,
+               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+               "intra": {"latency_us": 1.0, "bandwidth_gbps": 1.0}, "inter": {"latency_us": 1.0, "bandwidth_gbps": 1.0}}
+    local = load_preset("local", machine=machine)
+    ranks = (RankMemory("cpu:0", 300, 0, 0, 0, 0, 0, 0), RankMemory("cpu:1", 300, 0, 0, 0, 0, 0, 0))
+    shared = Prediction("local", 2, ranks, 1024.0, local.shared_memory, 0, 0, 0, 0, 0, 8, ())
+    assert shared.needed_mib() == 600 and shared.fits  # together 600 MiB of 1 GiB
+    bigger = dataclasses.replace(shared, ranks=ranks * 2, world_size=4)
+    assert not bigger.fits and "the RAM the 4 ranks share" in bigger.misfit()
+
+
+def test_the_misfit_line_names_the_device_and_the_largest_part():
+    ranks = (RankMemory("cuda:0", 1024, 1024, 1024, 2048, 0, 0, 0),
+             RankMemory("cuda:1", 1024, 1024, 1024, 8090, 300, 200, 1854.8))  # 13,516.8 MiB
+    p = Prediction("mine", 2, ranks, 11 * 1024, False, 0, 0, 0, 0, 0, 8, ())
+    assert p.misfit() == "predicted peak 13.2 GiB > 11.0 GiB on cuda:1 (activations 7.9 GiB)"
+    assert not p.fits and dataclasses.replace(p, device_memory_mib=14 * 1024).misfit() is None
+
+
+def test_overlapped_communication_hides_under_backward_except_its_last_bucket():
+    h100 = load_preset("h100x8")
+    ddp = Traffic((Collective("all_reduce", "grads", "backward"),))
+    total, exposed = comm_time(ddp, TRACE, 8, h100, compute=1.0, options={})
+    by_hand = 14 * 2e-6 + 2 * 7 / 8 * 100 * MIB / 360e9
+    assert total == pytest.approx(by_hand)
+    assert exposed == pytest.approx(by_hand / 4)  # 100 MiB in 25 MiB buckets: the last of 4 is exposed
+    waited = Traffic((Collective("all_reduce", "grads", "none"),))
+    assert comm_time(waited, TRACE, 8, h100, compute=1.0, options={})[1] == pytest.approx(by_hand)
+    short = comm_time(ddp, TRACE, 8, h100, compute=1e-6, options={})  # no backward to hide under
+    assert short[1] == pytest.approx(by_hand - 2 / 3 * 1e-6)
+
+
+def test_on_cpu_nothing_overlaps():
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0,
+               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+               "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
+               "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
+    ddp = Traffic((Collective("all_reduce", "grads", "backward"),))
+    total, exposed = comm_time(ddp, TRACE, 2, load_preset("local", machine=machine), compute=10.0, options={})
+    assert exposed == total == pytest.approx(2 * 100e-6 + 100 * MIB / 1e9)
+
+
+def test_compression_payloads_by_hand():
+    half = predict_module._payload_bytes(Collective("all_reduce", "grads", "backward", "bfloat16"), TRACE)
+    assert half == 50 * MIB  # fp32 gradients sent in bf16
+    powersgd = predict_module._payload_bytes(Collective("all_reduce", "powersgd", "backward", powersgd_rank=1), TRACE)
+    assert powersgd == (64 + 27) * 4 + (10 + 16) * 4  # rank-1 factors of a 64x27 and a 10x16 matrix, fp32
+
+
+def test_a_preset_scales_this_machines_calibration_by_batch_and_peak_rates(monkeypatch):
+    calls = []
+
+    def fake(cfg, amp, micro, threads):
+        calls.append((micro, amp.dtype))
+        return Calibration(forward_backward_s=0.2, optimizer_s=0.01, steps=5, micro_batch=micro, threads=threads)
+
+    monkeypatch.setattr(predict_module, "calibrate_fn_default", fake)
+    cfg = run_config("ddp", batch_size=8 * 32)  # 32 images per rank on 8 GPUs
+    amp = resolve(AmpConfig(level="O0"), "cuda")
+    target = Target(load_preset("h100x8"), {"float32": 0.1, "bfloat16": 0.2, "float16": 0.2}, 2)
+    compute, optimizer, _, notes = predict_module.compute_time(cfg, amp, target, micro=32)
+    assert calls == [(8, "float32")]  # calibrated at 8 images, not 32
+    assert compute == pytest.approx(0.2 * 32 / 8 * 0.1 / 494.7)
+    assert optimizer == pytest.approx(0.01 * 0.1 / 494.7)
+    assert "494.7" in notes[0]
+
+
+def test_the_traced_step_matches_the_live_tensor_instrument():
+    """Truth by an independent instrument: the allocator's own events, for the very steps the trace predicts."""
+    model_cfg = {"_target_": "harness.rank.models.TinyCNN", "name": "tiny_cnn", "width": 16}
+    optim = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "momentum": 0.9}
+    for level in ("O0", "O2"):
+        spec = dataclasses.replace(resolve(AmpConfig(level=level, dtype="bfloat16"), "cpu"), loss_scale=1.0,
+                                   allow_emulated=True)
+        predicted = trace_step(model_cfg, 10, spec, optim, 16, 32).peak
+        from hydra.utils import instantiate
+
+        from amp import OptimizerSpec
+        from amp.native import NativeAmp
+        probe = TensorPeak().start()
+        torch.manual_seed(0)
+        model = instantiate(model_cfg, num_classes=10)
+        plugin = NativeAmp(spec, torch.device("cpu"))
+        model = plugin.cast_module(model)
+        optimizer = OptimizerSpec.from_config(optim).build(plugin.optimizer_params(model))
+        model = plugin.wrap_module(model)
+        images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+        batch = images.numel() * 4 + labels.numel() * 8  # made before the step: the trace counts it not
+        for _ in range(2):
+            loss = F.cross_entropy(model(images), labels)
+            plugin.backward(loss)
+            plugin.step(optimizer)
+            plugin.zero_grad(optimizer)
+        measured = probe.stop() - batch
+        assert abs(measured - predicted) / measured < 0.10, (level, measured, predicted)
+
+
+def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
+    monkeypatch.setattr(predict_module, "calibrate_fn_default", lambda *a: pytest.fail("calibrated"))
+    cfg = run_config("single", batch_size=4096, data={"name": "synthetic", "image_size": 256, "num_classes": 10})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    machine = {"accelerator": "cpu", "devices_per_node": 1, "nodes": 1, "device_memory_gib": 1.0,
+               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+               "intra": {"latency_us": 1.0, "bandwidth_gbps": 1.0}, "inter": {"latency_us": 1.0, "bandwidth_gbps": 1.0}}
+    target = Target(load_preset("local", machine=machine), {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1}, 2)
+    prediction = predict(cfg, decided.placement, decided.amp, decided.strategy_cls, target)
+    assert not prediction.fits and prediction.as_dict()["s_per_iteration"] is None
+    assert prediction.misfit().startswith("predicted peak ") and prediction.misfit().endswith("GiB > 1.0 GiB on the RAM (activations 83.0 GiB)")
+    assert prediction.hardware == "local"

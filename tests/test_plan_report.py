@@ -1,0 +1,56 @@
+"""The report's prediction section and `--project` (harness.report.projection), on the session's shared sweep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SHARED_GROUP, describe
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.report", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.xdist_group(SHARED_GROUP)
+def test_every_row_shows_predicted_beside_measured(shared_sweep):
+    sweep, _ = shared_sweep
+    md = (sweep / "report.md").read_text()
+    assert "Predicted before each run, beside what it measured" in md
+    rows = json.loads((sweep / "report.json").read_text())["rows"]
+    ran = [r for r in rows if r["ok_runs"]]
+    assert len(ran) == 3
+    for row in ran:
+        assert row["predicted_peak_mib"] > 0 and row["measured_peak_mib"] > 0, row["label"]
+        assert row["peak_error"] == pytest.approx((row["measured_peak_mib"] - row["predicted_peak_mib"])
+                                                  / row["measured_peak_mib"], rel=1e-6)
+        assert row["predicted_s_per_it"] > 0 and row["measured_s_per_it"] > 0
+
+
+@pytest.mark.xdist_group(SHARED_GROUP)
+def test_project_adds_the_projected_rows_and_the_scaling_plot(shared_sweep, tmp_path):
+    sweep, _ = shared_sweep
+    out = tmp_path / "projected"
+    proc = report(str(sweep), "--out", str(out), "--project", "h100x8,h100x16-ib")
+    assert proc.returncode == 0, describe(proc)
+    projected = json.loads((out / "report.json").read_text())["projected"]
+    by = {(p["label"].split()[0], p["hardware"]): p for p in projected}
+    assert by[("ddp", "h100x8")]["devices"] == 8 and by[("ddp", "h100x16-ib")]["devices"] == 16
+    assert by[("single", "h100x8")]["devices"] == 1
+    # weak scaling: each rank keeps its batch (8 images over 2 ranks here: 4 each)
+    assert by[("ddp", "h100x16-ib")]["global_batch"] == 16 * 4
+    assert all(p["status"] == "predicted" and p["throughput_img_s"] > 0 for p in projected)
+    assert (out / "scaling.png").stat().st_size > 10_000
+    md = (out / "report.md").read_text()
+    assert "## Projected past this machine" in md and md.count("| h100x16-ib |") == 3
+    assert 'id="projection"' in (out / "index.html").read_text()
+
+
+def test_an_unknown_preset_to_project_onto_is_refused_before_writing(tmp_path):
+    out = tmp_path / "out"
+    proc = report(str(tmp_path), "--out", str(out), "--project", "h100x9")
+    assert proc.returncode == 2 and "did you mean h100x8?" in proc.stderr, describe(proc)
+    assert not out.exists()

@@ -1,0 +1,148 @@
+"""`run.py plan=true` (harness.planning): predictions for every combination without training, in seconds;
+bad presets refused before anything is written; a run predicted not to fit is skipped with the reason; every
+run's results.json holds the prediction beside the measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SINGLE_RUN, TINY, describe
+
+PLAN_TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=64")
+
+
+def plan_cli(*overrides: str, cwd: Path, env: dict[str, str] | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python <repo>/run.py OVERRIDES` started in `cwd`, where plan=true writes runs/plan/."""
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *overrides], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def plan_json(cwd: Path) -> dict:
+    (path,) = (cwd / "runs" / "plan").glob("*/plan.json")
+    return json.loads(path.read_text())
+
+
+def test_the_default_grid_on_h100x8_is_predicted_without_training(tmp_path):
+    started = time.perf_counter()
+    proc = plan_cli("-m", "plan=true", "plan.hardware=h100x8", *PLAN_TINY, cwd=tmp_path)
+    took = time.perf_counter() - started
+    assert proc.returncode == 0, describe(proc)
+    rows = plan_json(tmp_path)["rows"]
+    by = {(r["strategy"], r["amp"]): r for r in rows}
+    assert {s for s, _ in by} == {"single", "ddp", "allreduce", "dp", "apex_ddp", "ignite"}
+    assert {a for _, a in by} == {"O0", "O1", "O2", "O3"}
+    ddp = by[("ddp", "O0")]["prediction"]
+    assert by[("ddp", "O0")]["world_size"] == 8 and len(ddp["memory"]) == 8
+    assert ddp["time"]["comm_s"] > 0 and ddp["s_per_iteration"] > 0 and ddp["fits"]
+    dp = by[("dp", "O0")]["prediction"]["memory"]  # DataParallel: the base GPU holds more than the replicas
+    assert len(dp) == 8 and dp[0]["peak_mib"] > dp[1]["peak_mib"] and dp[1]["optimizer_mib"] == 0
+    assert by[("single", "O0")]["prediction"]["time"]["comm_s"] == 0
+    o2 = by[("single", "O2")]["prediction"]["memory"][0]
+    assert o2["params_mib"] > by[("single", "O3")]["prediction"]["memory"][0]["params_mib"]  # O2's fp32 masters
+    assert not (tmp_path / "runs" / "multirun").exists()  # nothing trained, no sweep folder
+    assert "Predicted peak memory per rank, MiB (h100x8)" in proc.stdout and "Predicted time per iteration" in proc.stdout
+    assert took < 120, f"{took:.0f} s"
+
+
+def test_sweep_modern_across_nodes(tmp_path):
+    proc = plan_cli("-m", "plan=true", "plan.hardware=h100x16-ib", "sweep=modern", "compile=false", *PLAN_TINY,
+                    cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    rows = plan_json(tmp_path)["rows"]
+    predicted = [r for r in rows if r["status"] == "predicted"]
+    assert {r["strategy"] for r in predicted} == {"ddp", "zero", "fsdp"}
+    assert all(r["world_size"] == 16 for r in predicted)
+    fsdp = next(r for r in predicted if r["strategy"] == "fsdp" and r["amp"] == "O0" and not r["variant"])
+    ddp = next(r for r in predicted if r["strategy"] == "ddp" and r["amp"] == "O0" and not r["variant"])
+    assert fsdp["prediction"]["memory"][0]["params_mib"] < ddp["prediction"]["memory"][0]["params_mib"] / 10
+    assert ddp["prediction"]["memory"][15]["device"] == "node1/cuda:7"
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert skipped and all("powersgd" in r["reason"] for r in skipped)
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (("plan.hardware=h100x9",), "plan.hardware=h100x9 is not allowed: did you mean h100x8?"),
+    (("plan.hardware=",), "plan.hardware= is not allowed"),
+])
+def test_a_bad_preset_is_one_line_exit_2_and_nothing_written(tmp_path, overrides, said):
+    proc = plan_cli("plan=true", *overrides, cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    from harness import cli
+    from harness.plan import hardware
+
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    text = (hardware.PRESET_DIR / "h100x8.yaml").read_text().replace("device_memory_gib: 79.1", "device_memory_gib: 0")
+    (presets / "mine.yaml").write_text(text)
+    monkeypatch.setattr(hardware, "PRESET_DIR", presets)
+    monkeypatch.setattr(hardware.load_preset, "__defaults__", (presets, None))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        cli.precheck(["plan=true", "plan.hardware=mine", *PLAN_TINY])
+    assert stopped.value.code == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_this_machine_is_measured_once_then_read(tmp_path):
+    cache = tmp_path / "cache"
+    proc = plan_cli("plan=true", "strategy=ddp", "nprocs=2", *PLAN_TINY, cwd=tmp_path,
+                    env={"HARNESS_MACHINE_CACHE": str(cache)})
+    assert proc.returncode == 0, describe(proc)
+    (machine,) = cache.glob("machine-*.json")
+    measured = json.loads(machine.read_text())
+    assert set(measured["per_op"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert all(link["bandwidth_gbps"] > 0 for link in measured["per_op"].values())
+    assert measured["rates"]["cpu:1"]["float32"] > 0
+    (row,) = plan_json(tmp_path)["rows"]
+    assert row["prediction"]["time"]["comm_s"] > 0
+    assert "measuring this machine's link" in proc.stdout
+
+
+def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
+    from conftest import run_cli
+
+    proc, results = run_cli("strategy=single", "model=tiny_cnn", "data.image_size=512", "batch_size=4096",
+                            tmp_path=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert results["status"] == "skipped"
+    assert results["error"].startswith("predicted peak ") and " GiB > " in results["error"]
+    assert "(activations " in results["error"] and "plan.enforce=false" in results["error"]
+    assert not (Path(results["_run_dir"]) / "ranks").exists()  # no worker started
+
+
+def test_every_run_records_its_prediction_beside_the_measurement(cli_run):
+    _, results = cli_run(*SINGLE_RUN)
+    prediction, error = results["prediction"], results["prediction_error"]
+    assert prediction["hardware"] == "local" and prediction["peak_mib"] > 0 and prediction["s_per_iteration"] > 0
+    probed = max(r["tensor_peak_mib"] for r in results["ranks"])
+    assert error["measured_peak_mib"] == probed and error["memory_source"] == "live-tensor-probe"
+    assert error["peak_mib"] == pytest.approx((probed - prediction["peak_mib"]) / probed)  # over measured, not predicted
+    measured_s = results["global_batch"] / results["throughput_img_s"]
+    assert error["s_per_iteration"] == pytest.approx((measured_s - prediction["s_per_iteration"]) / measured_s)
+    assert abs(error["peak_mib"]) < 0.10  # the traced step against the independent instrument
+
+
+def test_the_ddp_run_predicts_each_rank(cli_run):
+    from conftest import DDP_RUN
+
+    _, results = cli_run(*DDP_RUN)
+    memory = results["prediction"]["memory"]
+    assert [m["device"] for m in memory] == ["cpu:0", "cpu:1"] and memory[0]["comm_buffers_mib"] > 0
+    assert all(r["tensor_peak_mib"] > 0 for r in results["ranks"])
+    assert abs(results["prediction_error"]["peak_mib"]) < 0.10
+
+
+__all__ = ["TINY"]
