@@ -101,9 +101,14 @@ def check_runs(overrides: Sequence[str], multirun: bool) -> None:
         ensure_link(max(ranks, default=1), hw.has_gpu)
         # every prediction made now, before any worker or fork server exists: the runs then read them from the
         # planner's caches, and no calibration is timed beside another process
-        for cfg, decided in placed:
-            if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None:
-                predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
+        try:
+            for cfg, decided in placed:
+                if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None:
+                    predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
+        finally:
+            from harness.plan.calibrate import shutdown
+
+            shutdown()  # the calibration child holds no device while runs are measured
 
 
 def refuse(error: Exception) -> None:

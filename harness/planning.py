@@ -72,6 +72,9 @@ def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
             log.info("plan: %s: %s (%.1f s)", _label(row), row["status"], row["seconds"])
             rows.append(row)
     finally:
+        from harness.plan.calibrate import shutdown
+
+        shutdown()
         logging.getLogger().removeHandler(handler)
         handler.close()
     (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows, "seconds": time.perf_counter() - started},

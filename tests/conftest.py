@@ -106,7 +106,7 @@ def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:
         "optim": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01, "momentum": 0.9},
         "data": {"name": "synthetic", "image_size": 8, "num_classes": 10},
         "gpus": None, "nprocs": 2, "batch_size": 12, "iterations": 40, "log_every": 20,
-        "warmup_windows": 1, "seed": 0,
+        "warmup_windows": 1, "seed": 0, "plan": {"calibration": "model"},  # as the session's runs (fixed_machine_figures)
     }
     cfg.update(values)
     cfg["amp"] = {"_target_": plugin_path(cfg["amp"].get("impl", "native")), **cfg["amp"]}
@@ -368,14 +368,18 @@ def fixed_machine_figures(tmp_path_factory: pytest.TempPathFactory) -> Iterable[
     from harness.plan import hardware
 
     folder = tmp_path_factory.mktemp("machine")
-    previous = os.environ.get("HARNESS_MACHINE_CACHE")
-    os.environ["HARNESS_MACHINE_CACHE"] = str(folder)
+    # and the bare model calibrated in-process (plan.calibration's default from the environment): a child per
+    # run.py would cost the suite minutes; tests/test_plan_predict.py and test_planning.py run the strategy's
+    settings = {"HARNESS_MACHINE_CACHE": str(folder), "HARNESS_PLAN_CALIBRATION": "model"}
+    previous = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
     hardware.write_machine(MACHINE_FIGURES)
     yield folder
-    if previous is None:
-        os.environ.pop("HARNESS_MACHINE_CACHE", None)
-    else:
-        os.environ["HARNESS_MACHINE_CACHE"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -173,3 +173,19 @@ def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
     assert not prediction.fits and prediction.as_dict()["s_per_iteration"] is None
     assert prediction.misfit().startswith("predicted peak ") and prediction.misfit().endswith("GiB > 1.0 GiB on the RAM (activations 83.0 GiB)")
     assert prediction.hardware == "local"
+
+
+def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
+    import psutil
+
+    from harness.plan import calibrate
+
+    cfg = run_config("ddp", nprocs=2, batch_size=8)
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    result = calibrate.calibrate_strategy(cfg, decided.placement, decided.amp, micro_batch=4)
+    assert result.steps >= calibrate.MIN_STEPS and result.micro_batch == 4
+    assert result.threads == decided.placement.threads_per_process  # the rank's threads, not the parent's
+    assert result.forward_backward_s > 0 and result.optimizer_s > 0
+    children = psutil.Process().children()
+    calibrate.shutdown()
+    assert children and not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

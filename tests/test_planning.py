@@ -99,7 +99,7 @@ def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_pa
 def test_this_machine_is_measured_once_then_read(tmp_path):
     cache = tmp_path / "cache"
     proc = plan_cli("plan=true", "strategy=ddp", "nprocs=2", *PLAN_TINY, cwd=tmp_path,
-                    env={"HARNESS_MACHINE_CACHE": str(cache)})
+                    env={"HARNESS_MACHINE_CACHE": str(cache), "HARNESS_PLAN_CALIBRATION": "strategy"})
     assert proc.returncode == 0, describe(proc)
     (machine,) = cache.glob("machine-*.json")
     measured = json.loads(machine.read_text())
@@ -108,6 +108,7 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
     assert measured["rates"]["cpu:1"]["float32"] > 0
     (row,) = plan_json(tmp_path)["rows"]
     assert row["prediction"]["time"]["comm_s"] > 0
+    assert "through strategy=ddp in a process group of one" in row["prediction"]["assumptions"][0]
     assert "measuring this machine's link" in proc.stdout
 
 

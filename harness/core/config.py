@@ -96,6 +96,7 @@ def check_baseline_form(key: str, value: str) -> None:
 
 
 PARITY_REFERENCES = ("O0", "same_amp")
+CALIBRATIONS = ("strategy", "model")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class PlanConfig:
     enabled: bool = False
     hardware: str = "local"
     enforce: bool = True
+    calibration: str = "strategy"  # this machine's compute: through the strategy (a child process) or the bare model
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,7 @@ def check_plan(section: Any) -> PlanConfig:
     if not isinstance(section, Mapping):
         raise ConfigError("plan", section, "true, false, or the section (plan.enabled, plan.hardware, plan.enforce)")
     plan = PlanConfig(**check_record("plan", section, PlanConfig))
+    _one_of("plan.calibration", plan.calibration, CALIBRATIONS)
     if not plan.hardware or not str(plan.hardware).replace("-", "").replace("_", "").isalnum():
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
                           "digits, - and _)")

@@ -111,6 +111,9 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         return record.to_dict()
 
     prediction = predict_run(cfg, placement, amp, strategy_cls)
+    from harness.plan.calibrate import shutdown
+
+    shutdown()  # a calibration child started for this run ends before its workers start
     if prediction is not None:
         base["prediction"] = prediction.as_dict()
         if not prediction.fits and cfg.plan.enforce:

@@ -5,8 +5,10 @@ by the ratio of peak rates (harness.plan.predict)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import pickle
 import statistics
 import time
 from collections.abc import Mapping
@@ -19,10 +21,12 @@ from hydra.utils import instantiate
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
 from harness.plan.trace import _freeze
 
 WARMUP_STEPS = 2
-MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 1.5
+MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 0.5
 
 
 @dataclass(frozen=True)
@@ -95,4 +99,98 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: Am
                     break
         return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
     finally:
+        torch.set_num_threads(previous)
+
+
+# ---- through the strategy itself, one process: what its wrapper and hooks cost beside the model ----
+
+_pool: Any = None
+
+
+def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int) -> Calibration:
+    """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
+    one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
+    and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.plan.links.
+    Runs in a spawned child kept for the parent's calibrations (the parent joins no process group and creates no
+    CUDA context); `shutdown()` ends it."""
+    one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
+                              devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1) \
+        if placement.one_process_per_device else placement
+    return _strategy_calibration(pickle.dumps((cfg, one, amp, micro_batch)))
+
+
+@functools.lru_cache(maxsize=64)
+def _strategy_calibration(key: bytes) -> Calibration:
+    global _pool
+    if _pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    return _pool.submit(_strategy_child, key).result()
+
+
+def shutdown() -> None:
+    """End the calibration child (before workers start: it must hold no device while runs are measured)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
+def _strategy_child(key: bytes) -> Calibration:
+    import os
+    import socket
+
+    from amp import build_amp
+    from strategies.base import RankEnv
+
+    cfg, placement, amp, micro_batch = pickle.loads(key)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.update(placement.worker_env)
+    spec = dataclasses.replace(amp, allow_emulated=True)
+    threads = placement.threads_per_process
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    strategy = instantiate(cfg.strategy)
+    try:
+        strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
+        torch.manual_seed(cfg.seed)
+        model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
+        plugin = build_amp(cfg.amp_plugin, spec, strategy.device)
+        model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
+        model.train()
+        images = torch.randn(micro_batch * cfg.grad_accum, 3, cfg.data.image_size, cfg.data.image_size,
+                             device=strategy.device)
+        labels = torch.randint(0, cfg.data.num_classes, (micro_batch * cfg.grad_accum,), device=strategy.device)
+        parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
+        passes, steps = [], []
+        started = time.perf_counter()
+        for index in range(WARMUP_STEPS + MAX_STEPS):
+            strategy.synchronize()
+            begin = time.perf_counter()
+            for k, (part, part_labels) in enumerate(parts):
+                context = strategy.no_sync(model) if k < len(parts) - 1 else contextlib.nullcontext()
+                with context, plugin.forward_context():
+                    loss = F.cross_entropy(model(part), part_labels) / cfg.grad_accum
+                with context:
+                    plugin.backward(loss)
+            strategy.synchronize()
+            middle = time.perf_counter()
+            plugin.step(optimizer)
+            plugin.zero_grad(optimizer)
+            strategy.synchronize()
+            end = time.perf_counter()
+            if index >= WARMUP_STEPS:
+                passes.append(middle - begin)
+                steps.append(end - middle)
+                if len(passes) >= MIN_STEPS and end - started >= MIN_SECONDS:
+                    break
+        return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
+    finally:
+        if strategy.is_set_up:
+            strategy.teardown()
         torch.set_num_threads(previous)

@@ -222,7 +222,7 @@ def measure_machine(threads: int, accelerator: str, devices: int,
     """This machine as a preset's fields, measured where the cache lacks them (compute per thread count; the
     link once, by `measure_link`, when there are several devices to link)."""
     cached = read_machine()
-    rates = cached.get("rates", {})
+    rates = dict(cached.get("rates", {}))  # a copy: the cache is rewritten only when it changed
     key = f"{accelerator}:{threads}"
     if key not in rates:
         rates[key] = gemm_rates(threads, accelerator)

@@ -19,7 +19,7 @@ from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.traffic import Buffer, Collective, Traffic
-from harness.plan.calibrate import Calibration, calibrate
+from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
 from harness.plan.hardware import GIB, Preset
 from harness.plan.links import collective_seconds
 from harness.plan.trace import StepTrace, trace_step
@@ -159,7 +159,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         calibration: dict[str, Any] = {}
         notes = ("time not predicted: the combination would not fit",)
     else:
-        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro)
+        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
             optimizer /= n
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
@@ -254,14 +254,20 @@ def memory_notes(preset: Preset, cfg: RunConfig) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int) -> tuple[float, float, dict[str, Any],
-                                                                                     tuple[str, ...]]:
+def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement | None = None,
+                 ) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
     preset = target.preset
-    if preset.measured:
+    if preset.measured and placement is not None and cfg.plan.calibration == "strategy":
+        cal = calibrate_strategy_default(cfg, placement, amp, micro)
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict()}, (
+            f"compute: measured here through strategy={cfg.strategy_name} in a process group of one, {micro} images "
+            f"per micro-batch, {cal.threads} thread(s) (its wrapper and hooks included; what crosses a link is the "
+            "collectives model's)",)
+    if preset.measured:  # plan.calibration=model: the bare model, in this process
         cal = calibrate_fn_default(cfg, amp, micro, target.calibration_threads)
         return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict()}, (
-            f"compute: measured here, one process, {micro} images per micro-batch, "
-            f"{target.calibration_threads} thread(s)",)
+            f"compute: measured here on the bare model (plan.calibration=model), {micro} images per micro-batch, "
+            f"{target.calibration_threads} thread(s): the strategy's wrapper and hooks are not in it",)
     small = max(1, min(micro, PRESET_CALIBRATION_BATCH))
     dtype = amp.dtype if (amp.autocast or amp.cast_model) else "float32"
     here = calibration_dtype(dtype)
@@ -296,6 +302,10 @@ def calibration_dtype(dtype: str) -> str:
 def fp32_spec(amp: AmpSpec) -> AmpSpec:
     return dataclasses.replace(amp, dtype="float32", autocast=False, cast_model=False, master_weights=False,
                                loss_scale=1.0)
+
+
+def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int) -> Calibration:
+    return calibrate_strategy(cfg, placement, amp, micro)
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
