@@ -103,7 +103,8 @@ def check_runs(overrides: Sequence[str], multirun: bool) -> None:
         # planner's caches, and no calibration is timed beside another process
         try:
             for cfg, decided in placed:
-                if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None:
+                if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None \
+                        and decided.strategy_cls.unavailable_reason() is None:
                     predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
         finally:
             from harness.plan.calibrate import shutdown
