@@ -392,6 +392,15 @@ def python() -> str:
     return sys.executable
 
 
+def sweep(overrides: Sequence[str], folder: Path, timeout_s: float = 900) -> Path:
+    """`run.py -m OVERRIDES` into `folder`, as a user types it (threads pinned); BenchError when it fails."""
+    proc = run_command([python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"], pinned_env(cores()),
+                       timeout_s=timeout_s)
+    if proc.returncode != 0:
+        raise BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+    return folder
+
+
 @dataclass
 class HarnessRun:
     results: dict[str, Any]

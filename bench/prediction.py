@@ -24,14 +24,6 @@ import common
 MEMORY_GOAL, TIME_GOAL = 0.10, 0.15
 
 
-def sweep(overrides: list[str], folder: Path, timeout_s: float = 1800) -> Path:
-    proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
-                              common.pinned_env(common.cores()), timeout_s=timeout_s)
-    if proc.returncode != 0:
-        raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
-    return folder
-
-
 def cases(folder: Path) -> list[dict]:
     found = []
     for path in sorted(folder.rglob("results.json")):
@@ -51,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     models = {"tiny_cnn": ["model=tiny_cnn", "iterations=400"], "resnet18": ["model=resnet18", "iterations=100"]}
     common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16"]
     if args.quick:  # seconds: the tiny model, two cases
-        models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}
+        models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}  # and no multi-process sweep
         common_overrides = ["repeat=1", "amp=O0"]
     settings = {"cases": "single, ddp, zero, fsdp x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
                 "overrides": " ".join(common_overrides) + "; " + "; ".join(" ".join(m) for m in models.values()),
@@ -62,11 +54,11 @@ def main(argv: list[str] | None = None) -> int:
                           "ms/it pred", "ms/it meas", "time error", "within goals"])
     started = time.perf_counter()
     with common.runs_dir(args, "prediction") as runs, common.measure_load() as load:
-        multi = "ddp" if args.quick else "ddp,zero,fsdp"
+        multi = "ddp,zero,fsdp"
         for name, model in models.items():
-            sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
-            sweep([f"strategy={multi}", "nprocs=1" if args.quick else "nprocs=1,2", *model, *common_overrides],
-                  runs / f"{name}-multi")
+            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
+            if not args.quick:
+                common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi")
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
     for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"])):

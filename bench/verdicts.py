@@ -24,14 +24,6 @@ import common
 from harness.report.rows import build_rows, find_results, row_fit  # noqa: E402  (after common set sys.path)
 
 
-def sweep(overrides: list[str], folder: Path, timeout_s: float = 900) -> Path:
-    proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
-                              common.pinned_env(common.cores()), timeout_s=timeout_s)
-    if proc.returncode != 0:
-        raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
-    return folder
-
-
 def judgements(folder: Path) -> dict[tuple[str, str], str]:
     """Every ordered pair of timed rows: faster, slower, same or undecided, as the report judges them."""
     rows, _ = build_rows(find_results([folder])[0])
@@ -61,15 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     table = common.Table("verdicts against known truths", ["case", "sweeps", "verdicts", "goal", "measured"])
     started = time.perf_counter()
     with common.runs_dir(args, "verdicts") as runs, common.measure_load() as load:
-        aa = [claims_a_difference(sweep([*small, "seed=0,1"], runs / f"aa-{i}")) for i in range(args.sweeps)]
+        aa = [claims_a_difference(common.sweep([*small, "seed=0,1"], runs / f"aa-{i}")) for i in range(args.sweeps)]
         print(f"  A/A: {sum(aa)} of {len(aa)} sweeps claimed a difference", flush=True)
         found = []
         for i in range(args.sweeps):
-            said = judgements(sweep([*small, "data.image_size=32,45"], runs / f"known-{i}"))
+            said = judgements(common.sweep([*small, "data.image_size=32,45"], runs / f"known-{i}"))
             right = [v for (a, b), v in said.items() if "px=32" in a and "px=45" in b]
             found.append(right == ["faster"])
         print(f"  known: the 32 px row found faster in {sum(found)} of {len(found)} sweeps", flush=True)
-        verdicts = [judgements(sweep([], runs / f"default-{i}")) for i in range(args.identical)]
+        verdicts = [judgements(common.sweep([], runs / f"default-{i}")) for i in range(args.identical)]
     contradictions = sorted({(a, b) for one, other in itertools.permutations(verdicts, 2)
                              for (a, b), word in one.items() if word == "faster" and other.get((a, b)) == "slower"})
     claimed = [sum(v == "faster" for v in one.values()) for one in verdicts]

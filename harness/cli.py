@@ -51,9 +51,13 @@ def precheck(argv: Sequence[str]) -> list[str]:
         check_round_keys(overrides)
         if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
             overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
-        if planning_only(overrides, multirun):
-            sys.exit(run_plan(overrides, multirun))
-        check_runs(overrides, multirun)
+        with hydra_context():  # every combination composed once: for plan=true, or checked for a run
+            composed = [(combo, compose_one(combo).run_config()) for combo in combinations(overrides, multirun)]
+            if composed and composed[0][1].plan.enabled:
+                from harness.planning import plan_command
+
+                sys.exit(plan_command(composed))
+            check_runs([cfg for _, cfg in composed], multirun)
     except ConfigError as error:
         refuse(error)
     return [*flags, *overrides]
@@ -66,50 +70,34 @@ def plan_shorthand(override: str) -> str:
     return f"plan.enabled={value}" if sep and key == "plan" and value in ("true", "false") else override
 
 
-def planning_only(overrides: Sequence[str], multirun: bool) -> bool:
-    with hydra_context():
-        first = combinations(overrides, multirun)[0]
-        return compose_one(first).run_config().plan.enabled
-
-
-def run_plan(overrides: Sequence[str], multirun: bool) -> int:
-    from harness.planning import plan_command
-
-    with hydra_context():
-        return plan_command(combinations(overrides, multirun), multirun)
-
-
-def check_runs(overrides: Sequence[str], multirun: bool) -> None:
-    """Compose and check every combination; in a sweep an Incompatible one is left to become a skipped row."""
+def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
+    """Place and predict every combination; in a sweep an Incompatible one is left to become a skipped row."""
     from harness.launch.placement import probe_hardware
     from harness.launch.runner import plan, predict_run
     from harness.planning import check_plan_presets, ensure_link
 
-    with hydra_context():
-        hw = probe_hardware()
-        configs, placed = [], []
-        for combo in combinations(overrides, multirun):
-            cfg = compose_one(combo).run_config()
-            configs.append(cfg)
-            try:
-                placed.append((cfg, plan(cfg, hw, in_sweep=multirun)))
-            except Incompatible:
-                if not multirun:
-                    raise
-        check_plan_presets(configs)
-        ranks = [d.placement.world_size for _, d in placed if d.strategy_cls.one_process_per_device]
-        ensure_link(max(ranks, default=1), hw.has_gpu)
-        # every prediction made now, before any worker or fork server exists: the runs then read them from the
-        # planner's caches, and no calibration is timed beside another process
+    hw = probe_hardware()
+    placed = []
+    for cfg in configs:
         try:
-            for cfg, decided in placed:
-                if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None \
-                        and decided.strategy_cls.unavailable_reason() is None:
-                    predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
-        finally:
-            from harness.plan.calibrate import shutdown
+            placed.append((cfg, plan(cfg, hw, in_sweep=multirun)))
+        except Incompatible:
+            if not multirun:
+                raise
+    check_plan_presets(configs)
+    ranks = [d.placement.world_size for _, d in placed if d.strategy_cls.one_process_per_device]
+    ensure_link(max(ranks, default=1), hw.has_gpu)
+    # every prediction made now, before any worker or fork server exists: the runs then read them from the
+    # planner's caches, and no calibration is timed beside another process
+    try:
+        for cfg, decided in placed:
+            if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None \
+                    and decided.strategy_cls.unavailable_reason() is None:
+                predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
+    finally:
+        from harness.plan.calibrate import shutdown
 
-            shutdown()  # the calibration child holds no device while runs are measured
+        shutdown()  # the calibration child holds no device while runs are measured
 
 
 def refuse(error: Exception) -> None:

@@ -49,14 +49,13 @@ def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
     return pooled.link, {op: fit.link for op, fit in each.items()}
 
 
-def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
-    """Predict every combination; 0 when all were predicted or skipped for a reason, 2 on bad input."""
-    from harness.compose import compose_one
+def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
+    """Predict every combination (its overrides, its composed config); 0 when all were predicted or skipped for
+    a reason; ConfigError (exit 2 for the caller) on bad input, before anything is written."""
     from harness.core.logs import add_file, setup_cli
     from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
 
-    configs = [(list(combo), compose_one(combo).run_config()) for combo in combos]
     check_plan_presets([cfg for _, cfg in configs])  # before anything is measured or written
     setup_cli()
     out = PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -67,7 +66,7 @@ def plan_command(combos: Sequence[Sequence[str]], multirun: bool) -> int:
     try:
         for combo, cfg in configs:
             begun = time.perf_counter()
-            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": combo}
+            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": list(combo)}
             row["seconds"] = round(time.perf_counter() - begun, 2)
             log.info("plan: %s: %s (%.1f s)", _label(row), row["status"], row["seconds"])
             rows.append(row)

@@ -186,6 +186,8 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     assert result.steps >= calibrate.MIN_STEPS and result.micro_batch == 4
     assert result.threads == decided.placement.threads_per_process  # the rank's threads, not the parent's
     assert result.forward_backward_s > 0 and result.optimizer_s > 0
-    children = psutil.Process().children()
+    workers = [psutil.Process(p.pid) for p in calibrate._pool._processes.values()]  # the pool's own child
+    assert workers and all(w.pid != psutil.Process().pid for w in workers)
     calibrate.shutdown()
-    assert children and not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert calibrate._pool is None
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]

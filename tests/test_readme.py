@@ -110,10 +110,8 @@ def checks_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness import planning
     from harness.launch import runner
 
-    def plan_checked(combos, multirun):  # noqa: ANN001, ANN202
-        from harness.compose import compose_one
-
-        planning.check_plan_presets([compose_one(c).run_config() for c in combos])
+    def plan_checked(configs):  # noqa: ANN001, ANN202
+        planning.check_plan_presets([cfg for _, cfg in configs])
         return 0
 
     monkeypatch.setattr(runner, "predict_run", lambda *args, **kwargs: None)

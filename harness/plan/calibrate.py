@@ -11,7 +11,7 @@ import functools
 import pickle
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,29 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def timed_steps(forward_backward: Callable[[], None], step: Callable[[], None], sync: Callable[[], None],
+                micro_batch: int, threads: int) -> Calibration:
+    """WARMUP_STEPS untimed, then at least MIN_STEPS and MIN_SECONDS (at most MAX_STEPS) timed, the device
+    synchronized at each edge; the medians."""
+    passes, steps = [], []
+    started = time.perf_counter()
+    for index in range(WARMUP_STEPS + MAX_STEPS):
+        sync()
+        begin = time.perf_counter()
+        forward_backward()
+        sync()
+        middle = time.perf_counter()
+        step()
+        sync()
+        end = time.perf_counter()
+        if index >= WARMUP_STEPS:
+            passes.append(middle - begin)
+            steps.append(end - middle)
+            if len(passes) >= MIN_STEPS and end - started >= MIN_SECONDS:
+                break
+    return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
 
 
 def calibrate(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
@@ -77,27 +100,17 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: Am
         model = plugin.wrap_module(model).train()
         images = torch.randn(micro_batch * grad_accum, 3, image_size, image_size, device=device)
         labels = torch.randint(0, num_classes, (micro_batch * grad_accum,), device=device)
-        passes, steps = [], []
-        started = time.perf_counter()
-        for index in range(WARMUP_STEPS + MAX_STEPS):
-            sync()
-            begin = time.perf_counter()
+        def forward_backward() -> None:
             for part, part_labels in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
                 with plugin.forward_context():
                     loss = F.cross_entropy(model(part), part_labels) / grad_accum
                 plugin.backward(loss)
-            sync()
-            middle = time.perf_counter()
+
+        def step() -> None:
             plugin.step(optimizer)
             plugin.zero_grad(optimizer)
-            sync()
-            end = time.perf_counter()
-            if index >= WARMUP_STEPS:
-                passes.append(middle - begin)
-                steps.append(end - middle)
-                if len(passes) >= MIN_STEPS and end - started >= MIN_SECONDS:
-                    break
-        return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
+
+        return timed_steps(forward_backward, step, sync, micro_batch, threads)
     finally:
         torch.set_num_threads(previous)
 
@@ -167,29 +180,19 @@ def _strategy_child(key: bytes) -> Calibration:
                              device=strategy.device)
         labels = torch.randint(0, cfg.data.num_classes, (micro_batch * cfg.grad_accum,), device=strategy.device)
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
-        passes, steps = [], []
-        started = time.perf_counter()
-        for index in range(WARMUP_STEPS + MAX_STEPS):
-            strategy.synchronize()
-            begin = time.perf_counter()
+        def forward_backward() -> None:
             for k, (part, part_labels) in enumerate(parts):
                 context = strategy.no_sync(model) if k < len(parts) - 1 else contextlib.nullcontext()
                 with context, plugin.forward_context():
                     loss = F.cross_entropy(model(part), part_labels) / cfg.grad_accum
                 with context:
                     plugin.backward(loss)
-            strategy.synchronize()
-            middle = time.perf_counter()
+
+        def step() -> None:
             plugin.step(optimizer)
             plugin.zero_grad(optimizer)
-            strategy.synchronize()
-            end = time.perf_counter()
-            if index >= WARMUP_STEPS:
-                passes.append(middle - begin)
-                steps.append(end - middle)
-                if len(passes) >= MIN_STEPS and end - started >= MIN_SECONDS:
-                    break
-        return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
+
+        return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads)
     finally:
         if strategy.is_set_up:
             strategy.teardown()
