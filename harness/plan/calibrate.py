@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import pickle
 import statistics
 import time
@@ -129,18 +130,22 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
                               devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1) \
         if placement.one_process_per_device else placement
-    return _strategy_calibration(pickle.dumps((cfg, one, amp, micro_batch)))
-
-
-@functools.lru_cache(maxsize=64)
-def _strategy_calibration(key: bytes) -> Calibration:
+    # what the step depends on, not the run's bookkeeping (its round, iterations, folders): a sweep's later rounds
+    # read the first's calibration
+    key = json.dumps([dict(cfg.strategy), dict(cfg.model), dict(cfg.optim), dataclasses.asdict(cfg.data), cfg.amp_plugin,
+                      cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch], sort_keys=True, default=str)
     global _pool
-    if _pool is None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    if key not in _CALIBRATED:
+        if _pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-        _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    return _pool.submit(_strategy_child, key).result()
+            _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, micro_batch))).result()
+    return _CALIBRATED[key]
+
+
+_CALIBRATED: dict[str, Calibration] = {}
 
 
 def shutdown() -> None:
