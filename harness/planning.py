@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 PLAN_DIR = Path("runs") / "plan"
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 LINK_SIZES = ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB"]
+LINK_DTYPES = ("float32", "bfloat16")
 
 
 def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
@@ -34,19 +35,27 @@ def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
     quiet = logging.getLogger("harness.collectives.runner")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its table is the benchmark's output, not the plan's
-    with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
-        results = run_benchmark({"nprocs": nprocs, "gpus": None, "dist": {"timeout_s": 60, "start_timeout_s": 120},
-                                 "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
-                                                 "repeats": 10}}, Path(folder))
-    quiet.setLevel(level)
-    if results["status"] != "ok":
-        raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
-    samples = [(row["op"], row["size_bytes"], row["time_us"] * 1e-6) for row in results["rows"]]
-    pooled, each = fit_links(samples, results["world_size"])
-    for op, fit in each.items():
-        log.info("plan: %s fitted: %.1f us per hop, %.2f GB/s bus bandwidth (R^2 %.3f over %d sizes)", op,
-                 fit.link.latency_us, fit.link.bandwidth_gbps, fit.r_squared, fit.points)
-    return pooled.link, {op: fit.link for op, fit in each.items()}
+    pooled, links = None, {}
+    try:
+        for dtype in LINK_DTYPES:  # float32, and bfloat16: gloo reduces half types far slower
+            with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
+                results = run_benchmark({"nprocs": nprocs, "gpus": None,
+                                         "dist": {"timeout_s": 60, "start_timeout_s": 120},
+                                         "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
+                                                         "repeats": 10, "dtype": dtype}}, Path(folder))
+            if results["status"] != "ok":
+                raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
+            samples = [(row["op"], row["size_bytes"], row["time_us"] * 1e-6) for row in results["rows"]]
+            fit, each = fit_links(samples, results["world_size"])
+            pooled = pooled or fit
+            for op, one in each.items():
+                log.info("plan: %s in %s fitted: %.1f us per hop, %.2f GB/s bus bandwidth (R^2 %.3f over %d sizes)",
+                         op, dtype, one.link.latency_us, one.link.bandwidth_gbps, one.r_squared, one.points)
+                links[op if dtype == "float32" else f"{op}:{dtype}"] = one.link
+    finally:
+        quiet.setLevel(level)
+    assert pooled is not None
+    return pooled.link, links
 
 
 def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:

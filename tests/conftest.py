@@ -357,8 +357,8 @@ MACHINE_FIGURES = {  # what harness.plan measures of this machine, fixed for the
     "rates": {f"{accelerator}:{threads}": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}
               for accelerator in ("cpu", "cuda") for threads in range(1, 65)},
     "link": {"latency_us": 500.0, "bandwidth_gbps": 1.0},
-    "per_op": {op: {"latency_us": 500.0, "bandwidth_gbps": 1.0}
-               for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}}
+    "per_op": {f"{op}{dtype}": {"latency_us": 500.0, "bandwidth_gbps": 1.0}
+               for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast") for dtype in ("", ":bfloat16")}}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,6 +44,16 @@ def test_a_per_op_link_replaces_the_preset_link_inside_a_node():
     assert collective_seconds("all_gather", 1e6, 2, 1, NVLINK, NVLINK, slow) == pytest.approx(2e-6 + 0.5e6 / 100e9)
 
 
+def test_a_half_type_takes_its_own_fitted_link_where_there_is_one():
+    fitted = {"all_reduce": Link(100.0, 2.0), "all_reduce:bfloat16": Link(100.0, 0.25)}
+    fp32 = collective_seconds("all_reduce", 1e6, 2, 1, NVLINK, NVLINK, fitted, "float32")
+    bf16 = collective_seconds("all_reduce", 1e6, 2, 1, NVLINK, NVLINK, fitted, "bfloat16")
+    fp16 = collective_seconds("all_reduce", 1e6, 2, 1, NVLINK, NVLINK, fitted, "float16")
+    assert fp32 == pytest.approx(2e-4 + 1e6 / 2e9) and bf16 == fp16 == pytest.approx(2e-4 + 1e6 / 0.25e9)
+    only_fp32 = {"all_reduce": Link(100.0, 2.0)}  # no half fit: the float32 one
+    assert collective_seconds("all_reduce", 1e6, 2, 1, NVLINK, NVLINK, only_fp32, "bfloat16") == pytest.approx(fp32)
+
+
 def test_the_fit_recovers_a_link_known_by_construction():
     truth = Link(latency_us=150.0, bandwidth_gbps=1.5)
     samples = [(op, size, collective_seconds(op, size, 2, 1, truth, truth))

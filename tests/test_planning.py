@@ -103,7 +103,8 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
     assert proc.returncode == 0, describe(proc)
     (machine,) = cache.glob("machine-*.json")
     measured = json.loads(machine.read_text())
-    assert set(measured["per_op"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert set(measured["per_op"]) == ops | {f"{op}:bfloat16" for op in ops}
     assert all(link["bandwidth_gbps"] > 0 for link in measured["per_op"].values())
     assert measured["rates"]["cpu:1"]["float32"] > 0
     (row,) = plan_json(tmp_path)["rows"]

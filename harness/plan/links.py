@@ -39,14 +39,17 @@ def hops(op: str, n: int) -> int:
 
 
 def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes: int, intra: Link,
-                       inter: Link, per_op: Mapping[str, Link] | None = None) -> float:
+                       inter: Link, per_op: Mapping[str, Link] | None = None, dtype: str = "float32") -> float:
     """One collective over devices_per_node x nodes ranks (0 for one rank). `per_op`: a link fitted to each op
-    apart (this machine's: gloo's algorithms differ from op to op), used in place of `intra` inside a node."""
+    apart, and for half types to each op and dtype (`all_reduce:bfloat16`; this machine's: gloo's algorithms
+    differ from op to op, and it reduces half types far slower than float32), used in place of `intra` inside a
+    node."""
     n = devices_per_node * nodes
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    if per_op and op in per_op and nodes == 1:
-        intra = per_op[op]
+    if per_op and nodes == 1:
+        keys = [f"{op}:bfloat16", op] if dtype in ("bfloat16", "float16") else [op]  # float16 as the other half type
+        intra = next((per_op[k] for k in keys if k in per_op), intra)
     bandwidth = intra.bandwidth_gbps if nodes == 1 else min(intra.bandwidth_gbps, inter.bandwidth_gbps)
     total_hops = hops(op, n)
     passes = total_hops // (n - 1)  # all_reduce: two passes round the ring (reduce-scatter, all-gather)

@@ -335,8 +335,11 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
             calls = [u * share for u in trace.units] + [max(0.0, size - sum(trace.units) * share)]
         else:
             calls = [size]
-        seconds = sum(collective_seconds(collective.op, c, per_node, nodes, preset.intra, preset.inter, preset.per_op)
-                      for c in calls if c > 0)
+        dtype = collective.dtype or ("float32" if collective.payload == "stored_params" and trace.masters else
+                                     trace.param_dtype if collective.payload in ("params", "stored_params") else
+                                     trace.grad_dtype)
+        seconds = sum(collective_seconds(collective.op, c, per_node, nodes, preset.intra, preset.inter, preset.per_op,
+                                         dtype) for c in calls if c > 0)
         pieces = len(calls) if unit_calls else max(1, math.ceil(size / (25 * MIB)))
         last = seconds / pieces  # the last bucket (or the first unit) waits for its pass to end
         hidden = min(seconds - last, hidden_budget[collective.overlap])

@@ -51,6 +51,8 @@ class StepTrace:
     matrices: tuple[tuple[int, int], ...]  # each parameter as PowerSGD sees it: (rows, columns)
     units: tuple[int, ...]  # bytes of each unit given (FSDP), as cast
     tracer: str  # meta | fake
+    grad_dtype: str = "float32"  # what backward leaves (the model's, as cast)
+    param_dtype: str = "float32"
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -120,7 +122,9 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
             model_grads=sum(_bytes(p) for p in grads), stored_params=masters or model_params,
             param_count=sum(p.numel() for p in model.parameters()),
             matrices=tuple((p.shape[0], p.numel() // p.shape[0]) for p in grads if p.dim() > 0),
-            units=units, tracer="fake" if spec.autocast else "meta")
+            units=units, tracer="fake" if spec.autocast else "meta",
+            grad_dtype=_dtype_name(grads[0]) if grads else "float32",
+            param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32")
 
 
 def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,
@@ -134,6 +138,10 @@ def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor,
 def _step(plugin: NativeAmp, optimizer: torch.optim.Optimizer) -> None:
     plugin.step(optimizer)
     plugin.zero_grad(optimizer)
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _bytes(tensor: torch.Tensor) -> int:
