@@ -97,14 +97,13 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
         wrapped = plugin.wrap_module(model)
         images = torch.randn(micro_batch * grad_accum, 3, image_size, image_size)
         labels = torch.randint(0, num_classes, (micro_batch * grad_accum,))
-        tracker = MemTracker()
-        tracker.track_external(wrapped, optimizer)
         counter = FlopCounterMode(display=False)
+        with counter:  # the first step, untracked: it makes the optimizer state the tracked second step keeps
+            _forward_backward(wrapped, plugin, images, labels, grad_accum)
+        _step(plugin, optimizer)
+        tracker = MemTracker()
+        tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters are no module's
         with tracker:
-            with counter:
-                _forward_backward(wrapped, plugin, images, labels, grad_accum)
-            _step(plugin, optimizer)
-            tracker.reset_mod_stats()
             _forward_backward(wrapped, plugin, images, labels, grad_accum)
             _step(plugin, optimizer)
         peak = tracker.get_tracker_snapshot("peak")[device]
@@ -113,11 +112,11 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
         model_params = sum(_bytes(p) for p in model.parameters())
         grads = [p for p in model.parameters() if p.requires_grad]
         by_kind = {str(k).rpartition(".")[2]: int(v) for k, v in peak.items()}
-        opt = by_kind.get("OPT", 0)
+        other = min(masters, by_kind.get("OTH", 0))  # O2's masters, registered as tensors of their own
         return StepTrace(
-            peak=by_kind["Total"], params=by_kind.get("PARAM", 0) + by_kind.get("BUFFER", 0), masters=min(masters, opt),
-            grads=by_kind.get("GRAD", 0), optimizer_state=opt - min(masters, opt),
-            activations=by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0),
+            peak=by_kind["Total"], params=by_kind.get("PARAM", 0) + by_kind.get("BUFFER", 0), masters=other,
+            grads=by_kind.get("GRAD", 0), optimizer_state=by_kind.get("OPT", 0),
+            activations=by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0) - other,
             flops=int(counter.get_total_flops()) * grad_accum, model_params=model_params,
             model_grads=sum(_bytes(p) for p in grads), stored_params=masters or model_params,
             param_count=sum(p.numel() for p in model.parameters()),
