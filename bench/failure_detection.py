@@ -39,6 +39,7 @@ def entry(spec: dict[str, Any]) -> None:
             os._exit(0)
 
         signal.signal(signal.SIGTERM, note)
+        (folder / "rank0.ready").touch()  # its handler is in place: a death may now be timed
         while True:
             time.sleep(0.001)
     (folder / "rank1.pid").write_text(str(os.getpid()))
@@ -58,9 +59,9 @@ def trial(method: str, death: str) -> float:
                                   args=(entry, {"folder": tmp}, placement, 60, str(folder / "logs"), method))
         thread.start()
         deadline = time.monotonic() + 120
-        while not (folder / "rank1.pid").exists():
-            if time.monotonic() > deadline:
-                raise common.BenchError("rank 1 never started")
+        while not ((folder / "rank1.pid").exists() and (folder / "rank0.ready").exists()):
+            if time.monotonic() > deadline:  # under load rank 0 may come up after rank 1: wait for both
+                raise common.BenchError("the ranks never started")
             time.sleep(0.01)
         time.sleep(0.5)  # both ranks in their loops
         if death == "SIGKILL":

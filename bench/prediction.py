@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args(parser, argv)
     # iterations per model: enough steady windows (20 iterations each) that a case's time is not one window's
     models = {"tiny_cnn": ["model=tiny_cnn", "iterations=400"], "resnet18": ["model=resnet18", "iterations=100"]}
-    common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16"]
+    common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16", "plan.predict=true"]
     if args.quick:  # seconds: the tiny model, two cases
         models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}  # and no multi-process sweep
-        common_overrides = ["repeat=1", "amp=O0"]
+        common_overrides = ["repeat=1", "amp=O0", "plan.predict=true"]
     settings = {"cases": "single, ddp, zero, fsdp x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
                 "overrides": " ".join(common_overrides) + "; " + "; ".join(" ".join(m) for m in models.values()),
                 "cores": common.cores(), "OMP_NUM_THREADS": "pinned to the cores (common.pinned_env)"}

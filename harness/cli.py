@@ -85,6 +85,7 @@ def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
             if not multirun:
                 raise
     check_plan_presets(configs)
+    placed = [(cfg, decided) for cfg, decided in placed if cfg.plan.predict]
     ranks = [d.placement.world_size for _, d in placed if d.strategy_cls.one_process_per_device]
     ensure_link(max(ranks, default=1), hw.has_gpu)
     # every prediction made now, before any worker or fork server exists: the runs then read them from the

@@ -106,7 +106,7 @@ def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:
         "optim": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01, "momentum": 0.9},
         "data": {"name": "synthetic", "image_size": 8, "num_classes": 10},
         "gpus": None, "nprocs": 2, "batch_size": 12, "iterations": 40, "log_every": 20,
-        "warmup_windows": 1, "seed": 0, "plan": {"calibration": "model"},  # as the session's runs (fixed_machine_figures)
+        "warmup_windows": 1, "seed": 0, "plan": {"calibration": "model", "predict": False},  # as the session's runs
     }
     cfg.update(values)
     cfg["amp"] = {"_target_": plugin_path(cfg["amp"].get("impl", "native")), **cfg["amp"]}
@@ -336,7 +336,8 @@ def check_stopped_by_signal(run: LiveRun, code: int, sent_at: float, signum: int
 
 
 
-SHARED_SWEEP = ("strategy=single,ddp,allreduce", "parity=true", *TINY, "model.norm=none", "iterations=20", "log_every=10")
+SHARED_SWEEP = ("strategy=single,ddp,allreduce", "parity=true", *TINY, "model.norm=none", "iterations=20", "log_every=10",
+                "plan.predict=true")
 SHARED_GROUP = "shared_sweep"  # every test using `shared_sweep` carries xdist_group(SHARED_GROUP): one worker
 
 
@@ -370,7 +371,10 @@ def fixed_machine_figures(tmp_path_factory: pytest.TempPathFactory) -> Iterable[
     folder = tmp_path_factory.mktemp("machine")
     # and the bare model calibrated in-process (plan.calibration's default from the environment): a child per
     # run.py would cost the suite minutes; tests/test_plan_predict.py and test_planning.py run the strategy's
-    settings = {"HARNESS_MACHINE_CACHE": str(folder), "HARNESS_PLAN_CALIBRATION": "model"}
+    # and runs are not predicted unless a test asks (plan.predict=true): the suite's hundreds of runs would each
+    # trace and calibrate (tests/test_plan_*.py and test_planning.py check predictions)
+    settings = {"HARNESS_MACHINE_CACHE": str(folder), "HARNESS_PLAN_CALIBRATION": "model",
+                "HARNESS_PLAN_PREDICT": "false"}
     previous = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     hardware.write_machine(MACHINE_FIGURES)

@@ -117,7 +117,7 @@ def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
     from conftest import run_cli
 
     proc, results = run_cli("strategy=single", "model=tiny_cnn", "data.image_size=512", "batch_size=4096",
-                            tmp_path=tmp_path)
+                            "plan.predict=true", tmp_path=tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert results["status"] == "skipped"
     assert results["error"].startswith("predicted peak ") and " GiB > " in results["error"]
@@ -126,7 +126,7 @@ def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
 
 
 def test_every_run_records_its_prediction_beside_the_measurement(cli_run):
-    _, results = cli_run(*SINGLE_RUN)
+    _, results = cli_run(*SINGLE_RUN, "plan.predict=true")
     prediction, error = results["prediction"], results["prediction_error"]
     assert prediction["hardware"] == "local" and prediction["peak_mib"] > 0 and prediction["s_per_iteration"] > 0
     probed = max(r["tensor_peak_mib"] for r in results["ranks"])
@@ -137,10 +137,16 @@ def test_every_run_records_its_prediction_beside_the_measurement(cli_run):
     assert abs(error["peak_mib"]) < 0.10  # the traced step against the independent instrument
 
 
+def test_a_run_is_not_predicted_with_plan_predict_false(cli_run):
+    _, results = cli_run(*SINGLE_RUN)  # the session's runs: HARNESS_PLAN_PREDICT=false (conftest)
+    assert results["prediction"] is None and results["prediction_error"] is None
+    assert results["ranks"][0]["tensor_peak_mib"] > 0  # the worker's probe measures all the same
+
+
 def test_the_ddp_run_predicts_each_rank(cli_run):
     from conftest import DDP_RUN
 
-    _, results = cli_run(*DDP_RUN)
+    _, results = cli_run(*DDP_RUN, "plan.predict=true")
     memory = results["prediction"]["memory"]
     assert [m["device"] for m in memory] == ["cpu:0", "cpu:1"] and memory[0]["comm_buffers_mib"] > 0
     assert all(r["tensor_peak_mib"] > 0 for r in results["ranks"])

@@ -120,6 +120,7 @@ class PlanConfig:
     enabled: bool = False
     hardware: str = "local"
     enforce: bool = True
+    predict: bool = True  # every run predicted on this machine before it starts (false: none, and nothing skipped)
     calibration: str = "strategy"  # this machine's compute: through the strategy (a child process) or the bare model
 
 

@@ -110,7 +110,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
         log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
         return record.to_dict()
 
-    prediction = predict_run(cfg, placement, amp, strategy_cls)
+    prediction = predict_run(cfg, placement, amp, strategy_cls) if cfg.plan.predict else None
     from harness.plan.calibrate import shutdown
 
     shutdown()  # a calibration child started for this run ends before its workers start
