@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SINGLE_RUN, TINY, describe
+from conftest import REPO, SHARED_GROUP, SINGLE_RUN, TINY, describe
 
 PLAN_TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=64")
 
@@ -52,14 +52,14 @@ def test_the_default_grid_on_h100x8_is_predicted_without_training(tmp_path):
 
 
 def test_sweep_modern_across_nodes(tmp_path):
-    proc = plan_cli("-m", "plan=true", "plan.hardware=h100x16-ib", "sweep=modern", "compile=false", *PLAN_TINY,
-                    cwd=tmp_path)
+    proc = plan_cli("-m", "plan=true", "plan.hardware=h100x16-ib", "sweep=modern", "compile=false",
+                    "strategy.comm_hook=none,powersgd", *PLAN_TINY, cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     rows = plan_json(tmp_path)["rows"]
     predicted = [r for r in rows if r["status"] == "predicted"]
     assert {r["strategy"] for r in predicted} == {"ddp", "zero", "fsdp"}
     assert all(r["world_size"] == 16 for r in predicted)
-    fsdp = next(r for r in predicted if r["strategy"] == "fsdp" and r["amp"] == "O0" and not r["variant"])
+    fsdp = next(r for r in predicted if r["strategy"] == "fsdp" and r["amp"] == "O0")
     ddp = next(r for r in predicted if r["strategy"] == "ddp" and r["amp"] == "O0" and not r["variant"])
     assert fsdp["prediction"]["memory"][0]["params_mib"] < ddp["prediction"]["memory"][0]["params_mib"] / 10
     assert ddp["prediction"]["memory"][15]["device"] == "node1/cuda:7"
@@ -71,11 +71,15 @@ def test_sweep_modern_across_nodes(tmp_path):
     (("plan.hardware=h100x9",), "plan.hardware=h100x9 is not allowed: did you mean h100x8?"),
     (("plan.hardware=",), "plan.hardware= is not allowed"),
 ])
-def test_a_bad_preset_is_one_line_exit_2_and_nothing_written(tmp_path, overrides, said):
-    proc = plan_cli("plan=true", *overrides, cwd=tmp_path)
-    assert proc.returncode == 2, describe(proc)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and said in lines[0], proc.stderr
+def test_a_bad_preset_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys, overrides, said):
+    from harness import cli
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        cli.precheck(["plan=true", *overrides])
+    assert stopped.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0], lines
     assert list(tmp_path.iterdir()) == []
 
 
@@ -125,8 +129,10 @@ def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
     assert not (Path(results["_run_dir"]) / "ranks").exists()  # no worker started
 
 
-def test_every_run_records_its_prediction_beside_the_measurement(cli_run):
-    _, results = cli_run(*SINGLE_RUN, "plan.predict=true")
+@pytest.mark.xdist_group(SHARED_GROUP)
+def test_every_run_records_its_prediction_beside_the_measurement(shared_sweep):
+    sweep, _ = shared_sweep
+    results = json.loads((sweep / "0_single_O0" / "results.json").read_text())
     prediction, error = results["prediction"], results["prediction_error"]
     assert prediction["hardware"] == "local" and prediction["peak_mib"] > 0 and prediction["s_per_iteration"] > 0
     probed = max(r["tensor_peak_mib"] for r in results["ranks"])
@@ -143,10 +149,10 @@ def test_a_run_is_not_predicted_with_plan_predict_false(cli_run):
     assert results["ranks"][0]["tensor_peak_mib"] > 0  # the worker's probe measures all the same
 
 
-def test_the_ddp_run_predicts_each_rank(cli_run):
-    from conftest import DDP_RUN
-
-    _, results = cli_run(*DDP_RUN, "plan.predict=true")
+@pytest.mark.xdist_group(SHARED_GROUP)
+def test_the_ddp_run_predicts_each_rank(shared_sweep):
+    sweep, _ = shared_sweep
+    results = json.loads((sweep / "1_ddp_O0" / "results.json").read_text())
     memory = results["prediction"]["memory"]
     assert [m["device"] for m in memory] == ["cpu:0", "cpu:1"] and memory[0]["comm_buffers_mib"] > 0
     assert all(r["tensor_peak_mib"] > 0 for r in results["ranks"])

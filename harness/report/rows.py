@@ -163,11 +163,12 @@ LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devi
             "image_size": "px", "iterations": "it", "launcher": "launcher", "options": ""}
 
 
-# Config keys a row's label names through a field of its own (or that only steer the report or the repeats):
-# the rest of the resolved config tells rows apart too, so that no swept axis is pooled into a mean.
+# Config keys a row's label names through a field of its own (or that only steer the report, the repeats or the
+# predictions made before a run, which change nothing it measures): the rest of the resolved config tells rows
+# apart too, so that no swept axis is pooled into a mean.
 NAMED_ELSEWHERE = ("strategy", "model", "amp.level", "amp.impl", "amp.dtype", "amp._target_", "batch_size",
                    "data.image_size", "iterations", "launcher", "gpus", "nprocs", "compile", "grad_accum", "repeat",
-                   "round", "timing.budget_s", "report")
+                   "round", "timing.budget_s", "report", "plan")
 
 
 def _settings(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
