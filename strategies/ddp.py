@@ -20,7 +20,7 @@ from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import Backend, ProcessGroupStrategy
 
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
-_HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
+HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}  # what a compression hook sends (harness.plan)
 
 
 class TorchDDP(ProcessGroupStrategy):
@@ -84,10 +84,10 @@ class TorchDDP(ProcessGroupStrategy):
         o = cls.options_of(options)
         hook = o["comm_hook"]
         sent = Collective("all_reduce", "powersgd", "backward", powersgd_rank=o["powersgd_rank"]) \
-            if hook == "powersgd" else Collective("all_reduce", "grads", "backward", _HOOK_DTYPE.get(hook))
+            if hook == "powersgd" else Collective("all_reduce", "grads", "backward", HOOK_DTYPE.get(hook))
         buffers = () if o["gradient_as_bucket_view"] else (Buffer("grads"),)
-        if hook in _HOOK_DTYPE:
-            buffers += (Buffer("bucket", dtype=_HOOK_DTYPE[hook], bucket_cap_mb=o["bucket_cap_mb"]),)
+        if hook in HOOK_DTYPE:
+            buffers += (Buffer("bucket", dtype=HOOK_DTYPE[hook], bucket_cap_mb=o["bucket_cap_mb"]),)
         return Traffic((sent,), buffers)
 
     def wrap(self, model: nn.Module) -> nn.Module:

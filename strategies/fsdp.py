@@ -47,13 +47,12 @@ from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
-from strategies.ddp import CommHook
+from strategies.ddp import HOOK_DTYPE, CommHook
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-_HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 class FSDP2(ProcessGroupStrategy):
@@ -98,7 +97,7 @@ class FSDP2(ProcessGroupStrategy):
         gathers = (Collective("all_gather", "params", "forward"),)
         if o["reshard_after_forward"]:
             gathers += (Collective("all_gather", "params", "backward"),)
-        reduce = Collective("reduce_scatter", "grads", "backward", _HOOK_DTYPE.get(o["comm_hook"]))
+        reduce = Collective("reduce_scatter", "grads", "backward", HOOK_DTYPE.get(o["comm_hook"]))
         return Traffic(gathers + (reduce,), (Buffer("unit_params", 2), Buffer("unit_grads", 1)))
 
     def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:

@@ -86,13 +86,13 @@ def test_the_misfit_line_names_the_device_and_the_largest_part():
 def test_overlapped_communication_hides_under_backward_except_its_last_bucket():
     h100 = load_preset("h100x8")
     ddp = Traffic((Collective("all_reduce", "grads", "backward"),))
-    total, exposed = comm_time(ddp, TRACE, 8, h100, compute=1.0, options={})
+    total, exposed = comm_time(ddp, TRACE, 8, h100, compute=1.0)
     by_hand = 14 * 2e-6 + 2 * 7 / 8 * 100 * MIB / 360e9
     assert total == pytest.approx(by_hand)
     assert exposed == pytest.approx(by_hand / 4)  # 100 MiB in 25 MiB buckets: the last of 4 is exposed
     waited = Traffic((Collective("all_reduce", "grads", "none"),))
-    assert comm_time(waited, TRACE, 8, h100, compute=1.0, options={})[1] == pytest.approx(by_hand)
-    short = comm_time(ddp, TRACE, 8, h100, compute=1e-6, options={})  # no backward to hide under
+    assert comm_time(waited, TRACE, 8, h100, compute=1.0)[1] == pytest.approx(by_hand)
+    short = comm_time(ddp, TRACE, 8, h100, compute=1e-6)  # no backward to hide under
     assert short[1] == pytest.approx(by_hand - 2 / 3 * 1e-6)
 
 
@@ -102,7 +102,7 @@ def test_on_cpu_nothing_overlaps():
                "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
                "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
     ddp = Traffic((Collective("all_reduce", "grads", "backward"),))
-    total, exposed = comm_time(ddp, TRACE, 2, load_preset("local", machine=machine), compute=10.0, options={})
+    total, exposed = comm_time(ddp, TRACE, 2, load_preset("local", machine=machine), compute=10.0)
     assert exposed == total == pytest.approx(2 * 100e-6 + 100 * MIB / 1e9)
 
 

@@ -4,6 +4,7 @@ report's projection (`--project`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hydra.utils import get_class
@@ -18,10 +19,10 @@ from harness.plan.links import Link
 from harness.plan.predict import NotPredictable, predict
 from harness.plan.targets import local_target, preset_target
 
-LinkMeasure = Any  # Callable[[int], tuple[Link, dict[str, Link]]]: measures this machine's link over n ranks
+LinkMeasure = Callable[[int], tuple[Link, dict[str, Link]]]  # measures this machine's link over n ranks
 
 
-def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeasure = None) -> dict[str, Any]:
+def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeasure | None = None) -> dict[str, Any]:
     """A row: the combination, `status` (predicted, skipped, not predicted), `reason`, and the prediction."""
     strategy_cls = get_class(cfg.strategy["_target_"])
     row: dict[str, Any] = {"strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
@@ -59,5 +60,3 @@ def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeas
     return {**row, "status": "predicted", "world_size": ranks, "reason": prediction.misfit(),
             "prediction": prediction.as_dict()}
 
-
-__all__ = ["Link", "predict_on"]

@@ -24,7 +24,7 @@ from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.plan.trace import _freeze
+from harness.plan.trace import hashable
 
 WARMUP_STEPS = 2
 MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 0.5
@@ -69,7 +69,7 @@ def calibrate(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, opti
               micro_batch: int, image_size: int, grad_accum: int, threads: int, device: str = "cpu") -> Calibration:
     """On `device` "cuda" the calibration runs in a spawned child process on the first visible GPU: the parent
     never creates a CUDA context (its workers, forked or not, own the GPUs)."""
-    args = (_freeze(model_cfg), num_classes, amp, _freeze(optim), micro_batch, image_size, grad_accum, threads)
+    args = (hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum, threads)
     if device == "cuda":
         return _in_child(*args)
     return _calibrate(*args, "cpu")

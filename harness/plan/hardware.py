@@ -107,9 +107,8 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
 
     missing = [k for k in FIELDS if k not in data]
     if missing:
-        return_error = ConfigError("plan.hardware", name, f"a preset with every field ({', '.join(FIELDS)}): "
+        raise ConfigError("plan.hardware", name, f"a preset with every field ({', '.join(FIELDS)}): "
                                    f"{source} has no `{missing[0]}`")
-        raise return_error
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise bad(unknown[0], data[unknown[0]], "not a preset field: the fields are " + ", ".join(FIELDS))

@@ -143,8 +143,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     if not traffic.predictable:
         raise NotPredictable(traffic.why_not)
     n = placement.world_size
-    devices = len(placement.gpus) if traffic.replicas_per_device and placement.gpus else 1
-    replicas = max(devices, 1)
+    replicas = len(placement.gpus) if traffic.replicas_per_device and placement.gpus else 1  # DataParallel's
     local_batch = cfg.batch_size // n // replicas  # DataParallel: each replica's share
     micro = local_batch // cfg.grad_accum
     unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
@@ -162,7 +161,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
             optimizer /= n
-        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.strategy)
+        comm, exposed = comm_time(traffic, trace, n, preset, compute)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg),
@@ -316,8 +315,7 @@ def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int)
                      threads, "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float,
-              options: Any) -> tuple[float, float]:
+def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float) -> tuple[float, float]:
     """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with."""
     if n <= 1 or not traffic.collectives:
         return 0.0, 0.0

@@ -73,11 +73,11 @@ def _tensors(fake: bool) -> Iterator[torch.device]:
 def trace_step(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
                micro_batch: int, image_size: int, grad_accum: int = 1, unit_names: Any = None) -> StepTrace:
     """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model."""
-    return _trace(_freeze(model_cfg), num_classes, amp, _freeze(optim), micro_batch, image_size, grad_accum,
+    return _trace(hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum,
                   unit_names)
 
 
-def _freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items()))
 
 
