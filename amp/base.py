@@ -66,6 +66,11 @@ class Amp:
         """Why this level has nothing meaningful to measure on this machine (recorded as `skipped`)."""
         return None
 
+    def kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """Held over the whole run (set-up, compile, timed loop): which kernels the level's ops take, where the
+        plugin chooses (NativeAmp on a CPU taken as emulating half types); nothing by default."""
+        return NO_CONTEXT
+
     # ---- set-up, in the order Strategy.setup_module calls them ----
 
     def cast_module(self, model: nn.Module) -> nn.Module:

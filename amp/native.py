@@ -11,7 +11,7 @@ from torch import nn
 
 from amp.base import NO_CONTEXT, Amp, ShardedPrecision
 from harness.core.amp_levels import AmpSpec
-from harness.core.devices import cpu_half_reason
+from harness.core.devices import cpu_half_reason, emulated_half_scope
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
@@ -51,7 +51,7 @@ class NativeAmp(Amp):
     def skip_reason(spec: AmpSpec, accelerator: str) -> str | None:
         if accelerator != "cpu" or spec.allow_emulated:
             return None
-        return cpu_half_reason(spec.dtype)
+        return cpu_half_reason(spec.dtype, spec.cpu_half)
 
     def __init__(self, spec: AmpSpec, device: torch.device) -> None:
         super().__init__(spec, device)
@@ -65,6 +65,13 @@ class NativeAmp(Amp):
         self._model_params: list[nn.Parameter] = []
         self._master_params: list[nn.Parameter] = []
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+
+    def kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """amp.cpu_half=emulated honoured on a CPU with native half kernels: ATen's reference kernels, as a
+        CPU without them runs (harness.core.devices.emulated_half_scope)."""
+        if self.device.type != "cpu" or not (self.spec.cast_model or self.spec.autocast):
+            return NO_CONTEXT
+        return emulated_half_scope(self.spec.dtype, self.spec.cpu_half)
 
     def cast_module(self, model: nn.Module) -> nn.Module:
         """O2/O3: the model in half (batch-norm fp32 where kept); O2's fp32 master copies made from it."""

@@ -165,9 +165,9 @@ def _split_sweep(value: str) -> list[str]:
 # ---- under torchrun: this process is one worker ----
 
 def started_by_torchrun() -> bool:
-    from harness.launch.torchrun import started_by_torchrun as check
-
-    return check()
+    """torchrun's environment (read here: importing harness.launch.torchrun to ask costs seconds of imports
+    before a refusal that needs none of them)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
 
 
 def torchrun_worker(argv: Sequence[str]) -> int:

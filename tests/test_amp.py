@@ -3,6 +3,7 @@ dynamic loss scaling, casting inside forward (DataParallel replica threads) and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -400,21 +401,64 @@ def test_ddp_o2_keeps_replicas_identical(tmp_path):
 @pytest.mark.parametrize("native", [True, False])
 def test_half_levels_are_skipped_where_the_cpu_only_emulates_them(monkeypatch, native):
     """An AVX2-only CPU has no oneDNN bfloat16 kernels: O1-O3 would time emulation (30x slower than fp32 for
-    resnet18 on such a host). Skipped with the reason, unless asked for; never on CUDA, never at O0."""
-    import amp.native
+    resnet18 on such a host). Skipped with the reason, unless asked for; never on CUDA, never at O0. `auto`
+    follows the hardware's answer (torch's own check, faked here both ways)."""
     from harness.core import devices
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
-    monkeypatch.setattr(amp.native, "cpu_half_reason", devices.cpu_half_reason.__wrapped__)  # uncached
+    monkeypatch.setattr(devices, "cpu_has_native_half", devices.cpu_has_native_half.__wrapped__)  # uncached
     o2 = resolve(AmpConfig(level="O2"), "cpu")
     reason = skip_reason(o2, "cpu")
     if native:
         assert reason is None
     else:
-        assert "no native bfloat16 kernels" in reason and "amp.allow_emulated=true" in reason
+        assert "this CPU (" in reason and "no native bfloat16 kernels" in reason
+        assert "amp.allow_emulated=true" in reason
     assert skip_reason(resolve(AmpConfig(level="O2", allow_emulated=True), "cpu"), "cpu") is None
     assert skip_reason(resolve(AmpConfig(level="O0"), "cpu"), "cpu") is None
     assert skip_reason(resolve(AmpConfig(level="O2"), "cuda"), "cuda") is None
+    assert devices.cpu_half_kernels("bfloat16") == ("onednn" if native else "aten")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_amp_cpu_half_overrides_the_hardware_both_ways(monkeypatch, native):
+    """amp.cpu_half=emulated: O1-O3 skipped as on an AVX2 host, on any host, and the kernels are ATen's;
+    amp.cpu_half=native: run on any host (the kernels stay what the CPU has)."""
+    from harness.core import devices
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    monkeypatch.setattr(devices, "cpu_has_native_half", devices.cpu_has_native_half.__wrapped__)
+    emulated = resolve(AmpConfig(level="O1", cpu_half="emulated"), "cpu")
+    assert "taken as having no native bfloat16 kernels (amp.cpu_half=emulated)" in skip_reason(emulated, "cpu")
+    assert skip_reason(dataclasses.replace(emulated, allow_emulated=True), "cpu") is None
+    assert skip_reason(resolve(AmpConfig(level="O1", cpu_half="native"), "cpu"), "cpu") is None
+    assert skip_reason(resolve(AmpConfig(level="O1", cpu_half="emulated"), "cuda"), "cuda") is None
+    assert devices.cpu_half_kernels("bfloat16", "emulated") == "aten"
+    assert devices.cpu_half_kernels("bfloat16", "native") == ("onednn" if native else "aten")  # cannot be given
+
+
+def test_amp_cpu_half_emulated_turns_onednn_off_for_half_levels_only(monkeypatch):
+    """What makes the emulated path real on a host with native kernels: oneDNN off while the run computes in
+    half (so convolutions take ATen's kernels, as on an AVX2 host), back on after; O0 and CUDA untouched."""
+    from harness.core import devices
+
+    monkeypatch.setattr(devices, "cpu_has_native_half", lambda dtype: True)
+    assert torch.backends.mkldnn.enabled
+    plugin = NativeAmp(resolve(AmpConfig(level="O2", cpu_half="emulated", allow_emulated=True), "cpu"),
+                       torch.device("cpu"))
+    with plugin.kernels():
+        assert not torch.backends.mkldnn.enabled
+    assert torch.backends.mkldnn.enabled
+    for spec in (resolve(AmpConfig(level="O0", cpu_half="emulated"), "cpu"),
+                 resolve(AmpConfig(level="O2", cpu_half="auto"), "cpu"),
+                 resolve(AmpConfig(level="O2", cpu_half="native"), "cpu")):
+        with NativeAmp(spec, torch.device("cpu")).kernels():
+            assert torch.backends.mkldnn.enabled, spec
+
+
+def test_a_bad_cpu_half_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^amp.cpu_half=avx2 is not allowed: one of auto, native, emulated$"):
+        AmpConfig(level="O1", cpu_half="avx2")
 
 
 class ArglessZeroGrad(torch.optim.SGD):

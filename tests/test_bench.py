@@ -35,34 +35,17 @@ SCRIPTS = {
 SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
 
 
-@pytest.fixture(scope="session")  # module scope is torn down when xdist runs another module's test between
-def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-               ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    """The selected scripts' --quick runs, three at a time (each is mostly process start-up)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    root = tmp_path_factory.mktemp("bench")  # made here: the factory is not for threads
-
-    def run(script: str) -> tuple[str, tuple[subprocess.CompletedProcess[str], Path]]:
-        folder = root / script.removesuffix(".py")
-        folder.mkdir()
-        before = snapshot(common.RESULTS_DIR)
-        proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--runs-dir", str(folder / "runs")],
-                              cwd=folder, capture_output=True, text=True, timeout=300)
-        assert snapshot(common.RESULTS_DIR) == before, f"{script} --quick wrote into benchmarks/"
-        return script, (proc, folder)
-
-    scripts = [item.callspec.params["script"] for item in request.session.items
-               if getattr(item, "originalname", None) == "test_bench_script_runs_quick_and_prints_its_table"]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(run, scripts))
-
-
 @pytest.mark.slow
-@pytest.mark.xdist_group("bench")  # one worker runs the shared --quick runs
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_bench_script_runs_quick_and_prints_its_table(script, quick_runs):
-    proc, folder = quick_runs[script]
+def test_bench_script_runs_quick_and_prints_its_table(script, tmp_path):
+    """Each script's --quick run, a test of its own (xdist spreads them over its workers: each is mostly process
+    start-up, and one worker running all thirteen was the suite's longest stretch, 4 minutes)."""
+    folder = tmp_path / script.removesuffix(".py")
+    folder.mkdir()
+    before = snapshot(common.RESULTS_DIR)
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--runs-dir", str(folder / "runs")],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    assert snapshot(common.RESULTS_DIR) == before, f"{script} --quick wrote into benchmarks/"
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for header in SCRIPTS[script]:
         assert header in proc.stdout, proc.stdout[-3000:]

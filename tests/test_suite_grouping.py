@@ -1,7 +1,7 @@
-"""The README's test command relies on pytest-xdist sending each `xdist_group` to one worker: the bench, SLURM,
-parity and profile tests share one expensive fixture each. Some pytest/xdist pairs silently stop grouping
-(pytest 9.2 with pytest-xdist 3.8, pytest-xdist issue #1386); the suite then runs every shared fixture once per
-worker and takes minutes longer while still passing. This catches that pairing."""
+"""The README's test command relies on pytest-xdist sending each `xdist_group` to one worker: the SLURM,
+report page, parity and profile tests share one expensive fixture each. Some pytest/xdist pairs silently stop
+grouping (pytest 9.2 with pytest-xdist 3.8, pytest-xdist issue #1386); the suite then runs every shared
+fixture once per worker and takes minutes longer while still passing. This catches that pairing."""
 
 from __future__ import annotations
 

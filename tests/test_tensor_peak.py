@@ -12,7 +12,12 @@ MIB = 2**20
 
 def test_peak_of_signed_sizes_in_time_order():
     # +3 at t=1, +2 at t=2 (5 live), -3 at t=3, +1 at t=4: peak 5, final 3, allocated 6
-    assert peak_of([(4, 1), (1, 3), (3, -3), (2, 2)]) == (5, 3)
+    assert peak_of([(4, 0xC, 1), (1, 0xA, 3), (3, 0xA, -3), (2, 0xB, 2)]) == (5, 3)
+
+
+def test_a_free_of_a_block_allocated_before_the_session_is_not_counted():
+    # block 0xF came from before: its -4 at t=2 would take the sum to -1, and the peak of 0xB's 5 to 1
+    assert peak_of([(1, 0xA, 3), (2, 0xF, -4), (3, 0xB, 5), (4, 0xA, -3)]) == (8, 5)
 
 
 def test_the_probe_sees_the_peak_not_the_end_nor_the_sum():
@@ -35,3 +40,17 @@ def test_tensors_alive_before_the_probe_are_not_counted():
     peak = probe.stop()
     assert MIB <= peak < 1.1 * MIB
     del before, inside
+
+
+def test_a_second_probe_in_one_process_is_not_lowered_by_what_the_first_saw_allocated():
+    """c10's reporter remembers the blocks of an earlier profiling session and reports their frees in a later
+    one: a test probing two amp levels in turn measured the second at what the first had left less."""
+    first = TensorPeak().start()
+    earlier = torch.empty(8 * MIB, dtype=torch.uint8)
+    first.stop()
+    probe = TensorPeak().start()
+    del earlier  # freed inside the second session
+    inside = torch.empty(2 * MIB, dtype=torch.uint8)
+    peak = probe.stop()
+    assert 2 * MIB <= peak < 2.1 * MIB and 2 * MIB <= probe.end_bytes < 2.1 * MIB
+    del inside

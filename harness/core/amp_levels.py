@@ -15,6 +15,10 @@ from harness.core.errors import ConfigError
 LEVELS = ("O0", "O1", "O2", "O3")
 IMPLS = {"native": "amp.native.NativeAmp", "apex": "amp.apex.ApexAmp"}  # amp.impl -> the plugin class
 HALF_DTYPES = ("float16", "bfloat16")
+# amp.cpu_half: what the harness takes this CPU to have for half types. `auto`: what it has; `emulated`: no
+# native kernels, on any host (O1-O3 skipped unless allow_emulated, and run on the kernels such a CPU takes);
+# `native`: native kernels (O1-O3 run; a CPU without them still computes on emulated kernels)
+CPU_HALF_MODES = ("auto", "native", "emulated")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class AmpConfig:
     keep_batchnorm_fp32: bool | str = "auto"
     master_weights: bool | str = "auto"
     allow_emulated: bool = False  # time half precision on a CPU without native kernels for it anyway
+    cpu_half: str = "auto"  # one of CPU_HALF_MODES
 
     def __post_init__(self) -> None:
         _one_of("amp.level", self.level, LEVELS)
@@ -41,6 +46,7 @@ class AmpConfig:
                 raise ConfigError(f"amp.{key}", value, "true, false or auto")
         if not isinstance(self.allow_emulated, bool):
             raise ConfigError("amp.allow_emulated", self.allow_emulated, "true or false")
+        _one_of("amp.cpu_half", self.cpu_half, CPU_HALF_MODES)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class AmpSpec:
     master_weights: bool
     loss_scale: str | float  # "dynamic" or a static number; 1.0 means no scaling
     allow_emulated: bool = False
+    cpu_half: str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -86,7 +93,8 @@ def resolve(amp: AmpConfig, accelerator: str) -> AmpSpec:
         row["loss_scale"] = 1.0  # bfloat16 has fp32's range: nothing to scale
     if amp.level == "O0":
         dtype, row["loss_scale"] = "float32", 1.0
-    return AmpSpec(level=amp.level, impl=amp.impl, dtype=dtype, allow_emulated=amp.allow_emulated, **row)
+    return AmpSpec(level=amp.level, impl=amp.impl, dtype=dtype, allow_emulated=amp.allow_emulated,
+                   cpu_half=amp.cpu_half, **row)
 
 
 def plugin_path(impl: str) -> str:

@@ -4,12 +4,15 @@ half kernels. The parent's side (probing the hardware, placing ranks) is harness
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from harness.core.amp_levels import CPU_HALF_MODES  # noqa: F401  (what amp.cpu_half may say)
 
 OUT_OF_MEMORY_MARKERS = (
     "CUDA out of memory",  # the caching allocator, when re-raised as a plain RuntimeError
@@ -21,24 +24,69 @@ OUT_OF_MEMORY_MARKERS = (
 
 
 
+HALF_CHECKS = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}
+
+
 @functools.cache
-def cpu_half_reason(dtype: str) -> str | None:
-    """Why `dtype` on this CPU would time emulated kernels (None where oneDNN has native ones: AVX-512 for
-    bfloat16, AVX-512-FP16 or AMX for float16). Emulated half convolutions run tens of times slower than
-    fp32 (30x for resnet18 on an AVX2-only host, docs/strategies.md), so O1-O3 would measure the emulation."""
-    check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
+def cpu_has_native_half(dtype: str) -> bool | None:
+    """Whether oneDNN has native `dtype` kernels on this CPU (AVX-512 for bfloat16, AVX-512-FP16 or AMX for
+    float16): the hardware's answer, whatever amp.cpu_half says. None: this torch cannot tell."""
+    check = HALF_CHECKS.get(dtype)
     if check is None:
         return None
     try:
-        native = bool(getattr(torch.ops.mkldnn, check)())
-    except (AttributeError, RuntimeError):  # a torch without the check: cannot tell, do not refuse
+        return bool(getattr(torch.ops.mkldnn, check)())
+    except (AttributeError, RuntimeError):
         return None
-    if native:
-        return None
-    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native {dtype} kernels, so O1-O3 would "
-            "time emulated convolutions (tens of times slower than fp32), not mixed precision; "
-            "amp.allow_emulated=true runs it anyway")
 
+
+def cpu_half_reason(dtype: str, treat_as: str = "auto") -> str | None:
+    """Why `dtype` on this CPU would time emulated kernels (None where it has native ones, or where
+    `treat_as` (amp.cpu_half) says to take it as having them). Emulated half convolutions run tens of times
+    slower than fp32 (30x for resnet18 on an AVX2-only host, docs/strategies.md), so O1-O3 would measure the
+    emulation. `treat_as="emulated"` answers as a CPU without native kernels would, on any host."""
+    if dtype not in HALF_CHECKS or treat_as == "native":
+        return None
+    native = cpu_has_native_half(dtype)
+    if treat_as == "emulated":
+        what = "this CPU is taken as having no native {0} kernels (amp.cpu_half=emulated)"
+    elif native is False:
+        what = f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native {{0}} kernels"
+    else:  # native, or a torch that cannot tell: do not refuse
+        return None
+    return (what.format(dtype) + ", so O1-O3 would time emulated convolutions (tens of times slower than fp32), "
+            "not mixed precision; amp.allow_emulated=true runs it anyway")
+
+
+def cpu_half_kernels(dtype: str, treat_as: str = "auto") -> str:
+    """Which kernels this CPU's convolutions and matrix products in `dtype` take: `onednn` (native), or `aten`,
+    ATen's reference kernels (im2col and a generic GEMM), which is what torch runs for a half type oneDNN has
+    no native kernels for (`use_mkldnn` in aten/src/ATen/native/Convolution.cpp asks
+    `mkldnn_bf16_device_check()`). `treat_as="emulated"` is honoured on a CPU with native kernels too (oneDNN
+    is turned off for the run: `emulated_half_scope`); `native` cannot be, on a CPU without them."""
+    if dtype not in HALF_CHECKS:
+        return "onednn"
+    return "aten" if treat_as == "emulated" or cpu_has_native_half(dtype) is False else "onednn"
+
+
+def emulated_half_scope(dtype: str, treat_as: str) -> contextlib.AbstractContextManager[Any]:
+    """Held over a run computing in `dtype` on the CPU: with amp.cpu_half=emulated on a CPU that has native
+    kernels, oneDNN off, so its convolutions and matrix products take the kernels (and keep the temporaries)
+    that a CPU without native half kernels takes. A no-op everywhere else."""
+    if treat_as == "emulated" and cpu_has_native_half(dtype):
+        return _onednn_off()
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _onednn_off() -> Iterator[None]:
+    """torch.backends.mkldnn.enabled off, nothing else (its `flags()` would also set oneDNN's TF32 switch)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 @dataclass(frozen=True)

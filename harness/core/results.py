@@ -434,7 +434,7 @@ def package_versions() -> dict[str, str]:
 def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    from harness.core.devices import cpu_half_reason
+    from harness.core.devices import cpu_has_native_half
 
     env = {
         "torch": torch.__version__,
@@ -442,7 +442,8 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "cuda_available": torch.cuda.is_available(),
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2, AVX512...: which kernels torch runs
-        "cpu_native_half": [d for d in ("bfloat16", "float16") if cpu_half_reason(d) is None],
+        "cpu_native_half": [d for d in ("bfloat16", "float16") if cpu_has_native_half(d) is not False],  # the
+        # hardware's: amp.cpu_half (in the config) says what a run took it to have
         "python": platform.python_version(),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -58,10 +58,6 @@ def torchrun_strategies() -> list[str]:
     return names
 
 
-def started_by_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
-
-
 def compose_config(overrides: list[str]) -> Composed:
     """Every torchrun worker composes the same config from the same command line (no output folders)."""
     with hydra_context():

@@ -2,18 +2,22 @@
 
 On a GPU the caching allocator keeps its own peak (torch.cuda.max_memory_allocated); the CPU allocator
 keeps none, so a rank's peak on CPU is read from the allocation and free events torch.profiler records with
-`profile_memory=True` (each carries its signed size; c10's ProfiledCPUMemoryReporter emits them for every CPU
-allocation while profiling is on). The running sum from the start of profiling is the bytes alive that
-were allocated since; its maximum is the peak. This instrument sits below every Python-level tracker (the
+`profile_memory=True` (each carries its address and signed size; c10's ProfiledCPUMemoryReporter emits them
+for every CPU allocation while profiling is on, and for the free of any block it saw allocated, in this
+session or an earlier one). Counting only the frees of blocks allocated in this session, the running sum is
+the bytes alive that were allocated since it started; its maximum is the peak. (A block of an earlier
+session freed in this one would otherwise lower the sum: a second probe in one process measured a
+resnet18's peak at half its size.) This instrument sits below every Python-level tracker (the
 predictor's fake tensors never reach it), so it checks predictions independently. It runs from before
 the model is built to the end of the second iteration: warm-up, never a timed window."""
 
 from __future__ import annotations
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-MEMORY_EVENT = "[memory]"
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
 
 
 class TensorPeak:
@@ -34,15 +38,31 @@ class TensorPeak:
         prof, self._profile = self._profile, None
         prof.__exit__(None, None, None)
         self.peak_bytes, self.end_bytes = peak_of(
-            (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-            if e.name() == MEMORY_EVENT and e.device_type() == torch.autograd.DeviceType.CPU)
+            (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
+            for node in _nodes(prof.profiler.kineto_results.experimental_event_tree())
+            if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu")
         return self.peak_bytes
 
 
-def peak_of(events: object) -> tuple[int, int]:
-    """(peak, final) of the running sum of signed sizes, in time order."""
+def _nodes(roots: Iterable[Any]) -> Iterator[Any]:
+    """Every node of torch.profiler's event tree (what torch.profiler._memory_profiler reads, too)."""
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children)
+
+
+def peak_of(events: Iterable[tuple[int, int, int]]) -> tuple[int, int]:
+    """(peak, final) of the running sum of signed sizes, in time order, of (time, address, signed size)
+    events; a free counts only where its block's allocation is among them."""
     live = peak = 0
-    for _, nbytes in sorted(events):  # type: ignore[call-overload]
+    allocated: dict[int, int] = {}
+    for _, address, nbytes in sorted(events, key=lambda e: e[0]):
+        if nbytes > 0:
+            allocated[address] = nbytes
+        elif allocated.pop(address, None) is None:
+            continue  # allocated before this session
         live += nbytes
         peak = max(peak, live)
     return peak, live

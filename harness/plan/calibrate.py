@@ -111,7 +111,8 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: Am
             plugin.step(optimizer)
             plugin.zero_grad(optimizer)
 
-        return timed_steps(forward_backward, step, sync, micro_batch, threads)
+        with plugin.kernels():
+            return timed_steps(forward_backward, step, sync, micro_batch, threads)
     finally:
         torch.set_num_threads(previous)
 
@@ -197,7 +198,8 @@ def _strategy_child(key: bytes) -> Calibration:
             plugin.step(optimizer)
             plugin.zero_grad(optimizer)
 
-        return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads)
+        with plugin.kernels():
+            return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads)
     finally:
         if strategy.is_set_up:
             strategy.teardown()

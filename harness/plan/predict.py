@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
-from harness.core.devices import Placement
+from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.traffic import Buffer, Collective, Traffic
 from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
 from harness.plan.hardware import GIB, Preset
@@ -147,8 +147,9 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     local_batch = cfg.batch_size // n // replicas  # DataParallel: each replica's share
     micro = local_batch // cfg.grad_accum
     unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
+    kernels = half_kernels(amp, preset)
     trace = trace_step(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
-                       unit_names)
+                       unit_names, aten_convolutions=kernels == "aten")
     ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
@@ -164,7 +165,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         comm, exposed = comm_time(traffic, trace, n, preset, compute)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
-    assumptions = (*notes, *memory_notes(preset, cfg),
+    assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels),
                    f"communication: {', '.join(_describe(c) for c in traffic.collectives) or 'none'}; "
                    f"latency-bandwidth model over {preset.name}'s links" if traffic.collectives else
                    "communication: none")
@@ -242,9 +243,25 @@ def _buffer_bytes(buffer: Buffer, trace: StepTrace) -> float:
     return size * buffer.copies
 
 
-def memory_notes(preset: Preset, cfg: RunConfig) -> tuple[str, ...]:
+def half_kernels(amp: AmpSpec, preset: Preset) -> str | None:
+    """On a CPU, which kernels a half level's convolutions take (`onednn`, or ATen's reference kernels, `aten`,
+    on a CPU without native ones or taken as such by amp.cpu_half); None where nothing computes in half on a
+    CPU."""
+    if preset.accelerator != "cpu" or not (amp.autocast or amp.cast_model):
+        return None
+    return cpu_half_kernels(amp.dtype, amp.cpu_half)
+
+
+def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | None) -> tuple[str, ...]:
     notes = ["memory: a step traced by torch's MemTracker on meta/fake tensors (two steps: the second's peak)",
              f"inputs: {cfg.data.pool if cfg.data.name == 'synthetic' else 2} batches kept on the device"]
+    if kernels == "aten":
+        notes.append(f"memory: {amp.dtype} convolutions on ATen's reference kernels (no native {amp.dtype} "
+                     f"kernels on this CPU{', as amp.cpu_half=emulated takes it' if amp.cpu_half == 'emulated' else ''}):"
+                     " their column buffers counted, up to kernel area x the input for one convolution at a time")
+    elif kernels == "onednn":
+        notes.append(f"memory: {amp.dtype} convolutions on oneDNN's native kernels (their scratch space is outside "
+                     "torch's allocator and not counted)")
     if preset.accelerator == "cuda":
         notes.append(f"allocator overhead assumed {CUDA_ALLOCATOR_OVERHEAD:.0%} of the live peak (reserved beyond "
                      "allocated); the CUDA context is outside the allocator and not counted")
@@ -269,7 +286,7 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, place
             f"{target.calibration_threads} thread(s): the strategy's wrapper and hooks are not in it",)
     small = max(1, min(micro, PRESET_CALIBRATION_BATCH))
     dtype = amp.dtype if (amp.autocast or amp.cast_model) else "float32"
-    here = calibration_dtype(dtype)
+    here = calibration_dtype(dtype, amp.cpu_half)
     cal_amp = amp if here == dtype else fp32_spec(amp) if here == "float32" else dataclasses.replace(amp, dtype=here)
     cal = calibrate_fn_default(cfg, cal_amp, small, target.calibration_threads)
     rate_ratio = target.local_tflops[here] / preset.peak_tflops[dtype]
@@ -282,10 +299,10 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, place
         "optimizer step scaled by the same rates (it is bound by memory bandwidth on a GPU: likely underestimated)")
 
 
-def calibration_dtype(dtype: str) -> str:
+def calibration_dtype(dtype: str, treat_as: str = "auto") -> str:
     """The dtype this machine calibrates a half level in: its own where it has native kernels (a GPU, or a CPU
-    with them), else the other half type (same FLOPs), else float32: an emulated half type would time the
-    emulation, tens of times slower."""
+    with them, as amp.cpu_half takes it), else the other half type (same FLOPs), else float32: an emulated half
+    type would time the emulation, tens of times slower."""
     import torch
 
     from harness.core.devices import cpu_half_reason
@@ -293,7 +310,7 @@ def calibration_dtype(dtype: str) -> str:
     if dtype == "float32" or torch.cuda.is_available():
         return dtype
     for candidate in (dtype, "bfloat16" if dtype == "float16" else "float16"):
-        if cpu_half_reason(candidate) is None:
+        if cpu_half_reason(candidate, treat_as) is None:
             return candidate
     return "float32"
 

@@ -9,6 +9,11 @@ only for a real device type, and meta is none. (Fake tensors everywhere would do
 fake tensors fails in torch's `_apply`, "Couldn't swap Conv2d.weight".) FLOPs come from
 torch.utils.flop_counter over the first forward and backward.
 
+Meta and fake kernels allocate an op's results only. That is what the native kernels keep in torch's
+allocator too (oneDNN's scratch space is its own), but not what ATen's reference convolution keeps: a CPU
+without native half kernels (or amp.cpu_half=emulated) runs every half convolution on it, with column buffers
+of up to kernel-area times the input (`aten_convolutions=True` adds them: AtenConvolutionBuffers).
+
 What this single process cannot show (communication buffers, shards, the data the run keeps on the device)
 is added by harness.plan.predict from the strategy's declared Traffic."""
 
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
@@ -51,6 +56,7 @@ class StepTrace:
     matrices: tuple[tuple[int, int], ...]  # each parameter as PowerSGD sees it: (rows, columns)
     units: tuple[int, ...]  # bytes of each unit given (FSDP), as cast
     tracer: str  # meta | fake
+    aten_convolutions: bool = False  # ATen's reference convolution's buffers counted (CPU half types, emulated)
     grad_dtype: str = "float32"  # what backward leaves (the model's, as cast)
     param_dtype: str = "float32"
 
@@ -71,10 +77,13 @@ def _tensors(fake: bool) -> Iterator[torch.device]:
 
 
 def trace_step(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
-               micro_batch: int, image_size: int, grad_accum: int = 1, unit_names: Any = None) -> StepTrace:
-    """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model."""
+               micro_batch: int, image_size: int, grad_accum: int = 1, unit_names: Any = None,
+               aten_convolutions: bool = False) -> StepTrace:
+    """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model.
+    `aten_convolutions`: half convolutions take ATen's reference kernels (harness.core.devices.cpu_half_kernels),
+    whose buffers are counted."""
     return _trace(hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum,
-                  unit_names)
+                  unit_names, aten_convolutions)
 
 
 def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -83,8 +92,10 @@ def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 @functools.lru_cache(maxsize=64)
 def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
-           micro_batch: int, image_size: int, grad_accum: int, unit_names: Any) -> StepTrace:
+           micro_batch: int, image_size: int, grad_accum: int, unit_names: Any, aten_convolutions: bool) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
+    from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
+
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device:
         torch.manual_seed(0)
@@ -103,7 +114,8 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
         _step(plugin, optimizer)
         tracker = MemTracker()
         tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters are no module's
-        with tracker:
+        buffers = AtenConvolutionBuffers() if aten_convolutions else contextlib.nullcontext()
+        with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
             _forward_backward(wrapped, plugin, images, labels, grad_accum)
             _step(plugin, optimizer)
         peak = tracker.get_tracker_snapshot("peak")[device]
@@ -121,7 +133,7 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
             model_grads=sum(_bytes(p) for p in grads), stored_params=masters or model_params,
             param_count=sum(p.numel() for p in model.parameters()),
             matrices=tuple((p.shape[0], p.numel() // p.shape[0]) for p in grads if p.dim() > 0),
-            units=units, tracer="fake" if spec.autocast else "meta",
+            units=units, tracer="fake" if spec.autocast else "meta", aten_convolutions=aten_convolutions,
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32")
 
@@ -145,3 +157,90 @@ def _dtype_name(tensor: torch.Tensor) -> str:
 
 def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+class AtenConvolutionBuffers(TorchDispatchMode):
+    """What ATen's reference 2-d convolution allocates beside its results, for half-precision convolutions (the
+    only ones a CPU without native half kernels sends there; fp32 ones stay on oneDNN), issued as tensors of
+    the tracer's kind so that MemTracker sees them live while the op's results are made. Read from torch's
+    aten/src/ATen/native/ConvolutionMM2d.cpp (`slow_conv2d`) and Convolution.cpp (`_convolution` and
+    `convolution_backward` loop over groups for backends without grouped kernels), and checked against the
+    allocator's own events (tests/test_plan_trace.py):
+
+    - forward: the input's columns (N, C_in/g * kh * kw, H_out * W_out), made before the output, unless the
+      kernel is 1x1 with stride 1 and no padding (a view of the input then);
+    - backward: the columns again for the weight's gradient, made after the gradients (the input gradient's
+      column buffer is a plain per-thread array, outside torch's allocator);
+    - groups > 1: each group's slice of the input (and of the output's gradient) copied, one group at a
+      time, and every group's result kept until they are concatenated;
+    - a non-contiguous input or output gradient copied first.
+
+    Dilated and transposed convolutions take other kernels, whose buffers are not modelled."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.convolution.default and _reference_kernel(args[0], args[5], args[6]):
+            return _convolution(func, args, kwargs)
+        if func is torch.ops.aten.convolution_backward.default and _reference_kernel(args[1], args[6], args[7]):
+            return _convolution_backward(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _reference_kernel(x: torch.Tensor, dilation: Any, transposed: bool) -> bool:
+    return x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 4 and not transposed \
+        and all(d == 1 for d in dilation)
+
+
+def _columns(x: torch.Tensor, weight: torch.Tensor, out_hw: int, stride: Any, padding: Any, groups: int,
+             ) -> torch.Tensor | None:
+    """One group's im2col matrix for the whole batch (None where slow_conv2d uses the input as it is)."""
+    kh, kw = weight.shape[2], weight.shape[3]
+    if (kh, kw) == (1, 1) and all(s == 1 for s in stride) and all(p == 0 for p in padding):
+        return None
+    return x.new_empty((x.shape[0], x.shape[1] // groups * kh * kw, out_hw))
+
+
+def _slice_copy(x: torch.Tensor, groups: int) -> torch.Tensor | None:
+    """One group's channels of `x`, made contiguous as `subtensor` does (a copy unless the batch is one)."""
+    part = x.narrow(1, 0, x.shape[1] // groups)
+    return None if part.is_contiguous() else torch.empty_like(part, memory_format=torch.contiguous_format)
+
+
+def _contiguous_copy(x: torch.Tensor) -> torch.Tensor | None:
+    return None if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _convolution(func: Any, args: Any, kwargs: Any) -> Any:
+    x, weight, groups = args[0], args[1], args[8]
+    out_shape = _output_shape(x, weight, args[3], args[4])
+    held = [_contiguous_copy(x)]
+    if groups > 1:  # every group's result, kept until the concatenation (which is the op's own result)
+        held += [x.new_empty(out_shape), _slice_copy(x, groups)]
+    buffer = _columns(x, weight, out_shape[2] * out_shape[3], args[3], args[4], groups)
+    if groups > 1:
+        del buffer, held[2]  # one group's slice and columns: gone before the concatenation
+        buffer = None
+    result = func(*args, **kwargs)
+    del buffer, held
+    return result
+
+
+def _convolution_backward(func: Any, args: Any, kwargs: Any) -> Any:
+    grad_out, x, weight, groups, mask = args[0], args[1], args[2], args[9], args[10]
+    held = [_contiguous_copy(grad_out), _contiguous_copy(x)]
+    if groups > 1:
+        held += [x.new_empty(x.shape) if mask[0] else None, weight.new_empty(weight.shape) if mask[1] else None,
+                 _slice_copy(grad_out, groups), _slice_copy(x, groups)]
+        buffer = _columns(x, weight, grad_out.shape[2] * grad_out.shape[3], args[4], args[5], groups) \
+            if mask[1] else None
+        del buffer, held[4:]  # one group's copies and columns: gone before the concatenations
+        return func(*args, **kwargs)
+    result = func(*args, **kwargs)
+    buffer = _columns(x, weight, grad_out.shape[2] * grad_out.shape[3], args[4], args[5], 1) if mask[1] else None
+    del buffer, held
+    return result
+
+
+def _output_shape(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any) -> tuple[int, int, int, int]:
+    size = [(x.shape[2 + i] + 2 * padding[i] - weight.shape[2 + i]) // stride[i] + 1 for i in range(2)]
+    return x.shape[0], weight.shape[0], size[0], size[1]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torchvision
 from torch import nn
 
 
 def torchvision_model(name: str, num_classes: int) -> nn.Module:
-    """Randomly initialised (no weights are downloaded): speed and memory do not depend on them."""
+    """Randomly initialised (no weights are downloaded): speed and memory do not depend on them. torchvision is
+    imported here: it takes a second and a half (it imports torch._dynamo), which a TinyCNN run never needs."""
+    import torchvision
+
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
         raise ValueError(f"model.name={name} is not a torchvision classification model; e.g. "

@@ -7,6 +7,7 @@ fails, so whatever was measured survives a failing neighbour.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -121,6 +122,7 @@ def run_rank(spec: dict[str, Any],
     probe: TensorPeak | None = None
     strategy = None
     batches: BatchSource | None = None
+    held = contextlib.ExitStack()  # the amp plugin's kernel choice, over set-up, compile and the timed loop
     try:
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
@@ -131,6 +133,7 @@ def run_rank(spec: dict[str, Any],
         probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
         amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
+        held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
         batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
@@ -198,6 +201,7 @@ def run_rank(spec: dict[str, Any],
     finally:
         if probe is not None:
             probe.stop()  # a failed run: profiling off before anything else runs here
+        held.close()
         record["ended_at"] = time.time()
         if clock is not None:
             record["windows"] = [w.as_dict() for w in clock.windows]
