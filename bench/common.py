@@ -68,8 +68,8 @@ BENCHES = (
     Bench("modern", "Sharding and communication hooks on CPU",
           "ZeRO, FSDP2 and DDP's communication hooks against DDP: throughput, memory against the theory", "reported"),
     Bench("verdicts", "How right the verdicts are",
-          "the verdicts themselves: A/A sweeps, a known 2x-pixels difference, identical default sweeps",
-          "A/A claims ≤ 5 %, known found ≥ 95 %, no contradiction"),
+          "the verdict's rule, old and new on the same simulated sweeps (A/A, power, equivalence, 12 rows), and "
+          "its noise model against a real sweep", "A/A false claims ≤ 5 %, power ≥ 80 %, false equivalence ≤ 5 %"),
     Bench("prediction", "How right the predictions are",
           "predicted peak memory and time per iteration against the measured ones, case by case",
           "memory within 10 %, time within 15 %, per case"),
@@ -81,7 +81,8 @@ Back to the [README](../README.md).
 
 Each benchmark is one command (`bench/<name>.py`), runnable on a CPU-only machine in a few minutes; add
 `--write-results` to replace its page here (`benchmarks/<name>.md`) with the figures of that run, `--quick` for a
-seconds-long check (what `tests/test_bench.py` runs; it writes nothing here unless `--results-dir` names a folder).
+seconds-long check (what `tests/test_bench.py` runs: `python -m pytest -m bench` for the scripts that start real runs; it
+writes nothing here unless `--results-dir` names a folder).
 """
 INDEX_METHOD = """\
 How every figure is taken: every run is started by the script — `run.py` exactly as a user types it, or

@@ -101,17 +101,18 @@ def stages(folder: Path, out: Path) -> dict[str, float]:
     times["read files"] = time.perf_counter() - t
     t = time.perf_counter()
     rows, base = report.build_rows(found)
+    decision = report.decide(rows)
     times["rows"] = time.perf_counter() - t
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    (out / "report.md").write_text(report.to_markdown(rows, base, skipped))
+    (out / "report.md").write_text(report.to_markdown(rows, base, skipped, decision))
     report.write_csv(rows, out / "report.csv")
     times["md+csv"] = time.perf_counter() - t
     t = time.perf_counter()
     pngs = report.write_plots(rows, out)
     times["plots"] = time.perf_counter() - t
     t = time.perf_counter()
-    (out / "index.html").write_text(report.to_html(rows, base, pngs, skipped))
+    (out / "index.html").write_text(report.to_html(rows, base, pngs, skipped, decision))
     times["html"] = time.perf_counter() - t
     return times
 

@@ -70,8 +70,15 @@ def plan_shorthand(override: str) -> str:
     return f"plan.enabled={value}" if sep and key == "plan" and value in ("true", "false") else override
 
 
+RUN_OVERHEAD_S = 4.0  # a CPU run's wall time beyond its windows (process start, set-up, record): benchmark 9
+
+
 def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
-    """Place and predict every combination; in a sweep an Incompatible one is left to become a skipped row."""
+    """Place and predict every combination; in a sweep an Incompatible one is left to become a skipped row.
+    What takes more than a moment before the first run (the link's measurement, the predictions) says so as it
+    goes, and ends with an estimate of the sweep's time."""
+    import time
+
     from harness.launch.placement import probe_hardware
     from harness.launch.runner import plan, predict_run
     from harness.planning import check_plan_presets, ensure_link
@@ -85,20 +92,64 @@ def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
             if not multirun:
                 raise
     check_plan_presets(configs)
-    placed = [(cfg, decided) for cfg, decided in placed if cfg.plan.predict]
-    ranks = [d.placement.world_size for _, d in placed if d.strategy_cls.one_process_per_device]
+    runnable = [(cfg, d) for cfg, d in placed if will_run(cfg, d)]
+    predicted = [(cfg, decided) for cfg, decided in runnable if cfg.plan.predict]
+    ranks = [d.placement.world_size for _, d in predicted if d.strategy_cls.one_process_per_device]
+    if predicted:
+        from harness.core.logs import setup_cli
+
+        setup_cli()
+        log.info("before the first run: %d combination%s predicted on this machine (each traced and calibrated once; "
+                 "plan.predict=false skips this)", len(predicted), "s" if len(predicted) != 1 else "")
     ensure_link(max(ranks, default=1), hw.has_gpu)
     # every prediction made now, before any worker or fork server exists: the runs then read them from the
     # planner's caches, and no calibration is timed beside another process
+    seconds: list[float] = []
+    started = time.monotonic()
     try:
-        for cfg, decided in placed:
-            if decided.strategy_cls.skip_reason(decided.placement, decided.amp) is None \
-                    and decided.strategy_cls.unavailable_reason() is None:
-                predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
+        for index, (cfg, decided) in enumerate(predicted, 1):
+            began = time.monotonic()
+            prediction = predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
+            if prediction is not None and prediction.s_per_iteration and cfg.iterations:
+                seconds.append(prediction.s_per_iteration * cfg.iterations)
+            log.info("  predicted %d/%d: %s %s (%.1f s)", index, len(predicted), cfg.strategy_name, cfg.amp.level,
+                     time.monotonic() - began)
     finally:
         from harness.plan.calibrate import shutdown
 
         shutdown()  # the calibration child holds no device while runs are measured
+    if predicted:
+        log.info("predictions took %.0f s. %s", time.monotonic() - started,
+                 sweep_estimate(configs[0], len(runnable), seconds, multirun))
+
+
+def will_run(cfg: RunConfig, decided: Any) -> bool:
+    """What the runner will start rather than record as skipped (harness.launch.runner.execute's checks)."""
+    from amp import plugin_class
+
+    amp_cls = plugin_class(cfg.amp_plugin)
+    accelerator = decided.placement.accelerator
+    return (decided.strategy_cls.skip_reason(decided.placement, decided.amp) or decided.strategy_cls.unavailable_reason()
+            or amp_cls.skip_reason(decided.amp, accelerator) or amp_cls.unavailable_reason(decided.amp, accelerator)
+            ) is None
+
+
+def sweep_estimate(cfg: RunConfig, runs: int, timed: Sequence[float], multirun: bool) -> str:
+    """`about 3 min`: a round from the predicted timed loops plus each run's start-up, times the rounds."""
+    if not timed:
+        return ""
+    per_run = sum(timed) / len(timed) + RUN_OVERHEAD_S
+    round_s = per_run * runs
+    if not multirun:
+        return f"The run: about {per_run * (cfg.repeat or 1):.0f} s."
+    if cfg.repeat:
+        total = round_s * cfg.repeat
+        how = f"{cfg.repeat} rounds (repeat={cfg.repeat})"
+    else:
+        total = max(2 * round_s, min(cfg.timing.budget_s, round_s * 100))
+        how = f"racing within timing.budget_s={cfg.timing.budget_s:g} s, two rounds at least"
+    return (f"The sweep: {runs} runs a round, about {round_s:.0f} s each round (predicted loops + about "
+            f"{RUN_OVERHEAD_S:.0f} s a run), {how}: about {max(1, round(total / 60))} min.")
 
 
 def refuse(error: Exception) -> None:

@@ -156,6 +156,7 @@ def ensure_link(ranks: int, gpus: bool) -> None:
     from harness.core.logs import setup_cli
 
     setup_cli()
+    log.info("measuring this machine's link between %d ranks for the predictions (once: it is cached)", ranks)
     try:
         local_target("cuda" if gpus else "cpu", ranks, 1, lambda: measure_link(ranks))
     except Exception as error:  # noqa: BLE001

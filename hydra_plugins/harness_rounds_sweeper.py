@@ -27,7 +27,8 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 
 class RoundsSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:  # noqa: UP006
-        from harness.verdict.rounds import run_rounds
+        from harness.verdict.rounds import combination_names, run_rounds
+        from harness.verdict.sweep_plan import SweepPlan
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -53,6 +54,14 @@ class RoundsSweeper(BasicSweeper):
                             if o.partition("=")[0] in ("strategy", "amp")) or " ".join(combinations[index])
 
         template = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]
+        plan = SweepPlan(combinations=combinations, names=combination_names(combinations, describe),
+                         repeat=self.config.get("repeat"), budget_s=float(self.config.timing.budget_s),
+                         margin=float(self.config.verdict.margin), command=" ".join(["run.py", "-m", *arguments]))
+
+        def progress(outcome: Any) -> None:
+            plan.update(outcome)
+            plan.write(sweep_dir)
+
         run_rounds(combinations, launch, self.config.get("repeat"), float(self.config.timing.budget_s),
-                   str(template), describe)
+                   str(template), describe, margin=float(self.config.verdict.margin), progress=progress)
         return returns

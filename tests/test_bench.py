@@ -33,10 +33,15 @@ SCRIPTS = {
 
 
 SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
+# Scripts whose --quick run starts no run.py (or only simulates): in the default suite. The others start real
+# runs for 15-30 s each, over three minutes of the suite's ten together: `python -m pytest -m bench` runs them
+# (tests/README.md), as anyone changing a bench script or what it reads should.
+IN_PROCESS = ("hook_cost.py", "report_speed.py", "sampler.py", "verdicts.py")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("script", [s if s in IN_PROCESS else pytest.param(s, marks=pytest.mark.bench)
+                                    for s in sorted(SCRIPTS)])
 def test_bench_script_runs_quick_and_prints_its_table(script, tmp_path):
     """Each script's --quick run, a test of its own (xdist spreads them over its workers: each is mostly process
     start-up, and one worker running all thirteen was the suite's longest stretch, 4 minutes)."""

@@ -1,95 +1,78 @@
-"""harness/verdict/intervals.py by hand: geometric means, the pooled run-to-run spread, ratios paired by round
-(and what an unpaired or window-based figure would have said instead), the minimum effect, the judgements."""
+"""harness/verdict/intervals.py by hand: levels from the round-adjusted (combination + round) fit, so a row stopped
+before the machine slowed down is not ranked on its faster rounds; pairs judged on their own spread, paired by
+round, or unpaired when they share no round."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from scipy import stats
 
-from harness.verdict.intervals import Fit, Observation, Ratio
-
-T4, T2 = 2.7764451051977987, 4.302652729911275  # Student's t, 97.5 % quantile, 4 and 2 degrees of freedom
-
-# log throughputs by round: A 1.0 1.2 1.1 (mean 1.1), B 0.5 0.8 0.5 (mean 0.6)
-A, B = [1.0, 1.2, 1.1], [0.5, 0.8, 0.5]
+from harness.verdict.intervals import Fit, Observation
+from harness.verdict.rule import Design
 
 
-def fit_of(a: list[float] = A, b: list[float] = B, rounds: bool = True) -> Fit:
-    return Fit([Observation("A", i + 1 if rounds else None, math.exp(x)) for i, x in enumerate(a)]
-               + [Observation("B", i + 1 if rounds else None, math.exp(x)) for i, x in enumerate(b)])
+def obs(key: str, logs: list[float], first_round: int = 1) -> list[Observation]:
+    return [Observation(key, first_round + i, math.exp(x)) for i, x in enumerate(logs)]
 
 
-def test_a_rows_level_is_the_geometric_mean_of_its_runs_with_the_spread_pooled_over_rows():
-    fit = fit_of()
-    # within-row squares: A 0.01+0.01+0 = 0.02, B 0.01+0.04+0.01 = 0.06; 6 runs, 2 rows: s^2 = 0.08/4
-    assert fit.df_within == 4 and fit.s_within == pytest.approx(math.sqrt(0.02))
+def test_levels_are_round_adjusted_so_a_row_stopped_before_the_machine_slowed_does_not_lead():
+    """A truly 1.0, B truly 0.85 (log -0.1625); the machine is 40 % slower (log -0.5) from round 3 on, and B ran
+    rounds 1-2 only (racing stopped it). By raw means B would lead (-0.1625 > A's -0.25); adjusted, A leads by
+    exactly 0.1625."""
+    drift = [0.0, 0.0, -0.5, -0.5]
+    a = [d + e for d, e in zip(drift, [0.01, -0.01, 0.01, -0.01], strict=True)]
+    b = [-0.1625 + d + e for d, e in zip(drift[:2], [-0.01, 0.01], strict=True)]
+    fit = Fit(obs("A", a) + obs("B", b))
+    assert sum(b) / 2 > sum(a) / 4  # what the raw means say
+    assert fit.ranked(["B", "A"]) == ["A", "B"]
+    assert fit.adjusted_log("A") - fit.adjusted_log("B") == pytest.approx(0.1625, abs=1e-9)  # rounds 1-2: (0.1825 + 0.1425) / 2
+    assert fit.level("A").point == pytest.approx(math.exp(fit.adjusted_log("A")))
+    # the level sits at the sweep's average round: A's round effects average (0 + 0 - 0.5 - 0.5) / 4
+    assert fit.adjusted_log("A") == pytest.approx(-0.25, abs=1e-9)
+
+
+def test_a_levels_interval_comes_from_the_fits_residual_spread():
+    """Two rows, three rounds each: residuals of the additive fit are +-(d - mean d) / 2 for the per-round
+    differences d = 0.5, 0.4, 0.6: SS = 2 x (0.01 + 0 + 0.01) / 4 = 0.01 on 6 - 4 = 2 degrees of freedom."""
+    fit = Fit(obs("A", [1.0, 1.2, 1.1]) + obs("B", [0.5, 0.8, 0.5]))
+    assert fit.df_residual == 2 and fit.s_residual == pytest.approx(math.sqrt(0.005))
     level = fit.level("A")
-    assert level.point == pytest.approx(math.exp(1.1))  # not the arithmetic mean of the rates (3.0135...)
-    assert level.point != pytest.approx(sum(math.exp(x) for x in A) / 3, rel=1e-4)
-    half = T4 * math.sqrt(0.02) / math.sqrt(3)
-    assert (level.lo, level.hi) == (pytest.approx(math.exp(1.1 - half)), pytest.approx(math.exp(1.1 + half)))
+    half = stats.t.ppf(0.975, 2) * math.sqrt(0.005) / math.sqrt(3)
+    assert (math.log(level.lo), math.log(level.hi)) == pytest.approx((1.1 - half, 1.1 + half))
 
 
-def test_a_ratio_pairs_the_runs_of_each_round_and_takes_the_rounds_shift_out():
-    fit = fit_of()
-    # differences by round 0.5 0.4 0.6: mean 0.5; key + round residuals: SS = sum((d - 0.5)^2) / 2 = 0.01 on
-    # 6 - (2 + 3 - 1) = 2 degrees of freedom
-    assert fit.df_paired == 2 and fit.s_paired == pytest.approx(math.sqrt(0.005))
-    ratio = fit.ratio("A", "B")
-    half = T2 * math.sqrt(0.005) * math.sqrt(2 / 3)
-    assert ratio.paired_rounds == 3 and ratio.point == pytest.approx(math.exp(0.5))
-    assert (ratio.lo, ratio.hi) == (pytest.approx(math.exp(0.5 - half)), pytest.approx(math.exp(0.5 + half)))
-    inverse = fit.ratio("B", "A")
-    assert inverse.point * ratio.point == pytest.approx(1) and inverse.lo * ratio.hi == pytest.approx(1)
+def test_a_pair_uses_its_own_spread_not_one_pooled_over_rows():
+    """A and B are a noisy pair (their per-round ratios swing 10 %); C is quiet beside A. A vs B has the SD of
+    A - B's rounds; A vs C the SD of A - C's: each pair's own."""
+    a = [1.0, 1.0, 1.0, 1.0]
+    b = [0.9, 1.1, 0.9, 1.1]
+    c = [0.95, 0.951, 0.949, 0.95]
+    fit = Fit(obs("A", a) + obs("B", b) + obs("C", c), Design(pairs=3))
+    noisy, quiet = fit.compare("A", "B"), fit.compare("A", "C")
+    assert noisy.sd == pytest.approx(stats.tstd([x - y for x, y in zip(a, b, strict=True)]))
+    assert quiet.sd == pytest.approx(stats.tstd([x - y for x, y in zip(a, c, strict=True)]))
+    assert quiet.word == "faster" and noisy.word == "undecided"
+    assert noisy.rounds == quiet.rounds == 4 and noisy.level == pytest.approx(0.05 / 3)
 
 
-def test_runs_outside_rounds_are_compared_unpaired():
-    fit = fit_of(rounds=False)
-    ratio = fit.ratio("A", "B")
-    half = T4 * math.sqrt(0.02) * math.sqrt(1 / 3 + 1 / 3)
-    assert ratio.paired_rounds == 0 and fit.s_paired == pytest.approx(fit.s_within)  # no round to take out
-    assert (ratio.lo, ratio.hi) == (pytest.approx(math.exp(0.5 - half)), pytest.approx(math.exp(0.5 + half)))
+def test_rows_sharing_no_round_are_compared_unpaired():
+    fit = Fit(obs("A", [1.0, 1.2, 1.1]) + obs("B", [0.5, 0.8, 0.5], first_round=11))
+    judged = fit.compare("A", "B")
+    welch = stats.ttest_ind([1.0, 1.2, 1.1], [0.5, 0.8, 0.5], equal_var=False).confidence_interval(0.95)
+    assert judged.rounds == 0 and (math.log(judged.lo), math.log(judged.hi)) == pytest.approx((welch.low, welch.high))
 
 
-def test_a_shared_drift_between_rounds_widens_the_levels_but_not_the_paired_ratio():
-    """Round 2 runs 30 % faster for everyone (a machine's drift): each row's runs spread, the ratio does not."""
-    drift = [0.0, math.log(1.3), 0.0]
-    a = [1.0 + d for d in drift]
-    b = [0.5 + d + e for d, e in zip(drift, [0.01, -0.01, 0.0], strict=True)]
-    fit = fit_of(a, b)
-    ratio = fit.ratio("A", "B")
-    assert ratio.hi / ratio.lo < 1.1  # paired: the drift is gone
-    level = fit.level("A")
-    assert level.hi / level.lo > 1.3  # the level keeps it: a run next week may land anywhere in it
+def test_runs_outside_rounds_are_never_paired_and_one_run_a_row_has_no_interval():
+    fit = Fit([Observation("A", None, 100.0), Observation("A", None, 101.0), Observation("B", None, 50.0),
+               Observation("B", None, 51.0)])
+    assert fit.compare("A", "B").rounds == 0
+    lone = Fit([Observation("A", 1, 100.0), Observation("B", 1, 50.0)])
+    assert not lone.level("A").known and lone.compare("A", "B").word == "undecided"  # 2x, but how noisy?
+    assert lone.compare("A", "missing") is None and lone.level("missing") is None
 
 
-def test_one_run_per_row_has_no_interval():
-    fit = Fit([Observation("A", 1, 100.0), Observation("B", 1, 50.0)])
-    assert fit.s_within is None and not fit.level("A").known and fit.min_effect is None
-    assert fit.judge(fit.ratio("A", "B")) == "undecided"  # 2x, but nothing says how noisy runs are
-
-
-def test_a_row_with_one_run_still_gets_the_sweeps_pooled_interval():
-    fit = Fit([Observation("A", 1, math.exp(1.0)), Observation("A", 2, math.exp(1.2)), Observation("B", 1, 50.0)])
-    assert fit.df_within == 1 and fit.level("B").known
-
-
-def test_the_minimum_effect_is_how_far_one_run_strays_from_its_mean_and_at_least_one_percent():
-    assert fit_of().min_effect == pytest.approx(math.exp(T4 * math.sqrt(0.02)) - 1)  # 0.48
-    tight = fit_of([1.0, 1.0001, 1.0], [0.5, 0.5, 0.5001])
-    assert tight.min_effect == 0.01
-
-
-@pytest.mark.parametrize(("point", "lo", "hi", "word"), [
-    (1.20, 1.10, 1.30, "faster"),     # excludes 1 and beyond 5 %
-    (1.04, 1.01, 1.07, "undecided"),  # excludes 1 but within 5 %: too small to claim, not proven equal
-    (1.01, 0.99, 1.03, "same"),       # wholly within +-5 %
-    (0.80, 0.70, 0.90, "slower"),
-    (1.20, 0.90, 1.50, "undecided"),  # includes 1
-])
-def test_a_difference_needs_an_interval_excluding_one_and_an_effect_beyond_the_minimum(point, lo, hi, word):
-    fit = fit_of()
-    object.__setattr__(fit, "s_within", math.log(1.05) / T4)  # minimum effect 5 %
-    assert fit.min_effect == pytest.approx(0.05)
-    assert fit.judge(Ratio(point, lo, hi)) == word
+def test_the_default_family_is_every_pair_of_the_rows_fitted():
+    fit = Fit(obs("A", [1.0, 1.1]) + obs("B", [1.0, 1.1]) + obs("C", [1.0, 1.1]) + obs("D", [1.0, 1.1]))
+    assert fit.design.pairs == 6 and fit.design.planned_rounds is None

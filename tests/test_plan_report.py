@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -54,3 +55,17 @@ def test_an_unknown_preset_to_project_onto_is_refused_before_writing(tmp_path):
     proc = report(str(tmp_path), "--out", str(out), "--project", "h100x9")
     assert proc.returncode == 2 and "did you mean h100x8?" in proc.stderr, describe(proc)
     assert not out.exists()
+
+
+@pytest.mark.xdist_group(SHARED_GROUP)
+def test_the_phase_before_the_first_run_says_what_it_does_and_estimates_the_sweep(shared_sweep):
+    """The shared sweep predicts its 3 combinations before the first run: a line as each is predicted, then how
+    long that took and the sweep's estimate (a loaded machine once printed nothing for 4 min 27 s)."""
+    _, proc = shared_sweep
+    out = proc.stdout
+    assert "before the first run: 3 combinations predicted on this machine" in out
+    for index, name in enumerate(("single O0", "ddp O0", "allreduce O0"), start=1):
+        assert f"predicted {index}/3: {name} (" in out
+    assert re.search(r"predictions took \d+ s\. The sweep: 3 runs a round, about \d+ s each round .*: about \d+ min\.",
+                     out), out[:3000]
+    assert out.index("predictions took") < out.index("[single O0] iter")

@@ -515,6 +515,8 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
     report = (sweep / "report.md").read_text()
     assert report_row(report, "single O0", "it=40") == "ok"
     assert report_row(report, "single O0", "it=100000").startswith("interrupted: ")
+    # the verdict names what never started, and says the sweep was interrupted (rounds.json: it never ended)
+    assert "Never started (the sweep was interrupted): single O0 iterations=200000." in report
     assert "it=200000" not in report
     assert not [p.pid for p in run.seen.values() if p.pid in run.worker_pids and is_alive(p)]
     assert not run.survivors(grace=10)

@@ -67,7 +67,7 @@ def test_figures_worked_by_hand(sweep):
     assert ddp.processes == 2 and single.processes == 1
     assert single.final_loss == pytest.approx(1.6)
     # 2x apart, but one run each: nothing says how far runs of one combination scatter
-    assert "throughput" not in report.winners(rows) and not ddp.spread_known and ddp.speedup_lo is None
+    assert "throughput" not in report.decide(rows).winners and not ddp.spread_known and ddp.speedup_lo is None
 
 
 def test_failed_and_skipped_rows_keep_their_reason(sweep):
@@ -76,7 +76,7 @@ def test_failed_and_skipped_rows_keep_their_reason(sweep):
     assert by["dp O0"].status == "skipped" and "CUDA" in by["dp O0"].reason
     assert by["ddp O1"].status == "failed" and "rank 1" in by["ddp O1"].reason
     assert by["ddp O1"].throughput is None and by["ddp O1"].speedup is None
-    md = report.to_markdown(rows, "single O0", [])
+    md = report.to_markdown(rows, "single O0", [], report.decide(rows))
     assert "skipped: strategy=dp: needs two or more CUDA GPUs" in md
     assert "failed: rank 1 (pid 7): RuntimeError: boom" in md
 
@@ -106,7 +106,7 @@ def test_differences_within_the_spread_are_not_wins(tmp_path):
     for i, rate in enumerate([110.0, 140.0]):
         write(tmp_path, f"b{i}", results("ddp", "O0", ["cpu:0", "cpu:1"], [1.0, 0.5], rate=rate))
     rows, _ = report.build_rows(report.find_results([tmp_path])[0])
-    assert "throughput" not in report.winners(rows)  # 125 vs 115, ranges 110-140 and 100-130 overlap
+    assert "throughput" not in report.decide(rows).winners  # 125 vs 115, ranges 110-140 and 100-130 overlap
 
 
 def test_report_files_plots_and_index(sweep):
@@ -196,14 +196,14 @@ def test_a_win_needs_runs_in_rounds_not_windows(tmp_path):
     # one run each with windows far apart: no win (the windows of one process say nothing of the next)
     write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 1.0, 1.0, 1.0], rate=640.0))
     write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 2.0, 2.0, 2.0], rate=320.0))
-    assert report.winners(list(rows_of(tmp_path).values())) == {}
+    assert report.decide(list(rows_of(tmp_path).values())).winners == {}
     # three rounds, O0 about 2x O1 in each (+-1 %): the win is clear, and both figures star the same row
     sweep = tmp_path / "rounds"
     for number, (a, b) in enumerate([(640.0, 320.0), (646.0, 317.0), (634.0, 322.0)], start=1):
         write(sweep, f"r{number}a", in_round(results("single", "O0", ["cpu"], [5.0, 1.0], rate=a), number))
         write(sweep, f"r{number}b", in_round(results("single", "O1", ["cpu"], [5.0, 2.0], rate=b), number))
     rows = list(rows_of(sweep).values())
-    assert report.winners(rows) == {"throughput": "single O0", "s_per_20": "single O0"}
+    assert report.decide(rows).winners == {"throughput": "single O0", "s_per_20": "single O0"}
     o1 = next(r for r in rows if r.label == "single O1")
     assert o1.speedup == pytest.approx(0.5, rel=0.02) and o1.speedup_hi < 1 and o1.speedup_word == "slower"
 
@@ -213,9 +213,9 @@ def test_no_win_where_the_spread_is_unknown(tmp_path):
     write(tmp_path, "a", results("single", "O0", ["cpu"], [5.0, 2.0], rate=320.0))
     write(tmp_path, "b", results("single", "O1", ["cpu"], [5.0, 1.0], rate=640.0))
     rows = list(rows_of(tmp_path).values())
-    assert not any(r.spread_known for r in rows) and report.winners(rows) == {}
-    assert "spread unknown" in report.reproducibility(rows)
-    assert "1.000 (spread unknown)" in report.to_markdown(rows, None, [])
+    assert not any(r.spread_known for r in rows) and report.decide(rows).winners == {}
+    assert "spread unknown" in report.decide(rows).reproducibility
+    assert "1.000 (spread unknown)" in report.to_markdown(rows, None, [], report.decide(rows))
 
 
 def memory_results(amp, maxima, pids=(100, 101)):
@@ -234,16 +234,16 @@ def test_memory_is_pooled_over_repeats_and_wins_only_beyond_their_spread(tmp_pat
     assert a.memory_per_device == [{"device": "cpu:0", "used_mib": 950.0, "pids": [100]},
                                    {"device": "cpu:1", "used_mib": 400.0, "pids": [101]}]
     assert a.processes == 2
-    assert "mem_max_mib" not in report.winners(list(rows.values()))  # 900-5000 overlaps 1000-1100
+    assert "mem_max_mib" not in report.decide(list(rows.values())).winners  # 900-5000 overlaps 1000-1100
     write(tmp_path, "c0", memory_results("O2", [300.0])[0])
     write(tmp_path, "c1", memory_results("O2", [320.0])[0])
-    assert report.winners(list(rows_of(tmp_path).values()))["mem_max_mib"] == "ddp O2"
+    assert report.decide(list(rows_of(tmp_path).values())).winners["mem_max_mib"] == "ddp O2"
 
 
 def test_memory_win_needs_repeats(tmp_path):
     write(tmp_path, "a", memory_results("O0", [300.0])[0])
     write(tmp_path, "b", memory_results("O1", [3000.0])[0])
-    assert "mem_max_mib" not in report.winners(list(rows_of(tmp_path).values()))
+    assert "mem_max_mib" not in report.decide(list(rows_of(tmp_path).values())).winners
 
 
 def test_efficiency_is_against_the_one_device_row_at_the_same_amp_level(tmp_path):
@@ -337,7 +337,7 @@ def test_the_terminal_table_fits_80_columns_and_groups_reasons(sweep):
     write(sweep, "4_apex_ddp_O0", results("apex_ddp", "O0", ["cpu"], [], status="skipped",
                                             error="strategy=dp: needs two or more CUDA GPUs"))
     rows, base = report.build_rows(report.find_results([sweep])[0])
-    text = report.terminal_table(rows, base, width=80)
+    text = report.terminal_table(rows, base, report.decide(rows), width=80)
     verdict, tables = text.split("\nDid not run here:")[0].split("\n", 1)
     assert verdict.startswith("Verdict: ")  # first, before the tables
     assert max(len(line) for line in tables.splitlines()) <= 80
@@ -431,9 +431,7 @@ def test_runs_without_a_steady_window_are_said_to_be_untimed_not_missing(tmp_pat
     write(tmp_path, "0_single_O0", results("single", "O0", ["cpu"], [2.0]))
     write(tmp_path, "1_dp_O0", results("dp", "O0", ["cpu"], [], status="skipped", error="needs GPUs"))
     rows, baseline = report.build_rows(report.find_results([tmp_path])[0])
-    from harness.report.rows import verdict
-
-    said = verdict(rows)
+    said = report.decide(rows).verdict
     assert said.startswith("No timing: single O0 ran without a steady window") and "No combination ran" not in said
     assert said.endswith("Did not run here: 1 skipped (reasons below).")
 
@@ -464,7 +462,7 @@ def _outputs(sweep):
         csv_header = next(csv.reader(handle))
     page = (sweep / "index.html").read_text()
     html_headers = [re.findall(r"<th[^>]*>([^<]*)</th>", table) for table in page.split("<table>")[1:]]
-    terminal = report.terminal_table(rows, base, width=200)
+    terminal = report.terminal_table(rows, base, report.decide(rows), width=200)
     return rows, md_headers, csv_header, html_headers, terminal
 
 
@@ -564,3 +562,96 @@ def test_a_baseline_no_row_can_be_is_one_line_exit_2_and_nothing_written(sweep, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(said), err
     assert not out.exists()
+
+
+# ---- the verdict's words, figures and advice (harness/report/decision.py) ----
+
+def round_run(strategy: str, number: int, rate: float, *, repeat: int | None = None, busy: bool = False,
+              overrides: list[str] | None = None) -> dict:
+    data = in_round(results(strategy, "O0", ["cpu"], [1.0, 0.5], rate=rate), number)
+    data["config"] = {"repeat": repeat, "verdict": {"margin": 0.05}}
+    data["overrides"] = overrides or [f"strategy={strategy}", "amp=O0"]
+    if busy:
+        data["machine"] = {"busy": True, "reason": "others took 0.9 of 2 cores"}
+    return data
+
+
+def test_the_reproducibility_sentence_shows_the_figures_the_rule_used(tmp_path):
+    """repeat=3 (one look), two rows: the pair's own per-round SD, its degrees of freedom and its level."""
+    import math
+    import statistics
+
+    a, b = [100.0, 104.0, 98.0], [90.0, 95.0, 86.0]
+    for n in range(3):
+        write(tmp_path, f"r{n}a", round_run("single", n + 1, a[n], repeat=3))
+        write(tmp_path, f"r{n}b", round_run("ddp", n + 1, b[n], repeat=3))
+    said = report.decide(list(rows_of(tmp_path).values())).reproducibility
+    sd = statistics.stdev(math.log(x / y) for x, y in zip(a, b, strict=True))
+    assert f"per-round SD {100 * (math.exp(sd) - 1):.1f} % over 3 rounds (2 degrees of freedom), tested at 0.05" in said
+    assert "1 pair" in said and "spent over" not in said  # one look: nothing spent
+
+
+def test_a_busy_row_has_no_interval_no_speedup_no_efficiency_and_is_not_judged(tmp_path):
+    """ddp's every run was timed on a busy machine: its own runs' figure is shown as such (no interval: the
+    '±378445%' of before), no ratio or efficiency rests on it, and the verdict lists it as not judged."""
+    for n, (a, b) in enumerate([(100.0, 500000.0), (102.0, 400000.0), (98.0, 450000.0)], start=1):
+        write(tmp_path, f"r{n}a", round_run("single", n, a, repeat=3))
+        write(tmp_path, f"r{n}b", {**round_run("ddp", n, b, repeat=3, busy=True), "devices": ["cpu:0", "cpu:1"]})
+    rows = rows_of(tmp_path)
+    busy = rows["ddp O0"]
+    assert busy.busy and busy.throughput_lo is None and busy.throughput_hi is None and not busy.spread_known
+    assert busy.speedup is None and busy.efficiency is None and busy.busy_runs == 3
+    header, body = report.table_rows(list(rows.values()))
+    cells = dict(zip(header, body[list(rows).index("ddp O0")], strict=True))
+    assert cells["img/s [95 %]"].endswith("busy (no interval, not judged)") and cells["runs"] == "0 (+3 busy)"
+    decision = report.decide(list(rows.values()))
+    assert "Not judged (every run measured while the machine was busy): ddp O0." in decision.verdict
+    assert "Only single O0 was timed" in decision.verdict  # the busy row is neither leader nor runner-up
+
+
+def test_busy_runs_of_a_judged_row_are_named_not_dropped_silently(tmp_path):
+    for n, rate in enumerate([100.0, 101.0, 99.0, 300.0, 20.0], start=1):
+        write(tmp_path, f"r{n}", round_run("single", n, rate, repeat=5, busy=n > 3))
+    row = rows_of(tmp_path)["single O0"]
+    assert len(row.run_throughputs) == 3 and row.busy_runs == 2 and not row.busy
+    header, body = report.table_rows([row])
+    assert dict(zip(header, body[0], strict=True))["runs"] == "3 (+2 busy)"
+    assert "busy runs left out: single O0 (2)" in report.decide([row]).reproducibility
+
+
+def test_undecided_says_how_many_rounds_would_decide_and_the_command(tmp_path):
+    """1.08x over 3 rounds with +-6 % swings: undecided; the rule's estimate and the command to run them."""
+    from harness.verdict.sweep_plan import SweepPlan
+
+    for n, (a, b) in enumerate([(108.0, 100.0), (110.0, 97.0), (104.0, 101.0)], start=1):
+        write(tmp_path, f"r{n}a", round_run("single", n, a, repeat=3))
+        write(tmp_path, f"r{n}b", round_run("ddp", n, b, repeat=3))
+    rows = list(rows_of(tmp_path).values())
+    plan = SweepPlan([["strategy=single"], ["strategy=ddp"]], ["single O0", "ddp O0"], repeat=3, budget_s=140.0,
+                     margin=0.05, command="run.py -m strategy=single,ddp repeat=3", rounds_started=3,
+                     ended_by="repeat", round_seconds=[60.0, 60.0, 60.0])
+    said = report.decide(rows, plan).verdict
+    found = re.search(r"Undecided: single O0 \(.*\) leads ddp O0 by 1\.08× \[[\d.]+–[\d.]+\]; about (\d+) rounds would "
+                      r"decide it, about (\d+) min at this sweep's pace: python run\.py -m strategy=single,ddp "
+                      r"repeat=(\d+)\.", said)
+    assert found, said
+    rounds, minutes, repeat = map(int, found.groups())
+    assert rounds == repeat and 3 < rounds <= 100 and minutes == rounds  # 60 s a round
+    assert "within the noise" not in said and "more rounds (a larger" not in said
+
+
+def test_an_interrupted_sweep_says_so_in_the_terms_typed_and_names_what_never_started(tmp_path):
+    """repeat=3 was typed and Ctrl-C came in round 1: not 'rounds or repeat=N give one', but what happened."""
+    from harness.verdict.sweep_plan import SweepPlan
+
+    write(tmp_path, "0a", round_run("single", 1, 100.0, repeat=3, overrides=["strategy=single", "amp=O0", "round=1"]))
+    write(tmp_path, "0b", round_run("ddp", 1, 90.0, repeat=3, overrides=["strategy=ddp", "amp=O0", "round=1"]))
+    plan = SweepPlan([["strategy=single", "amp=O0"], ["strategy=ddp", "amp=O0"], ["strategy=allreduce", "amp=O0"]],
+                     ["single O0", "ddp O0", "allreduce O0"], repeat=3, budget_s=140.0, margin=0.05,
+                     rounds_started=1)
+    found = report.find_results([tmp_path])[0]
+    rows, _ = report.build_rows(found)
+    said = report.decide(rows, plan, started=[r.overrides for _, r in found]).verdict
+    assert "the sweep was interrupted in round 1 of repeat=3" in said
+    assert "Never started (the sweep was interrupted): allreduce O0." in said
+    assert "rounds or repeat=N give one" not in said

@@ -13,12 +13,12 @@ from harness.report.command import main
 from harness.report.compare import ratio, ratios
 
 
-def test_the_ratio_is_of_geometric_means_and_its_interval_from_the_pooled_runs_worked_by_hand():
+def test_the_ratio_is_of_geometric_means_and_its_interval_from_each_sides_runs_worked_by_hand():
     a, b = [100.0, 110.0, 90.0], [200.0, 220.0, 180.0]  # B is A doubled: the log difference is exactly log 2
     r = ratio("x", a, b)
     assert r.ratio == pytest.approx(2.0)
-    s2 = statistics.variance([math.log(x) for x in a])  # the same for both sides: pooled, it is this
-    half = 2.776 * math.sqrt(s2 * (1 / 3 + 1 / 3))  # t(0.975) on 6 - 2 = 4 degrees of freedom
+    s2 = statistics.variance([math.log(x) for x in a])  # the same for both sides: Welch's df is then 4
+    half = 2.776 * math.sqrt(s2 * (1 / 3 + 1 / 3))  # t(0.975) on 4 degrees of freedom
     assert (r.low, r.high) == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)), rel=1e-3)
     assert r.word == "faster"
     assert ratio("x", b, a).word == "slower"
@@ -30,18 +30,27 @@ def test_the_point_is_the_geometric_mean_ratio_and_a_wide_interval_is_no_verdict
     assert r.low < 1 < r.high and r.word.startswith("undecided")
 
 
-def test_a_small_difference_within_the_noise_of_single_runs_is_not_claimed():
-    """1.05x with an interval excluding 1, but runs of one row stray by 6 %: no word beyond `undecided`."""
+def test_a_small_difference_within_the_noise_of_its_runs_is_undecided_not_equivalent():
+    """1.05x, but each side's runs stray by 6 %: the interval holds 1 (not faster) and reaches past +-5 % (not
+    equivalent either)."""
     found = ratios({"x": ([100.0, 112.0, 100.0, 112.0], [106.0, 117.0, 106.0, 117.0])})[0]
-    assert found.low > 1 or found.word.startswith("undecided")
-    assert not found.word.startswith("faster") and found.min_effect > 0.05
+    assert found.low < 1 < found.high and found.high > 1.05 and found.word.startswith("undecided")
+
+
+def test_the_family_is_every_row_compared():
+    """Three rows compared: each at 0.05 / 3, so the same runs give a wider interval than one row alone."""
+    runs = ([100.0, 104.0, 98.0], [110.0, 112.0, 109.0])
+    alone = ratios({"x": runs})[0]
+    three = ratios({"x": runs, "y": runs, "z": runs})[0]
+    assert three.level == pytest.approx(0.05 / 3) and alone.level == pytest.approx(0.05)
+    assert three.low < alone.low and three.high > alone.high
 
 
 def test_one_run_a_row_everywhere_gives_the_ratio_without_an_interval_or_a_word():
     r = ratio("x", [100.0], [120.0])
     assert r.ratio == pytest.approx(1.2) and r.low is None and r.word.startswith("unknown")
-    pooled = ratios({"x": ([100.0], [120.0]), "y": ([100.0, 104.0], [100.0, 98.0])})[0]
-    assert pooled.low is not None  # another row's runs tell the spread
+    beside = ratios({"x": ([100.0], [120.0]), "y": ([100.0, 104.0], [100.0, 98.0])})[0]
+    assert beside.low is None  # another row's runs do not tell this row's spread
 
 
 def _sweep(folder, torch_version, rates):

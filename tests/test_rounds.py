@@ -64,30 +64,49 @@ def test_every_combination_runs_once_before_any_runs_again_and_later_rounds_have
                               "hydra.sweep.subdir='round-2/1_${hydra.runtime.choices.strategy}_${amp.level}'"]
 
 
-def test_racing_stops_what_is_clearly_slower_after_the_second_round_and_runs_the_contenders_until_decided():
-    # c is half as fast: stopped after round 2; a and b are 0.2 % apart with +-0.5 % noise: rounds go on for a
-    # and b until their ratio's interval lies within the minimum effect (1 %): a tie, shown
+def test_racing_stops_what_is_slower_and_runs_the_contenders_until_decided():
+    # c is half as fast, with the same noise as a; a and b are 0.2 % apart with +-0.5 % noise. Rounds take 3 s:
+    # 2 + (60 - 6) // 3 = 20 are planned. The looks before the last spend next to nothing at first, so c stops
+    # once its interval clears 1 at its look's level (round 3), and a and b go on until their ratio's interval
+    # lies within verdict.margin: a tie
     noise = [1 + 0.005 * math.sin(1.7 * r) for r in range(40)]
     launch = FakeLaunch({0: [100 * n for n in noise], 1: [99.8 * n for n in reversed(noise)],
                          2: [50 * n for n in noise]})
-    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=1e9, subdir_template=TEMPLATE, describe=str,
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=60, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
     rounds = rounds_of(launch.ran)
-    assert rounds[:2] == [[0, 1, 2], [0, 1, 2]] and all(r == [0, 1] for r in rounds[2:])
-    assert outcome.stopped == {2: 2} and outcome.ended_by == "decided: tie"
+    stopped = outcome.stopped[2]
+    assert list(outcome.stopped) == [2] and 2 < stopped < outcome.rounds
+    assert all(r == [0, 1, 2] for r in rounds[:stopped]) and all(r == [0, 1] for r in rounds[stopped:])
+    assert outcome.ended_by == "decided: tie"
+    assert outcome.planned == 20 and outcome.rounds < outcome.planned  # decided before the plan was done
 
 
-def test_the_budget_ends_the_rounds_before_one_that_would_not_fit_but_never_before_the_second():
-    # a and b alternate which is ahead by 10 %: never decided; each job takes 10 s
-    launch = FakeLaunch({0: [100, 110, 100, 110, 100], 1: [110, 100, 110, 100, 110], 2: [100, 110, 100, 110, 100]},
-                        seconds=10.0)
+def test_the_rounds_are_planned_from_the_budget_after_the_second_never_fewer_than_two():
+    # a and b alternate which is ahead by 10 %: never decided; each job takes 10 s, a round 30 s
+    rates = {0: [100, 110, 100, 110, 100], 1: [110, 100, 110, 100, 110], 2: [100, 110, 100, 110, 100]}
+    launch = FakeLaunch(rates, seconds=10.0)
     outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=5.0, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
-    assert outcome.rounds == 2 and outcome.ended_by == "budget"  # 60 s spent: the budget was gone after round 1
-    launch = FakeLaunch(launch.rates, seconds=10.0)
+    assert (outcome.planned, outcome.rounds, outcome.ended_by) == (2, 2, "planned rounds")  # 5 s: two anyway
+    launch = FakeLaunch(rates, seconds=10.0)
     outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=95.0, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
-    assert outcome.rounds == 3 and outcome.ended_by == "budget"  # 60 + 30 = 90 fits 95; a 4th (120) would not
+    assert (outcome.planned, outcome.rounds, outcome.ended_by) == (3, 3, "planned rounds")  # 2 + (95 - 60) // 30
+    assert outcome.round_seconds == [30.0, 30.0, 30.0]
+
+
+def test_a_round_that_would_pass_the_budget_is_not_started():
+    class Slowing(FakeLaunch):  # the machine slows down: round 3 takes 60 s, where the plan assumed 30
+        def __call__(self, jobs: list[list[str]], first: int) -> list[dict[str, Any] | None]:
+            self.seconds = 10.0 if len(self.ran) < 6 else 20.0
+            return super().__call__(jobs, first)
+
+    launch = Slowing({0: [100, 110] * 3, 1: [110, 100] * 3, 2: [100, 110] * 3}, seconds=10.0)
+    outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=120.0, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    # planned after round 2: 2 + (120 - 60) // 30 = 4; round 3 took 60 s, so a 4th (60 more) would end at 180
+    assert outcome.planned == 4 and outcome.rounds == 3 and outcome.ended_by == "budget"
 
 
 def test_failed_combinations_are_not_run_again_and_busy_runs_do_not_decide():
@@ -98,24 +117,32 @@ def test_failed_combinations_are_not_run_again_and_busy_runs_do_not_decide():
     assert rounds_of(launch.ran) == [[0, 1, 2], [0, 1], [0, 1]] and outcome.runs == 7
 
 
-def test_a_combination_busy_in_every_round_is_never_stopped_on_its_busy_figures():
+def test_a_combination_busy_in_every_round_leaves_the_race_unjudged():
+    """5x slower, but every run of it busy: never stopped on its busy figures, and not run again after round 2
+    (it was re-run every round before, and never judged)."""
     launch = FakeLaunch({0: [100, 101] * 20, 1: [20] * 40, 2: [100, 99] * 20}, busy={(1, n) for n in range(1, 41)})
     outcome = run_rounds(COMBOS, launch, repeat=None, budget_s=20, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
-    assert 1 not in outcome.stopped and outcome.rounds == max(n for _, n in launch.ran)  # 5x slower, but busy
-    assert (1, outcome.rounds) in launch.ran
+    assert 1 not in outcome.stopped and outcome.busy_only == [1]
+    assert (1, 2) in launch.ran and not any(c == 1 and n > 2 for c, n in launch.ran)
 
 
 def test_standing_by_hand():
+    """b is e times slower than a in every round (its per-round ratio has no spread: slower at any level); c is
+    a's twin within 0.2 % (per-round ratios 0.002, 0, 0.002, 0: SD 0.00115 over 4 rounds, at 0.05 / 3:
+    t(3) 5.84, interval +-0.34 %, within +-5 %): a tie."""
     def obs(key: str, logs: list[float]) -> list[Observation]:
         return [Observation(key, i + 1, math.exp(x)) for i, x in enumerate(logs)]
 
-    fit = Fit(obs("a", [2.0, 2.02, 1.98]) + obs("b", [1.0, 1.02, 0.98]) + obs("c", [1.99, 2.03, 1.97]))
+    a = [2.0, 2.02, 1.98, 2.01]
+    fit = Fit(obs("a", a) + obs("b", [x - 1.0 for x in a]) + obs("c", [x - d for x, d in
+                                                                       zip(a, [0.002, 0.0, 0.002, 0.0], strict=True)]))
     state = standing(fit, ["a", "b", "c"])
-    assert state.leader == "a" and list(state.stopped) == ["b"] and state.decided == "tie"
-    assert state.stopped["b"].point == pytest.approx(math.exp(-1.0))
+    assert state.leader == "a" and list(state.stopped) == ["b"] and state.tied == ("c",) and state.decided == "tie"
+    assert state.stopped["b"].ratio == pytest.approx(math.exp(-1.0)) and state.stopped["b"].word == "slower"
     alone = standing(fit, ["a", "b"])
-    assert alone.decided == "winner" and alone.runner_up == "b" and alone.margin.point == pytest.approx(math.e)
+    assert alone.decided == "winner" and alone.runner_up == "b" and alone.margin.ratio == pytest.approx(math.e)
+    assert standing(fit, ["a"]).decided == "alone" and standing(fit, []).leader is None
 
 
 def test_round_overrides_keep_the_users_folder_pattern():
@@ -124,8 +151,8 @@ def test_round_overrides_keep_the_users_folder_pattern():
 
 @pytest.mark.slow
 def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
-    """Two combinations that differ by 4x the pixels: racing stops the slower after round 2 (or the budget
-    ends the rounds); every run is in its round's folder with its round recorded; the report opens with the
+    """Two combinations that differ by 4x the pixels, racing within a budget that plans two rounds: every run is
+    in its round's folder with its round recorded; rounds.json says what was planned; the report opens with the
     verdict and every ok row has an interval from its runs."""
     sweep = tmp_path / "sweep"
     proc = run_sweep("strategy=single", "data.image_size=8,16", *[t for t in TINY if "image_size" not in t],
@@ -139,6 +166,9 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
     assert all(r["phases"]["windows"] > 0 and r["machine"]["cores"] for r in results.values())
     report = json.loads((sweep / "report.json").read_text())
     assert all(r["throughput_lo"] is not None for r in report["rows"])
+    plan = json.loads((sweep / "rounds.json").read_text())
+    assert (plan["planned"], plan["rounds_started"], plan["ended_by"]) == (2, 2, "planned rounds")
+    assert plan["names"] == ["single data.image_size=8", "single data.image_size=16"]  # as the log names them
     out = proc.stdout + proc.stderr
     assert re.search(r"Verdict: .*px=8", out), out[-3000:]
     first_table_line = next(i for i, line in enumerate(out.splitlines()) if "combination" in line and "img/s" in line)

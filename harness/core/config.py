@@ -71,7 +71,7 @@ class TimingConfig:
 
     precision_pct: float = 2.0
     max_seconds: float = 120.0
-    budget_s: float = 140.0  # a sweep's rounds (harness.verdict): after the first two, only while a round fits
+    budget_s: float = 170.0  # a racing sweep's rounds (harness.verdict): planned after the second to fit it
     busy_share: float = 0.2  # of the cores, taken by other processes during a run's windows: the run is busy
 
 
@@ -86,6 +86,15 @@ class LauncherConfig:
 @dataclass(frozen=True)
 class ReportConfig:
     baseline: str | None = None  # strategy:amp
+
+
+@dataclass(frozen=True)
+class VerdictConfig:
+    """How the verdict words a pair (harness.verdict.rule): `equivalent` when a ratio's interval lies within
+    +-margin. 5 %: the smallest difference worth switching how one trains for (TorchBench's smallest regression
+    threshold; run-to-run swings on a shared machine are 5-9 %), and one a sweep can still show."""
+
+    margin: float = 0.05
 
 
 def check_baseline_form(key: str, value: str) -> None:
@@ -159,6 +168,7 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     profile: bool = False  # torch.profiler over the first window after warm-up (excluded from steady figures)
@@ -242,6 +252,10 @@ class RunConfig:
         report = ReportConfig(**check_record("report", cfg.get("report") or {}, ReportConfig))
         if report.baseline is not None:
             check_baseline_form("report.baseline", report.baseline)
+        verdict = VerdictConfig(**check_record("verdict", cfg.get("verdict") or {}, VerdictConfig))
+        if isinstance(verdict.margin, bool) or not isinstance(verdict.margin, int | float) \
+                or not 0 < verdict.margin < 1:
+            raise ConfigError("verdict.margin", verdict.margin, "a share > 0 and < 1 (0.05: equivalent within 5 %)")
         compile_ = cfg.get("compile", False)
         if not isinstance(compile_, bool):
             raise ConfigError("compile", compile_, "true or false")
@@ -254,14 +268,14 @@ class RunConfig:
             model=dict(cfg["model"]), optim=dict(cfg["optim"]), data=data, gpus=gpus, nprocs=cfg["nprocs"],
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
-            dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, parity=parity,
+            dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, verdict=verdict, parity=parity,
             compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
-                            "fault", "launcher", "timing", "report", "parity", "compile", "grad_accum",
+                            "fault", "launcher", "timing", "report", "verdict", "parity", "compile", "grad_accum",
                             "profile", "plan"})
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.parity import report as parity
 from harness.report.rows import PER, Row
+from harness.verdict.rule import interval_text
 
 BREAKDOWN_HEAD = "compute/comm/data/optim/other %"
 BREAKDOWN_PARTS = ("compute", "communication", "data_wait", "optimizer", "other")
@@ -71,29 +72,32 @@ def _interval_or_unknown(r: Row, lo: float | None, hi: float | None, digits: int
     """The 95 % interval from the runs; why there is none; `busy` when every run was taken on a busy machine."""
     if r.throughput is None:
         return ""
-    cell = _between(lo, hi, digits) if r.spread_known else " (spread unknown)"
-    return cell + (" busy" if r.busy else "")
+    if r.busy:
+        return " busy (no interval, not judged)"
+    return _between(lo, hi, digits) if r.spread_known else " (spread unknown)"
 
 
 def _plus_minus(r: Row) -> str:
     """The terminal's short interval: ± half its width, in % of the figure."""
     if r.throughput is None:
         return ""
+    if r.busy:
+        return " busy"
     if not r.spread_known or r.throughput_lo is None or r.throughput_hi is None:
         return "?"
-    return f" ±{50 * (r.throughput_hi - r.throughput_lo) / r.throughput:.0f}%" + (" busy" if r.busy else "")
+    return f" ±{50 * (r.throughput_hi - r.throughput_lo) / r.throughput:.0f}%"
 
 
 def _speedup(r: Row, digits: int = 2) -> str:
     if r.speedup is None:
         return "—"
-    word = f" {r.speedup_word}" if r.speedup_word in ("faster", "slower") else ""
-    return fmt(r.speedup, digits, "×") + _between(r.speedup_lo, r.speedup_hi, digits) + word
+    word = f" {r.speedup_word}" if r.speedup_word in ("faster", "slower", "equivalent") else ""
+    return fmt(r.speedup, digits, "×") + interval_text(r.speedup_lo, r.speedup_hi, digits) + word
 
 
 def _status(r: Row) -> str:
     status = r.status if not r.reason else f"{r.status}: {r.reason}"
-    return status + (f" · stopped early after round {r.stopped_early}: clearly slower" if r.stopped_early else "")
+    return status + (f" · stopped early after round {r.stopped_early}: slower by the rule" if r.stopped_early else "")
 
 
 CUMULATIVE_SHOWN = 8  # edges the formatted table shows at most (evenly spread, the last always); csv has all
@@ -114,7 +118,10 @@ def _runs(r: Row) -> str:
     """How many runs the row's figures rest on, and whether racing stopped it."""
     if not r.ok_runs:
         return "—"
-    return str(len(r.run_throughputs) or r.ok_runs) + (f" (stopped r{r.stopped_early})" if r.stopped_early else "")
+    used = len(r.run_throughputs) if not r.busy else 0
+    busy = f" (+{r.busy_runs} busy)" if r.busy_runs else ""
+    return str(used or (0 if r.busy else r.ok_runs)) + busy + (f" (stopped r{r.stopped_early})" if r.stopped_early
+                                                                 else "")
 
 
 def pids_said(pids: Sequence[int]) -> str:
@@ -152,7 +159,7 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                           ("steady_windows", lambda r: r.steady_windows),
                           ("spread_known", lambda r: int(r.spread_known)))),
         Column(None, csv=(("rounds", lambda r: len(r.run_throughputs)), ("stopped_early_after_round", lambda r: r.stopped_early),
-                          ("busy", lambda r: int(bool(r.busy))))),
+                          ("busy", lambda r: int(bool(r.busy))), ("busy_runs", lambda r: r.busy_runs))),
         Column(f"s/{PER} it [95 %]", lambda r: fmt(r.s_per_20, 3) + _interval_or_unknown(r, r.s_per_20_lo,
                                                                                        r.s_per_20_hi, 3),
                csv=(("s_per_20", lambda r: r.s_per_20), ("s_per_20_lo", lambda r: r.s_per_20_lo),

@@ -1,23 +1,24 @@
 """Two sweeps side by side (`python -m harness.report --compare A B`): what differs between the machines and
 versions they ran on, and per row both have, B's throughput over A's with a 95 % interval and a word.
 
-The unit that varies is the run (a fresh process), so the interval comes from the runs, as in a sweep's own
-verdict (harness.verdict.intervals): the ratio of geometric means, with a t-interval whose spread is the runs'
-scatter around their row's mean, pooled over every row of both sweeps (runs of two sweeps share no round, so
-nothing is paired), and a word only beyond the minimum effect (how far one run strays from its row's mean 95 %
-of the time): `faster`/`slower`, `same` (the whole interval within it), or `undecided`.
+The unit that varies is the run (a fresh process), so the interval comes from the runs, and the word from the
+same rule as a sweep's own verdict (harness.verdict.rule): runs of two sweeps share no round, so each row is
+compared unpaired (Welch's interval on the log rates, each side's own spread), at the 5 % family-wise rate over
+the rows compared: `faster`/`slower` when the interval excludes 1, `equivalent` when it lies within
+verdict.margin, else `undecided`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import ConfigError
 from harness.core.results import RunRecord
-from harness.report.rows import Combination, Row, build_rows, find_results
-from harness.verdict.intervals import Fit, Observation
+from harness.report.rows import Combination, Row, build_rows, find_results, sweep_design
+from harness.verdict.rule import Design, unpaired
 
 # Environment fields worth naming when they differ (hostnames and commands differ between any two sweeps)
 COMPARED = ("torch", "torch_built_for_cuda", "python", "packages", "harness_commit", "cpu", "cpu_capability",
@@ -31,33 +32,31 @@ class Ratio:
     low: float | None  # 95 % interval; None: no spread between runs to tell it by (one run a row, everywhere)
     high: float | None
     runs: tuple[int, int]
-    judged: str = "undecided"  # harness.verdict's judgement: faster, slower, same, undecided
-    min_effect: float | None = None
+    judged: str = "undecided"  # the rule's word: faster, slower, equivalent, undecided
+    margin: float = Design.margin
+    level: float | None = None  # the two-sided level each row was tested at
 
     @property
     def word(self) -> str:
         if self.low is None or self.high is None:
-            return "unknown (one run a row: a sweep's rounds or repeat=N give an interval)"
-        if self.judged == "same":
-            return f"same (within {100 * (self.min_effect or 0):.0f} %)"
+            return "unknown (fewer than two runs on a side: a sweep's rounds or repeat=N give an interval)"
+        if self.judged == "equivalent":
+            return f"equivalent (within ±{100 * self.margin:.0f} %)"
         if self.judged == "undecided":
-            return "undecided (within the noise: more runs would tell)"
+            return "undecided (more runs on both sides would tell)"
         return self.judged
 
 
-SIDE_B = 1_000_000  # B's rounds are numbered apart from A's: runs of two sweeps are never paired
-
-
-def ratios(pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> list[Ratio]:
-    """B over A for each row (label -> (A's run throughputs, B's)), from one fit of every run of both sides."""
-    fit = Fit([Observation(("A", label), i, rate) for label, (a, _) in pairs.items() for i, rate in enumerate(a)]
-              + [Observation(("B", label), SIDE_B + i, rate) for label, (_, b) in pairs.items()
-                 for i, rate in enumerate(b)])
+def ratios(pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]], margin: float = Design.margin,
+           ) -> list[Ratio]:
+    """B over A for each row (label -> (A's run throughputs, B's)), each judged unpaired by the rule, the family
+    every row compared."""
+    design = Design(pairs=len(pairs), margin=margin)
     found = []
     for label, (a, b) in pairs.items():
-        r = fit.ratio(("B", label), ("A", label))
-        assert r is not None
-        found.append(Ratio(label, r.point, r.lo, r.hi, (len(a), len(b)), fit.judge(r), fit.min_effect))
+        judged = unpaired([math.log(v) for v in b if v > 0], [math.log(v) for v in a if v > 0], design)
+        found.append(Ratio(label, judged.ratio, judged.lo, judged.hi, (len(a), len(b)), judged.word, margin,
+                           judged.level))
     return found
 
 
@@ -102,7 +101,7 @@ def compare(a: Path, b: Path) -> tuple[list[str], list[Ratio]]:
                           f"{', '.join(r.label for r in rows_a.values()) or 'none'}; B has "
                           f"{', '.join(r.label for r in rows_b.values()) or 'none'})")
     found = ratios({rows_b[key].label: ([v for _, v in rows_a[key].run_throughputs], [v for _, v in rows_b[key].run_throughputs])
-                    for key in common})
+                    for key in common}, sweep_design(list(rows_b.values())).margin)
     return environment_differences([r for _, r in found_a], [r for _, r in found_b]), found
 
 
@@ -116,9 +115,10 @@ def _ok_rows(found: Sequence[tuple[Path, RunRecord]]) -> dict[Combination, Row]:
 def lines(a: Path, b: Path, env: Sequence[str], found: Sequence[Ratio]) -> list[str]:
     out = [f"A: {a}", f"B: {b}", "What differs between the two sweeps' machines and versions:"]
     out += [f"  {line}" for line in env] or ["  nothing recorded differs"]
-    effect = next((r.min_effect for r in found if r.min_effect is not None), None)
-    out.append("Per row, B's throughput over A's (geometric means; 95 % interval from the runs, their spread pooled "
-               "over both sweeps" + (f"; a difference is claimed beyond {100 * effect:.1f} %" if effect else "") + "):")
+    level = next((r.level for r in found if r.level is not None), None)
+    out.append("Per row, B's throughput over A's (geometric means; Welch's interval from each side's runs"
+               + (f", at level {level:.2g}: the 5 % family-wise rate over the {len(found)} rows compared" if level else "")
+               + "):")
     width = max(len(r.label) for r in found)
     for r in found:
         interval = f"[{r.low:.2f}–{r.high:.2f}]" if r.low is not None and r.high is not None else "[no interval]"

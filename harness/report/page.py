@@ -14,7 +14,8 @@ from pathlib import Path
 
 from harness.parity import report as parity
 from harness.report import columns
-from harness.report.rows import PER, Context, Row, reproducibility, verdict, winners
+from harness.report.decision import Decision
+from harness.report.rows import PER, Context, Row
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
@@ -93,13 +94,13 @@ def _table(rows: Sequence[Row], shown: Sequence[columns.Column], body: Sequence[
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>'
 
 
-def _notes(rows: Sequence[Row], section: str, baseline: str | None) -> str:
+def _notes(rows: Sequence[Row], section: str, baseline: str | None, decision: Decision) -> str:
     """What a section's figures mean, under its table."""
     if section == "speed":
         return (f"<p>Speedup against {html.escape(baseline or 'no row (none ran)')}. Throughput is the geometric "
                 f"mean of a row's runs (steady-state windows, warm-up excluded), time per {PER} iterations each run's "
                 "median window pooled the same way, each with its 95 % interval from the runs in brackets; ★ marks "
-                f"the winner when it is ahead beyond the noise of identical runs. {html.escape(reproducibility(rows))}"
+                f"the winner when the rule finds it faster than every other row. {html.escape(decision.reproducibility)}"
                 ". Click a column to sort.</p>")
     if section == "memory" and any(r.memory_source == "psutil" for r in columns.ran(rows)):
         return ("<p>On CPU each worker is a process, not a device: the figures are each process's resident memory "
@@ -111,10 +112,10 @@ def _notes(rows: Sequence[Row], section: str, baseline: str | None) -> str:
 
 
 def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
-            ctx: Context | None = None, extra: str = "") -> str:
+            decision: Decision, ctx: Context | None = None, extra: str = "") -> str:
     """The page in the order a reader asks: the verdict, then a section per question (its table, what the
     figures mean, its plots), then what did not run, in one list grouped by reason."""
-    won = winners(rows)
+    won = decision.winners
     plots: dict[str, list[str]] = {}
     for png in pngs:
         plots.setdefault(PLOT_SECTION.get(png.stem, "speed"), []).append(embedded(png))
@@ -125,7 +126,7 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
         if not shown and not figures:
             continue
         sections.append(f'<section id="{key}"><h2>{html.escape(heading)}</h2>'
-                        + (_table(rows, shown, body, won) if shown else "") + _notes(rows, key, baseline)
+                        + (_table(rows, shown, body, won) if shown else "") + _notes(rows, key, baseline, decision)
                         + (f'<div class="figures">{"".join(figures)}</div>' if figures else "") + "</section>")
     if extra:  # a section made elsewhere (the projection)
         sections.append(extra)
@@ -149,7 +150,7 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Strategies side by side</title><style>{STYLE}</style></head>
 <body><h1>Strategies side by side</h1>
-<p class="verdict"><strong>Verdict:</strong> {html.escape(verdict(rows))}</p>
+<p class="verdict"><strong>Verdict:</strong> {html.escape(decision.verdict)}</p>
 {meta}
 {"".join(sections)}
 <script>{SORT}</script>

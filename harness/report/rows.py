@@ -19,8 +19,8 @@ from harness.core.errors import ConfigError
 from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
 from harness.memory import imbalance
 from harness.parity import report as parity
-from harness.verdict.intervals import Fit, Observation, Ratio
-from harness.verdict.racing import standing
+from harness.verdict.intervals import Fit, Observation
+from harness.verdict.rule import Design
 
 PER = 20  # the user's unit: seconds per 20 iterations
 log = logging.getLogger(__name__)
@@ -52,13 +52,14 @@ class Row:
     run_s_per_20: list[tuple[int | None, float]] = field(default_factory=list)  # (round, median window) of the same
     throughput_lo: float | None = None  # 95 % interval from the runs (None: unknown, one run in the sweep)
     throughput_hi: float | None = None
-    spread_known: bool = False  # the row has an interval: a difference can be judged
+    spread_known: bool = False  # the row has an interval from its runs (a busy row never has one)
     busy: str | None = None  # every run of the row was measured while the machine was busy: why; not judged
-    stopped_early: int | None = None  # racing stopped it after this round (clearly slower than the leader)
+    busy_runs: int = 0  # runs left out because the machine was busy while they were timed
+    stopped_early: int | None = None  # racing stopped it after this round (the rule found it slower)
     speedup: float | None = None  # over the baseline, paired by round, with its interval
     speedup_lo: float | None = None
     speedup_hi: float | None = None
-    speedup_word: str | None = None  # faster, slower, same (within the minimum effect) or undecided
+    speedup_word: str | None = None  # the rule's word: faster, slower, equivalent or undecided
     efficiency: float | None = None  # multi-device rows: speedup over the one-device row at this amp / devices
     mem_max_mib: float | None = None  # median over repeats of the run's largest per-device use
     mem_max_lo: float | None = None  # min-max over repeats (None with one repeat: spread unknown)
@@ -168,7 +169,7 @@ LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devi
 # apart too, so that no swept axis is pooled into a mean.
 NAMED_ELSEWHERE = ("strategy", "model", "amp.level", "amp.impl", "amp.dtype", "amp._target_", "batch_size",
                    "data.image_size", "iterations", "launcher", "gpus", "nprocs", "compile", "grad_accum", "repeat",
-                   "round", "timing.budget_s", "report", "plan")
+                   "round", "timing.budget_s", "report", "verdict", "plan")
 
 
 def _settings(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -267,7 +268,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _row(group: list[RunRecord], label: str) -> Row:
+def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None = None) -> Row:
+    """`sweep_of`: id(run) -> the index of its sweep among the folders read (rounds pair within a sweep only)."""
+
+    def sweep_round(run: RunRecord) -> int | None:
+        return None if run.round is None else (sweep_of or {}).get(id(run), 0) * SWEEP_STRIDE + run.round
+
     first = group[0]
     ok = [r for r in group if r.status == "ok"]
     statuses = sorted({r.status for r in group})
@@ -299,12 +305,13 @@ def _row(group: list[RunRecord], label: str) -> Row:
     timed = [r for r in ok if r.throughput_img_s]
     row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
     quiet = [r for r in timed if not (r.machine and r.machine.busy)]
-    if timed and not quiet:
+    row.busy_runs = len(timed) - len(quiet)
+    if timed and not quiet:  # shown for what it is: its runs' own figure, no interval, not judged
         row.busy = next(r.machine.reason for r in timed if r.machine) or "the machine was busy"
-        quiet = timed
-    row.run_throughputs = [(r.round, r.throughput_img_s) for r in quiet if r.throughput_img_s]
-    row.run_s_per_20 = [(r.round, statistics.median(w.seconds * PER / (r.log_every or 1) for w in r.windows
-                                                    if _steady(w))) for r in quiet]
+        row.throughput = math.exp(statistics.fmean(math.log(v) for v in row.run_rates))
+        row.s_per_20 = math.exp(statistics.fmean(math.log(_median_window(r)) for r in timed))
+    row.run_throughputs = [(sweep_round(r), r.throughput_img_s) for r in quiet if r.throughput_img_s]
+    row.run_s_per_20 = [(sweep_round(r), _median_window(r)) for r in quiet]
     row.startup_s = _median_of([r.startup_seconds for r in ok])
     row.compile_s = _median_of([r.compile_seconds for r in ok])
     row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
@@ -329,6 +336,20 @@ def _pool_prediction(row: Row, ok: Sequence[RunRecord]) -> None:
 
 def _steady(window: WindowRecord) -> bool:
     return not window.warmup and not window.profiled
+
+
+def _median_window(run: RunRecord) -> float:
+    return statistics.median(w.seconds * PER / (run.log_every or 1) for w in run.windows if _steady(w))
+
+
+SWEEP_STRIDE = 100_000  # rounds of different sweeps merged into one report are numbered apart: never paired
+
+
+def sweep_folder(path: Path) -> Path:
+    """The sweep a results.json belongs to: `<sweep>/<job>/` or `<sweep>/round-N/<job>/` (a single run: its own)."""
+    job = path.parent
+    parent = job.parent
+    return parent.parent if parent.name.startswith("round-") else parent
 
 
 def _median_of(values: Sequence[float | None]) -> float | None:
@@ -385,64 +406,89 @@ def _pool_memory(row: Row, ok: Sequence[RunRecord]) -> None:
 
 
 def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
-               strict: bool = False) -> tuple[list[Row], str | None]:
+               strict: bool = False, planned: int | None = None) -> tuple[list[Row], str | None]:
     """`strict`: a baseline that matches no row that ran is a ConfigError (the report command's --baseline);
-    else a warning, and the default baseline (a sweep's report.baseline may name a row that was skipped)."""
+    else a warning, and the default baseline (a sweep's report.baseline may name a row that was skipped).
+    `planned`: the rounds a racing sweep planned (its rounds.json), for the levels of its looks."""
     groups: dict[Combination, list[RunRecord]] = {}
     folders: dict[Combination, list[Path]] = {}
+    sweeps: dict[Path, int] = {}
+    sweep_of: dict[int, int] = {}
     for path, loaded in found:
         results = loaded if isinstance(loaded, RunRecord) else from_dict(loaded)
         groups.setdefault(Combination.of(results), []).append(results)
         folders.setdefault(Combination.of(results), []).append(path.parent)
+        sweep_of[id(results)] = sweeps.setdefault(sweep_folder(path), len(sweeps))
     varying = _varying(list(groups))
     keys = list(groups)
-    rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys), groups[k][0].overrides))
-            for k in keys]
+    rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys), groups[k][0].overrides),
+                 sweep_of) for k in keys]
     parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
                             if r.status == "ok"] for k in keys])
-    fit = apply_intervals(rows)
+    fit = apply_intervals(rows, planned)
     base = _pick_baseline(rows, baseline, strict)
-    if base is not None and base.throughput:
-        for row in rows:
-            ratio = fit.ratio(row.label, base.label) if row.throughput else None
-            if ratio is not None:
-                row.speedup, row.speedup_lo, row.speedup_hi = ratio.point, ratio.lo, ratio.hi
-                row.speedup_word = fit.judge(ratio) if row is not base else None
+    if base is not None and base.throughput and not base.busy:
+        for row in judged(rows):
+            compared = fit.compare(row.label, base.label)
+            if compared is not None:
+                row.speedup, row.speedup_lo, row.speedup_hi = compared.ratio, compared.lo, compared.hi
+                row.speedup_word = compared.word if row is not base else None
     for key, row in zip(keys, rows, strict=True):
         reference = _one_device_reference(key, row, keys, rows)
-        if row.throughput and reference is not None and reference.throughput:
+        if row.throughput and not row.busy and reference is not None and reference.throughput and not reference.busy:
             row.efficiency = row.throughput / (reference.throughput * row.n_devices)
     return rows, base.label if base else None
 
 
-def row_fit(rows: Sequence[Row], figure: str = "run_throughputs") -> Fit:
-    """The sweep's runs as harness.verdict fits them: each row's quiet runs (a row measured only while the
-    machine was busy keeps its own figures, and no other row's interval rests on them). `figure`:
+def judged(rows: Sequence[Row]) -> list[Row]:
+    """The rows a verdict may rest on: ok, timed, measured (at least once) on a quiet machine."""
+    return [r for r in rows if r.run_throughputs and not r.busy]
+
+
+def sweep_design(rows: Sequence[Row], planned: int | None = None) -> Design:
+    """How the rule judges this report's pairs: the family every pair of its judged rows; a racing sweep's last
+    look after the rounds it ran, its looks before as racing planned them (`planned`; unknown: the most racing
+    ever plans, whose earlier looks are the strictest, so the report claims nothing racing's alpha did not
+    cover: docs/verdict.md); a sweep of exactly `repeat=N` rounds, one look. verdict.margin as the runs had it."""
+    from harness.verdict.rounds import MAX_PLANNED_ROUNDS
+
+    rows = judged(rows)
+    margins = {(r.config.get("verdict") or {}).get("margin") for r in rows} - {None}
+    margin = float(min(margins)) if margins else Design().margin
+    racing = any(r.config.get("repeat") is None and any(n is not None for n, _ in r.run_throughputs) for r in rows)
+    rounds = [n % SWEEP_STRIDE for r in rows for n, _ in r.run_throughputs if n is not None]
+    if not racing or not rounds:
+        return Design(pairs=Design.family(len(rows)), margin=margin)
+    return Design(pairs=Design.family(len(rows)), planned_rounds=planned or MAX_PLANNED_ROUNDS, margin=margin,
+                  last_look=max(rounds))
+
+
+def row_fit(rows: Sequence[Row], figure: str = "run_throughputs", planned: int | None = None) -> Fit:
+    """The judged rows' quiet runs as harness.verdict fits them (a busy row's runs never enter). `figure`:
     `run_throughputs` or `run_s_per_20` (each run's median window)."""
-    return Fit(Observation(r.label, round_, value) for r in rows if not r.busy for round_, value in getattr(r, figure))
+    return Fit((Observation(r.label, round_, value) for r in judged(rows) for round_, value in getattr(r, figure)),
+               sweep_design(rows, planned))
 
 
-def apply_intervals(rows: Sequence[Row]) -> Fit:
-    """Each ok row's throughput and time per PER iterations: the geometric mean of its runs with a 95 %
-    interval from the runs (rounds), never from the windows of one process."""
-    fit, times = row_fit(rows), row_fit(rows, "run_s_per_20")
-    for row in rows:
-        own = fit if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.run_throughputs)
-        level = own.level(row.label)
+def apply_intervals(rows: Sequence[Row], planned: int | None = None) -> Fit:
+    """Each judged row's throughput and time per PER iterations: its level in the round-adjusted fit, with a
+    95 % interval from the runs (rounds), never from the windows of one process. A busy row keeps its own
+    runs' geometric mean, without an interval."""
+    fit, times = row_fit(rows, planned=planned), row_fit(rows, "run_s_per_20", planned)
+    for row in judged(rows):
+        level, time_level = fit.level(row.label), times.level(row.label)
         if level is None:
             continue
         row.throughput, row.throughput_lo, row.throughput_hi = level.point, level.lo, level.hi
         row.spread_known = level.known
-        own = times if not row.busy else Fit(Observation(row.label, r, v) for r, v in row.run_s_per_20)
-        time_level = own.level(row.label)
         if time_level is not None:
             row.s_per_20, row.s_per_20_lo, row.s_per_20_hi = time_level.point, time_level.lo, time_level.hi
-    last = max((r for row in rows for r in fit.rounds(row.label)), default=None)
+    last = max((r % SWEEP_STRIDE for row in rows for r in fit.rounds(row.label)), default=None)
     if last is not None and last >= 2:
         for row in rows:
             ran = fit.rounds(row.label)
-            if ran and max(ran) < last and row.status == "ok":
-                row.stopped_early = max(ran)
+            if ran and max(r % SWEEP_STRIDE for r in ran) < last and row.status == "ok":
+                row.stopped_early = max(r % SWEEP_STRIDE for r in ran)
     return fit
 
 
@@ -477,143 +523,6 @@ def _pick_baseline(rows: Sequence[Row], wanted: str | None, strict: bool = False
         log.warning("baseline %s has no row that ran; speedups are against the default baseline", wanted)
     single = [r for r in ok if r.strategy == "single" and r.amp == "O0" and r.n_devices == 1]
     return (single or ok or [None])[0]
-
-
-# ---- which figure wins: only differences beyond the noise of identical runs ----
-
-def judged(rows: Sequence[Row]) -> list[Row]:
-    """The rows a verdict may rest on: ok, timed, measured on a quiet machine."""
-    return [r for r in rows if r.throughput and not r.busy]
-
-
-def winners(rows: Sequence[Row]) -> dict[str, str]:
-    """Column -> label of the row that is best beyond the noise: for throughput (and so time per PER
-    iterations) the leader when harness.verdict's standing is decided with a winner; for memory, a largest
-    device whose min-max over runs lies wholly below the next row's."""
-    result = {}
-    fit = row_fit(rows)
-    state = standing(fit, [r.label for r in judged(rows)])
-    if state.decided == "winner":
-        result["throughput"] = result["s_per_20"] = str(state.leader)
-    mem = sorted((r for r in rows if r.throughput and r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
-    if len(mem) >= 2 and mem[0].mem_max_hi is not None and mem[1].mem_max_lo is not None and \
-            mem[0].mem_max_hi < mem[1].mem_max_lo:
-        result["mem_max_mib"] = mem[0].label
-    return result
-
-
-def reproducibility(rows: Sequence[Row]) -> str:
-    """How the intervals were made and how noisy identical runs were, in one sentence."""
-    fit = row_fit(rows)
-    timed = [r for r in rows if r.throughput]
-    unknown = [r.label for r in timed if not r.spread_known]
-    rounds = max((len(r.run_throughputs) for r in timed), default=0)
-    parts = []
-    if fit.s_within is not None and fit.min_effect is not None:
-        parts.append(f"intervals are 95 % t-intervals from {rounds} run{'s' if rounds != 1 else ''} per row at most "
-                     f"(fresh processes in interleaved rounds), the run-to-run spread pooled over "
-                     f"{len(fit.logs)} rows ({100 * (math.exp(fit.s_within) - 1):.1f} % SD, "
-                     f"{fit.df_within} degrees of freedom); ratios pair runs of the same round; a difference is "
-                     f"claimed only beyond {100 * fit.min_effect:.1f} %, as far as one run strays from its "
-                     "combination's mean 95 % of the time")
-    if unknown:
-        parts.append("spread unknown (one run per row: no interval, no ★; a sweep's rounds or repeat=N give one) for "
-                     + ", ".join(unknown))
-    busy = [f"{r.label} ({r.busy})" for r in timed if r.busy]
-    if busy:
-        parts.append("measured on a busy machine, not judged: " + ", ".join(busy))
-    return "; ".join(parts) or "no row has a steady window to measure"
-
-
-WIN_WORDS = {"throughput": "fastest", "s_per_20": "least time per 20 iterations", "mem_max_mib": "least memory"}
-
-
-def _interval(lo: float | None, hi: float | None, digits: int = 1, suffix: str = "") -> str:
-    return f" [{lo:.{digits}f}–{hi:.{digits}f}{suffix}]" if lo is not None and hi is not None else ""
-
-
-def _ratio_words(ratio: Ratio | None) -> str:
-    if ratio is None:
-        return "?"
-    return f"{ratio.point:.2f}×{_interval(ratio.lo, ratio.hi, 2)}"
-
-
-def verdict(rows: Sequence[Row]) -> str:
-    """The sentence a reader acts on: the winner with its interval and its margin over the runner-up, or no
-    difference beyond X % among the top rows, or not decided (and how to decide it); the rows stopped early;
-    one line for what did not run here."""
-    fit = row_fit(rows)
-    ok = judged(rows)
-    by_label = {r.label: r for r in rows}
-    parts: list[str] = []
-    state = standing(fit, [r.label for r in ok])
-    if state.leader is None:
-        busy = [r.label for r in rows if r.throughput and r.busy]
-        parts.append("No verdict: every timed row was measured on a busy machine (" + ", ".join(busy) + ")." if busy
-                     else _nothing_timed(rows))
-    else:
-        best = by_label[str(state.leader)]
-        figure = f"{best.throughput:.1f} img/s{_interval(best.throughput_lo, best.throughput_hi)}"
-        effect = f"{100 * fit.min_effect:.0f} %" if fit.min_effect is not None else "the noise"
-        if len(ok) == 1:
-            parts.append(f"Only {best.label} was timed: {figure}.")
-        elif not best.spread_known:
-            parts.append(f"Fastest measured: {best.label}, {figure}, {_ratio_words(state.margin)} {state.runner_up}; "
-                         "not judged: one run per row has no spread between processes (rounds or repeat=N give one).")
-        elif state.decided == "winner":
-            parts.append(f"Fastest: {best.label}, {figure}; {_ratio_words(state.margin)} the runner-up "
-                         f"{state.runner_up}, beyond the noise of identical runs ({effect}).")
-        elif state.decided == "tie":
-            tied = [best.label, *map(str, state.tied)]
-            parts.append(f"No difference beyond {effect} among {', '.join(tied)} (the fastest measured: {best.label}, "
-                         f"{figure}).")
-        else:
-            parts.append(f"Not decided: {best.label} ({figure}) leads {state.runner_up} by "
-                         f"{_ratio_words(state.margin)}, within the noise; more rounds (a larger timing.budget_s, "
-                         "or repeat=N) would decide.")
-        if state.stopped:
-            early = [(k, r) for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
-            later = [(k, r) for k, r in state.stopped.items() if not by_label[str(k)].stopped_early
-                     and not (state.decided == "winner" and k == state.runner_up)]  # its margin is said above
-            if early:
-                parts.append("Stopped early, clearly slower: " + _slower(early) + ".")
-            if later:
-                parts.append("Clearly slower: " + _slower(later) + ".")
-        busy = [r.label for r in rows if r.throughput and r.busy]
-        if busy:
-            parts.append("Not judged (measured while the machine was busy): " + ", ".join(busy) + ".")
-    not_run = [r for r in rows if r.status != "ok"]
-    if not_run:
-        reasons: dict[str, list[str]] = {}
-        for r in not_run:
-            reasons.setdefault(r.status.split(" ")[0], []).append(r.label)
-        parts.append("Did not run here: " + "; ".join(f"{len(v)} {k}" for k, v in reasons.items())
-                     + " (reasons below).")
-    said = parity.summary(rows)
-    if said:
-        parts.append(said)
-    return " ".join(parts)
-
-
-SLOWER_NAMED = 3  # the verdict names the closest of the clearly slower rows; the speed table has them all
-
-
-def _slower(found: Sequence[tuple[Any, Ratio]]) -> str:
-    """The closest few by name with their ratio to the leader, then how many more and their range."""
-    ranked = sorted(found, key=lambda item: item[1].point, reverse=True)
-    named = [f"{k} {_ratio_words(r)}" for k, r in ranked[:SLOWER_NAMED]]
-    rest = ranked[SLOWER_NAMED:]
-    if rest:
-        named.append(f"{len(rest)} more at {rest[-1][1].point:.2f}–{rest[0][1].point:.2f}× the leader")
-    return ", ".join(named)
-
-
-def _nothing_timed(rows: Sequence[Row]) -> str:
-    untimed = [r.label for r in rows if r.status == "ok" and not r.throughput]
-    if untimed:  # ran, but no window after warm-up (parity runs)
-        return (f"No timing: {', '.join(untimed)} ran without a steady window (too few iterations for one after "
-                "warm-up; allowed with parity=true).")
-    return "No combination finished here."
 
 
 @dataclass

@@ -10,7 +10,8 @@ from pathlib import Path
 from harness.parity import report as parity
 from harness.report import columns
 from harness.report.columns import BREAKDOWN_HEAD
-from harness.report.rows import PER, WIN_WORDS, Row, reproducibility, verdict, winners
+from harness.report.decision import WIN_WORDS, Decision
+from harness.report.rows import PER, Row
 
 
 def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
@@ -55,9 +56,9 @@ SECTION_NOTES = {
 }
 
 
-def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str]) -> str:
+def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str], decision: Decision) -> str:
     """The page's order in Markdown: the verdict, a table per question, what did not run."""
-    lines = ["# Strategies side by side", "", f"**Verdict:** {verdict(rows)}", ""]
+    lines = ["# Strategies side by side", "", f"**Verdict:** {decision.verdict}", ""]
     for section, heading in columns.SECTIONS:
         shown, body = columns.section_table(rows, section)
         if not shown:
@@ -71,10 +72,10 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
         lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
         lines.append("")
         if section == "speed":
-            won = winners(rows)
-            lines += ["Clear wins (beyond the noise of identical runs): " +
+            won = decision.winners
+            lines += ["Clear wins (by the rule, docs/verdict.md): " +
                       (", ".join(f"{WIN_WORDS[k]}: {v}" for k, v in won.items()) or "none"), "",
-                      f"How reproducible: {reproducibility(rows)}.", ""]
+                      f"How reproducible: {decision.reproducibility}.", ""]
         if section == "parity":
             lines += [f"- {s}" for s in parity.notes(rows)] + [""]
     missing = columns.not_run(rows)
@@ -86,7 +87,7 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
     return "\n".join(lines).rstrip() + "\n"
 
 
-def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None = None) -> str:
+def terminal_table(rows: Sequence[Row], baseline: str | None, decision: Decision, width: int | None = None) -> str:
     """The terminal's short form, in the page's order and within 80 columns: the verdict, then a table per
     question (speed, memory) with the figures a reader compares first, what did not run (one line per
     reason), how reproducible the figures are. Everything else is in report.md and index.html."""
@@ -94,8 +95,8 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
 
     from harness.launch.console import render
 
-    won = winners(rows)
-    parts = [f"Verdict: {verdict(rows)}"]
+    won = decision.winners
+    parts = [f"Verdict: {decision.verdict}"]
     titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
     for section, title in titles.items():
         shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None
@@ -103,7 +104,7 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
         ran = columns.ran(rows)
         if len(shown) < 2 or not ran:
             continue
-        caption = "★ best beyond the noise of identical runs; ±: 95 % interval from the runs; ? spread unknown" \
+        caption = "★ fastest by the rule; ±: 95 % interval from the runs; ? spread unknown" \
             if section == "speed" else None
         table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
         for column in shown:
@@ -119,7 +120,7 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, width: int | None 
         parts.append("Did not run here:")
         parts += [textwrap.fill(f"{status}: {reason}: {', '.join(labels)}", width=width or 80,
                                 initial_indent="  ", subsequent_indent="    ") for status, reason, labels in missing]
-    parts.append(f"How reproducible: {reproducibility(rows)}")
+    parts.append(f"How reproducible: {decision.reproducibility}")
     said = parity.notes(rows)
     if said:
         parts += ["Numerical parity:", *said]

@@ -1,15 +1,13 @@
-"""Intervals from rounds. The unit that varies is the run (a fresh process), so every interval comes from runs,
-never from the windows of one: log throughput = combination + round + noise (a randomised block design, the
-rounds as blocks).
+"""A sweep's runs, fitted once. The unit that varies is the run (a fresh process), so every figure comes from
+runs, never from the windows of one: log throughput = combination + round + noise (a randomised block design,
+the rounds as blocks: a shared machine's drift moves every row of a round alike).
 
-- A row's level: the geometric mean of its runs, with a t-interval from the spread of runs around their
-  combination's mean, pooled over every combination of the sweep (a row with two runs has an interval as
-  honest as the sweep's).
-- A ratio between two rows: the mean over the rounds both ran of their log difference, with a t-interval
-  from the residual spread once each round's shared shift (the machine's drift) is taken out; rows that
-  share no round are compared unpaired.
-- The minimum effect: how far one run of a combination strays from the combination's mean 95 % of the time
-  (the sweep's own A/A noise); a ratio is a difference only when its interval excludes 1 *and* it exceeds this.
+- A row's level: its combination's effect in that two-way fit, at the average round, so a row stopped after
+  round 2 is not ranked on round 2's machine while the others carry on in a slower one; the interval is a
+  t-interval from the fit's residual spread (a description of where a run lands, not a claim: claims are
+  pairs, judged by harness.verdict.rule).
+- A pair: the per-round log ratios of the rounds both rows ran, judged by the rule with that pair's own spread
+  (rows sharing no round are compared unpaired).
 """
 
 from __future__ import annotations
@@ -17,14 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-CONFIDENCE = 0.95
-MIN_EFFECT_FLOOR = 0.01  # no difference under 1 % is claimed, however quiet the machine
+from harness.verdict.rule import MIN_ROUNDS, Design, Judgement, paired, unpaired
 
-Judgement = Literal["faster", "slower", "same", "undecided"]
+CONFIDENCE = 0.95  # the levels' intervals (descriptions, not claims)
 
 
 @dataclass(frozen=True)
@@ -45,51 +41,47 @@ class Interval:
         return self.lo is not None and self.hi is not None
 
 
-@dataclass(frozen=True)
-class Ratio(Interval):
-    paired_rounds: int = 0  # rounds the two rows both ran (0: compared unpaired)
-
-
-def _t(df: int) -> float:
+def _t(df: float, confidence: float = CONFIDENCE) -> float:
     from scipy import stats  # here: Hydra imports the sweeper (and so this module) at every start
 
-    return float(stats.t.ppf(0.5 + CONFIDENCE / 2, df))
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
 
 
 class Fit:
-    """The sweep's runs, fitted once; every interval the report and the racing use comes from here."""
+    """The sweep's quiet runs; `design` says how pairs are judged (by default: one look at the end, the
+    family every pair of these rows)."""
 
-    def __init__(self, observations: Iterable[Observation]) -> None:
+    def __init__(self, observations: Iterable[Observation], design: Design | None = None) -> None:
         self.logs: dict[Hashable, list[tuple[int | None, float]]] = {}
         for o in observations:
             if o.rate > 0 and math.isfinite(o.rate):
                 self.logs.setdefault(o.key, []).append((o.round, math.log(o.rate)))
-        n = sum(len(v) for v in self.logs.values())
-        within = sum((y - self.mean_log(k)) ** 2 for k, v in self.logs.items() for _, y in v)
-        self.df_within = n - len(self.logs)
-        self.s_within = math.sqrt(within / self.df_within) if self.df_within > 0 else None
-        self.df_paired, self.s_paired = self._blocked()
+        self.design = design or Design(pairs=Design.family(len(self.logs)))
+        self.effects, self.df_residual, self.s_residual = self._two_way()
 
-    def _blocked(self) -> tuple[int, float | None]:
-        """Residual spread of log rate = key + round (least squares over the runs there are)."""
+    def _two_way(self) -> tuple[dict[Hashable, float], int, float | None]:
+        """Least squares of log rate = combination + round; each combination's effect at the average round of
+        the sweep, and the residual spread (None without degrees of freedom)."""
         keys = list(self.logs)
-        rows = [(k, r) for k in keys for r, _ in self.logs[k]]
-        y = np.array([v for k in keys for _, v in self.logs[k]])
-        blocks = sorted({r for _, r in rows if r is not None})
-        if len(y) == 0:
-            return 0, None
-        x = np.zeros((len(rows), len(keys) + len(blocks)))
-        for i, (k, r) in enumerate(rows):
+        cells = [(k, r, y) for k in keys for r, y in self.logs[k]]
+        if not cells:
+            return {}, 0, None
+        blocks = sorted({r for _, r, _ in cells if r is not None})
+        later = blocks[1:]  # the first round is the reference
+        x = np.zeros((len(cells), len(keys) + len(later)))
+        for i, (k, r, _) in enumerate(cells):
             x[i, keys.index(k)] = 1.0
-            if r is not None:
-                x[i, len(keys) + blocks.index(r)] = 1.0
+            if r is not None and r in later:
+                x[i, len(keys) + later.index(r)] = 1.0
+        y = np.array([v for _, _, v in cells])
+        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
         rank = int(np.linalg.matrix_rank(x))
+        average_round = float(np.sum(beta[len(keys):])) / len(blocks) if blocks else 0.0
+        effects = {k: float(beta[i]) + average_round for i, k in enumerate(keys)}
         df = len(y) - rank
         if df <= 0:
-            return 0, None
-        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
-        residual = float(np.sum((y - x @ beta) ** 2))
-        return df, math.sqrt(residual / df)
+            return effects, 0, None
+        return effects, df, math.sqrt(float(np.sum((y - x @ beta) ** 2)) / df)
 
     def runs(self, key: Hashable) -> int:
         return len(self.logs.get(key, ()))
@@ -97,55 +89,35 @@ class Fit:
     def rounds(self, key: Hashable) -> set[int]:
         return {r for r, _ in self.logs.get(key, ()) if r is not None}
 
-    def mean_log(self, key: Hashable) -> float:
-        values = [v for _, v in self.logs[key]]
-        return sum(values) / len(values)
+    def adjusted_log(self, key: Hashable) -> float:
+        return self.effects[key]
+
+    def ranked(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """`keys` that have runs, fastest first by the round-adjusted level."""
+        return sorted((k for k in keys if k in self.effects), key=lambda k: self.effects[k], reverse=True)
 
     def level(self, key: Hashable) -> Interval | None:
-        """The row's throughput: geometric mean of its runs, 95 % interval (None: the row has no run)."""
-        if key not in self.logs:
+        """The row's throughput at the sweep's average round, with a 95 % interval from the fit's residual spread
+        (None: the row has no run)."""
+        if key not in self.effects:
             return None
-        m = self.mean_log(key)
-        if self.s_within is None:
+        m = self.effects[key]
+        if self.s_residual is None:
             return Interval(math.exp(m), None, None)
-        half = _t(self.df_within) * self.s_within / math.sqrt(self.runs(key))
+        half = _t(self.df_residual) * self.s_residual / math.sqrt(self.runs(key))
         return Interval(math.exp(m), math.exp(m - half), math.exp(m + half))
 
-    def ratio(self, a: Hashable, b: Hashable) -> Ratio | None:
-        """a's throughput over b's: paired by the rounds both ran, else unpaired."""
+    def compare(self, a: Hashable, b: Hashable) -> Judgement | None:
+        """a over b, judged by the rule: paired by the rounds both ran (at least two), else unpaired."""
         if a not in self.logs or b not in self.logs:
             return None
-        common = sorted(self.rounds(a) & self.rounds(b))
-        if common and self.s_paired is not None:
-            ya, yb = dict(self.logs[a]), dict(self.logs[b])
-            d = sum(ya[r] - yb[r] for r in common) / len(common)
-            half = _t(self.df_paired) * self.s_paired * math.sqrt(2 / len(common))
-            return Ratio(math.exp(d), math.exp(d - half), math.exp(d + half), paired_rounds=len(common))
-        d = self.mean_log(a) - self.mean_log(b)
-        if self.s_within is None:
-            return Ratio(math.exp(d), None, None)
-        half = _t(self.df_within) * self.s_within * math.sqrt(1 / self.runs(a) + 1 / self.runs(b))
-        return Ratio(math.exp(d), math.exp(d - half), math.exp(d + half))
+        ya = {r: y for r, y in self.logs[a] if r is not None}
+        yb = {r: y for r, y in self.logs[b] if r is not None}
+        common = sorted(set(ya) & set(yb))
+        if len(common) >= MIN_ROUNDS or (common and not _unpaired_possible(self.logs[a], self.logs[b])):
+            return paired([ya[r] - yb[r] for r in common], self.design)
+        return unpaired([y for _, y in self.logs[a]], [y for _, y in self.logs[b]], self.design)
 
-    @property
-    def min_effect(self) -> float | None:
-        """How far one run strays from its combination's mean 95 % of the time (at least 1 %): a difference
-        smaller than what separates identical runs is not claimed, however many rounds narrowed its interval."""
-        if self.s_within is None:
-            return None
-        return max(MIN_EFFECT_FLOOR, math.exp(_t(self.df_within) * self.s_within) - 1)
 
-    def judge(self, ratio: Ratio | None) -> Judgement:
-        """faster/slower: the interval excludes 1 and the ratio is beyond the minimum effect; same: the whole
-        interval lies within the minimum effect; otherwise more runs would tell."""
-        effect = self.min_effect
-        if ratio is None or not ratio.known or effect is None:
-            return "undecided"
-        assert ratio.lo is not None and ratio.hi is not None
-        if ratio.lo > 1 and ratio.point > 1 + effect:
-            return "faster"
-        if ratio.hi < 1 and ratio.point < 1 / (1 + effect):
-            return "slower"
-        if ratio.lo >= 1 / (1 + effect) and ratio.hi <= 1 + effect:
-            return "same"
-        return "undecided"
+def _unpaired_possible(a: list[tuple[int | None, float]], b: list[tuple[int | None, float]]) -> bool:
+    return len(a) >= 2 and len(b) >= 2
