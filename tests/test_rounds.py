@@ -47,17 +47,19 @@ class FakeLaunch:
 
 
 def rounds_of(ran: list[tuple[int, int]]) -> list[list[int]]:
+    """The combinations each round ran (in order of combination; the run order is counterbalanced)."""
     by_round: dict[int, list[int]] = {}
     for combo, number in ran:
         by_round.setdefault(number, []).append(combo)
-    return [by_round[n] for n in sorted(by_round)]
+    return [sorted(by_round[n]) for n in sorted(by_round)]
 
 
 def test_every_combination_runs_once_before_any_runs_again_and_later_rounds_have_folders_of_their_own():
     launch = FakeLaunch({0: [100, 101, 99, 100], 1: [100, 99, 101, 100], 2: [100, 100, 100, 101]})
     outcome = run_rounds(COMBOS, launch, repeat=4, budget_s=1.0, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
-    assert launch.ran == [(c, n) for n in (1, 2, 3, 4) for c in (0, 1, 2)]  # A B C, A B C, ...
+    # A B C, C B A, A B C, C B A: every place in a round falls to every row alike
+    assert launch.ran == [(c, n) for n in (1, 2, 3, 4) for c in ((0, 1, 2) if n % 2 else (2, 1, 0))]
     assert outcome.ended_by == "repeat" and outcome.rounds == 4 and outcome.runs == 12  # repeat=N: N, budget or not
     assert launch.jobs[0] == ["strategy=a", "round=1"]  # round 1: Hydra's own folder (job number = combination)
     assert launch.jobs[4] == ["strategy=b", "round=2",

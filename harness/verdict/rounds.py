@@ -1,5 +1,5 @@
-"""A sweep in rounds: every combination runs once before any runs again (A B C D, A B C D), so a shared
-machine's drift hits every row alike; with `repeat=N` exactly N rounds, otherwise racing (harness.verdict.racing)
+"""A sweep in rounds: every combination runs once before any runs again, in an order reversed every other
+round (A B C D, D C B A), so a shared machine's drift hits every row alike; with `repeat=N` exactly N rounds, otherwise racing (harness.verdict.racing)
 within `timing.budget_s`: after the first round the rounds that fit the budget are planned (the group-sequential
 design's maximum, harness.verdict.rule), and after each round from the second the rule stops what is slower
 than the leader, until the top is decided or the plan is done. Launcher-agnostic: `launch(jobs)` runs a list of
@@ -67,6 +67,13 @@ def combination_names(combinations: Sequence[list[str]], describe: Callable[[int
             for i, own in enumerate(owns)]
 
 
+def counterbalanced(contenders: list[int], number: int) -> list[int]:
+    """The order of a round's runs: as listed in odd rounds, reversed in even ones (A B C, C B A, A B C, ...), so
+    a place in the round (the first after the sweep's pause between rounds, the last) falls to every row alike
+    and a drift within a round cancels over two rounds instead of favouring whoever runs first."""
+    return list(contenders) if number % 2 else list(reversed(contenders))
+
+
 def round_overrides(combination: list[str], index: int, number: int, subdir_template: str,
                     suffix: str = "") -> list[str]:
     """A job's overrides in round `number`: its round; its folder named as the combination is in round 1 (its
@@ -114,18 +121,19 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
     while contenders:
         number += 1
         round_started = clock()
-        jobs = [round_overrides(combinations[c], c, number, subdir_template, suffixes[c]) for c in contenders]
+        order = counterbalanced(contenders, number)
+        jobs = [round_overrides(combinations[c], c, number, subdir_template, suffixes[c]) for c in order]
         if number > 1:
-            log.info("round %d of %s: %s", number, outcome.planned or "?", ", ".join(describe(c) for c in contenders))
+            log.info("round %d of %s: %s", number, outcome.planned or "?", ", ".join(describe(c) for c in order))
         outcome.started = number
         progress(outcome)
-        results = launch(jobs, job)
+        results = dict(zip(order, launch(jobs, job), strict=True))
         job += len(jobs)
         outcome.rounds, outcome.runs = number, outcome.runs + len(jobs)
         ran_ok = []
-        for c, result in zip(contenders, results, strict=True):
-            found += observations(c, number, result)
-            if result and result.get("status") == "ok":
+        for c in contenders:
+            found += observations(c, number, results[c])
+            if results[c] and results[c].get("status") == "ok":
                 ran_ok.append(c)
         round_seconds = clock() - round_started
         outcome.round_seconds.append(round_seconds)
