@@ -145,7 +145,8 @@ def launch_workers(entry: Callable[[dict[str, Any]], Any], spec: dict[str, Any],
 
 # What the fork server imports once, before it forks any worker: each run still gets processes of its own
 # (forked from a server that has run nothing), without paying torch's import (seconds) for every worker.
-FORKSERVER_PRELOAD = ["harness.launch.launcher", "harness.rank.worker", "harness.rank.models"]
+# (torchvision too: harness.rank.models imports it only when a torchvision model is built, 1.5 s a process)
+FORKSERVER_PRELOAD = ["harness.launch.launcher", "harness.rank.worker", "harness.rank.models", "torchvision"]
 
 
 def preload_forkserver() -> None:
