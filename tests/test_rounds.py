@@ -169,7 +169,10 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
     report = json.loads((sweep / "report.json").read_text())
     assert all(r["throughput_lo"] is not None for r in report["rows"])
     plan = json.loads((sweep / "rounds.json").read_text())
-    assert (plan["planned"], plan["rounds_started"], plan["ended_by"]) == (2, 2, "planned rounds")
+    assert (plan["planned"], plan["rounds_started"]) == (2, 2)
+    # 4x the pixels may be told apart at the last planned look (two paired rounds, one degree of freedom) or not:
+    # both end the race after round 2, and a decision there is named as one.
+    assert plan["ended_by"] in ("planned rounds", "decided: winner"), plan["ended_by"]
     assert plan["names"] == ["single data.image_size=8", "single data.image_size=16"]  # as the log names them
     out = proc.stdout + proc.stderr
     assert re.search(r"Verdict: .*px=8", out), out[-3000:]
