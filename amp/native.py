@@ -18,7 +18,8 @@ _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
 class CastingModule(nn.Module):
     """Does the per-forward casting inside forward, where DataParallel's replica threads see it:
-    O1 enters autocast (thread-local state), O2/O3 cast inputs to the half type; outputs come back fp32."""
+    O1 enters autocast (thread-local state), O2/O3 cast floating-point inputs to the half type (token ids stay
+    integers); outputs come back fp32."""
 
     def __init__(self, module: nn.Module, input_dtype: torch.dtype | None, autocast_dtype: torch.dtype | None,
                  device_type: str) -> None:
@@ -27,7 +28,7 @@ class CastingModule(nn.Module):
         self.input_dtype, self.autocast_dtype, self.device_type = input_dtype, autocast_dtype, device_type
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_dtype is not None:
+        if self.input_dtype is not None and x.is_floating_point():
             x = x.to(self.input_dtype)
         if self.autocast_dtype is not None:
             with torch.autocast(self.device_type, dtype=self.autocast_dtype):

@@ -73,6 +73,9 @@ BENCHES = (
     Bench("prediction", "How right the predictions are",
           "predicted peak memory and time per iteration against the measured ones, case by case",
           "memory within 10 %, time within 15 %, per case"),
+    Bench("projection", "How right the GPU projections are",
+          "the GPU operator model against published training results (leave-one-out), and a preset prediction "
+          "quiet and loaded", "median |error| ≤ 15 %, every case within ±30 %; loaded within 10 %"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

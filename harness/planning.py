@@ -73,11 +73,15 @@ def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
     rows = []
     started = time.perf_counter()
     try:
-        for combo, cfg in configs:
+        log.info("plan: %d combination(s) to predict on %s", len(configs),
+                 ", ".join(dict.fromkeys(cfg.plan.hardware for _, cfg in configs)))
+        for index, (combo, cfg) in enumerate(configs, start=1):
             begun = time.perf_counter()
             row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": list(combo)}
             row["seconds"] = round(time.perf_counter() - begun, 2)
-            log.info("plan: %s: %s (%.1f s)", _label(row), row["status"], row["seconds"])
+            left = (time.perf_counter() - started) / index * (len(configs) - index)
+            log.info("plan: %d/%d %s: %s (%.1f s%s)", index, len(configs), _label(row), row["status"], row["seconds"],
+                     f"; about {left:.0f} s left" if index < len(configs) else "")
             rows.append(row)
     finally:
         from harness.plan.calibrate import shutdown
@@ -116,17 +120,24 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
                            "yes" if p["fits"] else "NO")
         parts.append(render(memory, width=110))
         speed = Table(title="Predicted time per iteration, ms", title_justify="left")
-        for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "img/s"):
+        for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "img/s", "90 % band"):
             speed.add_column(name, justify="left" if name == "combination" else "right")
         for r in predicted:
             t, p = r["prediction"]["time"], r["prediction"]
             if p["s_per_iteration"] is None:  # would not fit: no time
-                speed.add_row(_label(r), *["—"] * 7)
+                speed.add_row(_label(r), *["—"] * 8)
                 continue
+            busy = " *" if p.get("busy") else ""
             speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
                                                                     "exposed_comm_s", "overlapped_comm_s")],
-                          f"{1000 * p['s_per_iteration']:.2f}", f"{p['throughput_img_s']:.0f}")
-        parts.append(render(speed, width=110))
+                          f"{1000 * p['s_per_iteration']:.2f}", f"{p['throughput_img_s']:.0f}{busy}", band_text(p))
+        parts.append(render(speed, width=120))
+        sources = dict.fromkeys(r["prediction"].get("band_source") for r in predicted)
+        parts.append("Band: " + "; ".join(s for s in sources if s))
+        busy_rows = [f"{_label(r)}: {r['prediction']['busy']}" for r in predicted if r["prediction"].get("busy")]
+        if busy_rows:
+            parts.append("* calibrated on a busy machine (predict again when it is quiet):\n" +
+                         "\n".join(f"- {b}" for b in busy_rows))
         misfits = [f"{_label(r)}: {r['reason']}" for r in predicted if r["reason"]]
         if misfits:
             parts.append("Would not fit:\n" + "\n".join(f"- {m}" for m in misfits))
@@ -136,6 +147,12 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
     if others:
         parts.append("Not predicted:\n" + "\n".join(f"- {_label(r)}: {r['status']}: {r['reason']}" for r in others))
     return "\n\n".join(parts) + "\n"
+
+
+def band_text(prediction: dict[str, Any]) -> str:
+    """`1,234–1,890` img/s: where 90 % of the truths fall by the band's source."""
+    low, high = prediction.get("throughput_band") or (None, None)
+    return f"{low:,.0f}–{high:,.0f}" if low and high else "—"
 
 
 def _label(row: dict[str, Any]) -> str:

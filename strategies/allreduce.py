@@ -34,9 +34,11 @@ from strategies.base import ProcessGroupStrategy
 class ManualAllReduce(ProcessGroupStrategy):
     @classmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
-        """All-reduced after backward, waited for (no overlap); bucket=true flattens them into one copy."""
-        buffers = (Buffer("grads"),) if cls.options_of(options).get("bucket") else ()
-        return Traffic((Collective("all_reduce", "grads", "none"),), buffers)
+        """All-reduced after backward, waited for (no overlap): one call per parameter, or with bucket=true one
+        call for all of them flattened into one copy."""
+        bucket = bool(cls.options_of(options).get("bucket"))
+        buffers = (Buffer("grads"),) if bucket else ()
+        return Traffic((Collective("all_reduce", "grads", "none", calls="whole" if bucket else "per_param"),), buffers)
 
     def __init__(self, bucket: bool = False) -> None:
         super().__init__()

@@ -13,6 +13,7 @@ GOOD = """accelerator: cuda
 devices_per_node: 4
 nodes: 1
 device_memory_gib: 24
+memory_gbps: 900
 peak_tflops: {float32: 10, bfloat16: 100, float16: 100}
 intra: {latency_us: 3, bandwidth_gbps: 20}
 inter: {latency_us: 10, bandwidth_gbps: 5}
@@ -30,7 +31,9 @@ def test_every_shipped_preset_loads_with_its_figures():
     assert {"local", "h100x8", "h100x16-ib", "a100x8", "a100x16-25gbe"} <= set(names)
     h100 = load_preset("h100x8")
     assert (h100.accelerator, h100.devices, h100.nodes) == ("cuda", 8, 1)
-    assert h100.peak_tflops["bfloat16"] > h100.peak_tflops["float32"] > 0
+    assert h100.peak_tflops["bfloat16"] > h100.peak_tflops["tf32"] > h100.peak_tflops["float32"] > 0
+    assert h100.memory_gbps == 3350 and load_preset("a100x8").memory_gbps == 2039  # datasheets, as the files say
+    assert "tf32" not in load_preset("v100x8").peak_tflops  # no TF32 before Ampere
     ib = load_preset("h100x16-ib")
     assert ib.devices == 16 and ib.inter.bandwidth_gbps < ib.intra.bandwidth_gbps
     slow = load_preset("a100x16-25gbe")
@@ -38,7 +41,7 @@ def test_every_shipped_preset_loads_with_its_figures():
 
 
 def test_local_takes_the_measured_fields():
-    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 24.0,
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 24.0, "memory_gbps": 9.0,
                "peak_tflops": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01},
                "intra": {"latency_us": 900.0, "bandwidth_gbps": 1.0},
                "inter": {"latency_us": 900.0, "bandwidth_gbps": 1.0},
@@ -63,6 +66,9 @@ def test_unknown_preset_names_the_closest_one():
     ("intra: {latency_us: 3, bandwidth_gbps: 20}", "intra: {latency_us: 3}"),
     ("peak_tflops: {float32: 10, bfloat16: 100, float16: 100}", "peak_tflops: {float32: 10}"),
     ("accelerator: cuda", "accelerator: tpu"),
+    ("memory_gbps: 900", "no `memory_gbps`"),
+    ("memory_gbps: 900", "memory_gbps: 0"),
+    ("peak_tflops: {float32: 10, bfloat16: 100, float16: 100}", "peak_tflops: {float32: 10, bfloat16: 100, float16: 100, fp8: 1}"),
 ])
 def test_a_bad_preset_is_refused_naming_the_field(tmp_path, change, field):
     text = GOOD.replace(change, "" if field.startswith("no ") else field)

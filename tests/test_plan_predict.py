@@ -20,7 +20,6 @@ from harness.launch.placement import Hardware
 from harness.launch.runner import plan as place_run
 from harness.memory.tensor_peak import TensorPeak
 from harness.plan import predict as predict_module
-from harness.plan.calibrate import Calibration
 from harness.plan.hardware import load_preset
 from harness.plan.predict import MIB, Prediction, RankMemory, Target, comm_time, memory_by_rank, predict
 from harness.plan.trace import StepTrace, trace_step
@@ -66,7 +65,7 @@ def test_fsdp_shards_all_three_and_holds_two_gathered_units_and_one_unit_of_grad
 
 
 def test_on_cpu_there_is_no_allocator_overhead_and_the_ranks_share_the_ram():
-    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0,
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
                "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
                "intra": {"latency_us": 1.0, "bandwidth_gbps": 1.0}, "inter": {"latency_us": 1.0, "bandwidth_gbps": 1.0}}
     local = load_preset("local", machine=machine)
@@ -99,7 +98,7 @@ def test_overlapped_communication_hides_under_backward_except_its_last_bucket():
 
 
 def test_on_cpu_nothing_overlaps():
-    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0,
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
                "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
                "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
                "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
@@ -108,29 +107,27 @@ def test_on_cpu_nothing_overlaps():
     assert exposed == total == pytest.approx(2 * 100e-6 + 100 * MIB / 1e9)
 
 
+def test_the_hand_written_all_reduce_pays_the_latency_once_per_parameter():
+    """strategy=allreduce without bucket: one call per parameter (2 here, 64x27 and 10x16 of 100 MiB's
+    elements); with bucket=true one call. 2 ranks: each all-reduce takes 2 hops of 100 us."""
+    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
+               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+               "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
+               "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
+    local = load_preset("local", machine=machine)
+    strategy_cls = get_class("strategies.allreduce.ManualAllReduce")
+    per_param, _ = comm_time(strategy_cls.traffic({}), TRACE, 2, local, compute=1.0)
+    bucketed, _ = comm_time(strategy_cls.traffic({"bucket": True}), TRACE, 2, local, compute=1.0)
+    elements = 64 * 27 + 10 * 16
+    assert per_param == pytest.approx(2 * 2 * 100e-6 + elements * 100 * MIB / TRACE.param_count / 1e9)
+    assert bucketed == pytest.approx(2 * 100e-6 + 100 * MIB / 1e9)
+
+
 def test_compression_payloads_by_hand():
     half = predict_module._payload_bytes(Collective("all_reduce", "grads", "backward", "bfloat16"), TRACE)
     assert half == 50 * MIB  # fp32 gradients sent in bf16
     powersgd = predict_module._payload_bytes(Collective("all_reduce", "powersgd", "backward", powersgd_rank=1), TRACE)
     assert powersgd == (64 + 27) * 4 + (10 + 16) * 4  # rank-1 factors of a 64x27 and a 10x16 matrix, fp32
-
-
-def test_a_preset_scales_this_machines_calibration_by_batch_and_peak_rates(monkeypatch):
-    calls = []
-
-    def fake(cfg, amp, micro, threads):
-        calls.append((micro, amp.dtype))
-        return Calibration(forward_backward_s=0.2, optimizer_s=0.01, steps=5, micro_batch=micro, threads=threads)
-
-    monkeypatch.setattr(predict_module, "calibrate_fn_default", fake)
-    cfg = run_config("ddp", batch_size=8 * 32)  # 32 images per rank on 8 GPUs
-    amp = resolve(AmpConfig(level="O0"), "cuda")
-    target = Target(load_preset("h100x8"), {"float32": 0.1, "bfloat16": 0.2, "float16": 0.2}, 2)
-    compute, optimizer, _, notes = predict_module.compute_time(cfg, amp, target, micro=32)
-    assert calls == [(8, "float32")]  # calibrated at 8 images, not 32
-    assert compute == pytest.approx(0.2 * 32 / 8 * 0.1 / 494.7)
-    assert optimizer == pytest.approx(0.01 * 0.1 / 494.7)
-    assert "494.7" in notes[0]
 
 
 TINY_CNN = {"_target_": "harness.rank.models.TinyCNN", "name": "tiny_cnn", "width": 16}
@@ -210,10 +207,10 @@ def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
     monkeypatch.setattr(predict_module, "calibrate_fn_default", lambda *a: pytest.fail("calibrated"))
     cfg = run_config("single", batch_size=4096, data={"name": "synthetic", "image_size": 256, "num_classes": 10})
     decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
-    machine = {"accelerator": "cpu", "devices_per_node": 1, "nodes": 1, "device_memory_gib": 1.0,
+    machine = {"accelerator": "cpu", "devices_per_node": 1, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
                "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
                "intra": {"latency_us": 1.0, "bandwidth_gbps": 1.0}, "inter": {"latency_us": 1.0, "bandwidth_gbps": 1.0}}
-    target = Target(load_preset("local", machine=machine), {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1}, 2)
+    target = Target(load_preset("local", machine=machine), 2)
     prediction = predict(cfg, decided.placement, decided.amp, decided.strategy_cls, target)
     assert not prediction.fits and prediction.as_dict()["s_per_iteration"] is None
     assert prediction.misfit().startswith("predicted peak ") and prediction.misfit().endswith("GiB > 1.0 GiB on the RAM (activations 83.0 GiB)")

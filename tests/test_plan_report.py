@@ -44,10 +44,17 @@ def test_project_adds_the_projected_rows_and_the_scaling_plot(shared_sweep, tmp_
     # weak scaling: each rank keeps its batch (8 images over 2 ranks here: 4 each)
     assert by[("ddp", "h100x16-ib")]["global_batch"] == 16 * 4
     assert all(p["status"] == "predicted" and p["throughput_img_s"] > 0 for p in projected)
+    for p in projected:  # every projection carries its band, around it, and names where the band comes from
+        low, high = p["throughput_band"]
+        assert low < p["throughput_img_s"] < high and "published training results" in p["band_source"]
     assert (out / "scaling.png").stat().st_size > 10_000
     md = (out / "report.md").read_text()
     assert "## Projected past this machine" in md and md.count("| h100x16-ib |") == 3
-    assert 'id="projection"' in (out / "index.html").read_text()
+    assert "The band: leave-one-out errors of the GPU model on published training results" in md
+    page = (out / "index.html").read_text()
+    assert 'id="projection"' in page and "90 % band" in page and "published training results" in page
+    terminal = proc.stdout + proc.stderr  # --project is shown in the terminal too, not only written
+    assert "Projected past this machine" in terminal and "h100x16-ib" in terminal and "The band:" in terminal
 
 
 def test_an_unknown_preset_to_project_onto_is_refused_before_writing(tmp_path):

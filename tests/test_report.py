@@ -485,11 +485,12 @@ def test_every_output_takes_its_columns_from_the_one_definition(sweep):
     assert [t[1] for t in tables] == ["devices", "20 it", "mem max MiB", "startup s"]  # speed, cumulative, memory, time
     assert csv_header == [name for c in columns.columns(rows) for name, _ in c.csv]
     heads = [c.terminal for c in columns.columns(rows) if c.terminal]
-    assert heads == ["combination", "runs", "s/20 it", "img/s", "speedup", "mem MiB", "theory MiB/rank"]
+    assert heads == ["combination", "runs", "s/20 it", "img/s", "speedup", "mem MiB", "predicted peak MiB",
+                     "measured peak MiB"]
     speed = next(line for line in terminal.splitlines() if "combination" in line and "img/s" in line)
     assert speed.index("runs") < speed.index("img/s") < speed.index("speedup") and "mem MiB" not in speed
     memory = next(line for line in terminal.splitlines() if "mem MiB" in line)
-    assert "combination" in memory and "theory MiB/rank" in memory
+    assert "combination" in memory and "predicted peak MiB" in memory
 
 
 def test_a_column_added_to_the_definition_appears_in_every_output(sweep, monkeypatch):

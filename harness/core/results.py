@@ -93,6 +93,11 @@ class PredictionRecord:
     time: dict[str, float | None] = field(default_factory=dict)
     flops_per_iteration: int | None = None
     misfit: str | None = None
+    peak_mib_band: list[float | None] = field(default_factory=list)  # where 90 % of the truths fall
+    s_per_iteration_band: list[float | None] = field(default_factory=list)
+    throughput_band: list[float | None] = field(default_factory=list)
+    band_source: str = ""  # what the band was derived from
+    busy: str | None = None  # why the calibration cannot be trusted (the machine was busy), or None
     assumptions: list[str] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 PAYLOADS = ("grads", "params", "stored_params", "powersgd")
 OVERLAPS = ("backward", "forward", "none")  # what the collective can hide under; none: it is waited for
+CALLS = ("whole", "per_param")  # one call for the payload (or its buckets and units), or one per parameter
 BUFFERS = ("grads", "unit_params", "unit_grads", "bucket", "params")
 
 
@@ -24,9 +25,11 @@ class Collective:
     overlap: str
     dtype: str | None = None
     powersgd_rank: int = 0  # payload powersgd: each gradient matrix sent as rank-r factors
+    calls: str = "whole"  # per_param: one call per parameter, each paying the latency
 
     def __post_init__(self) -> None:
-        if self.op not in OPS or self.payload not in PAYLOADS or self.overlap not in OVERLAPS:
+        if self.op not in OPS or self.payload not in PAYLOADS or self.overlap not in OVERLAPS or \
+                self.calls not in CALLS:
             raise ValueError(f"not a collective the planner knows: {self}")
 
 

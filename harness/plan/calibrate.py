@@ -1,7 +1,9 @@
 """This machine's measured compute for one rank's step: forward and backward, and the optimizer step, timed
 on real tensors (on CPU in this process, the parent, while no worker runs; on a GPU in a child process, the
-device synchronized at each edge) at the rank's micro-batch and thread count. A prediction's compute is this calibration: on this machine directly, on a preset scaled by FLOPs and
-by the ratio of peak rates (harness.plan.predict)."""
+device synchronized at each edge) at the rank's micro-batch and thread count: the best step, with the load other
+processes put on the machine meanwhile and matrix products re-timed beside it, so that a calibration taken on a
+busy machine says so. This machine's predictions only: a preset's compute comes from the GPU operator model
+(harness.plan.gpu_model), which times nothing here."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import json
 import pickle
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +30,85 @@ from harness.plan.trace import hashable
 
 WARMUP_STEPS = 2
 MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 0.5
+BUSY_CORES = 0.25  # other processes' use of the CPU during a calibration beyond which it is flagged
+SLOW_GEMM = 0.75  # matrix products re-measured beside the model slower than this share of this machine's rate: flagged
 
 
 @dataclass(frozen=True)
 class Calibration:
-    forward_backward_s: float  # one optimizer step's forward and backward passes (every micro-batch)
+    forward_backward_s: float  # one optimizer step's forward and backward passes (every micro-batch): the best
     optimizer_s: float
     steps: int
     micro_batch: int
     threads: int
+    median_forward_backward_s: float = 0.0  # the median, beside the best: their gap is the timing's own spread
+    background_cores: float = 0.0  # cores other processes kept busy meanwhile (steal time included)
+    gemm_ratio: float | None = None  # float32 products timed beside the model / this machine's cached rate
+
+    @property
+    def busy(self) -> str | None:
+        """Why this calibration cannot be trusted (the machine was busy), or None."""
+        if self.background_cores > BUSY_CORES:
+            return f"other processes kept {self.background_cores:.2f} cores busy while it was timed"
+        if self.gemm_ratio is not None and self.gemm_ratio < SLOW_GEMM:
+            return (f"matrix products ran at {self.gemm_ratio:.0%} of this machine's measured rate beside it (another "
+                    "process, or the host)")
+        return None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "busy": self.busy}
+
+
+@contextlib.contextmanager
+def background_load() -> Iterator[list[float]]:
+    """Yields a list that gets the cores other processes (and the hypervisor: steal) used while inside: the
+    system's busy CPU time less this process's and its children's, over the wall time."""
+    import psutil
+
+    me = psutil.Process()
+
+    def busy() -> float:
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + \
+            getattr(t, "steal", 0.0)
+
+    def own() -> float:
+        t = me.cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    before, mine, started = busy(), own(), time.perf_counter()
+    out: list[float] = []
+    try:
+        yield out
+    finally:
+        wall = max(time.perf_counter() - started, 1e-9)
+        out.append(max(0.0, ((busy() - before) - (own() - mine)) / wall))
+
+
+def gemm_ratio(threads: int, device: str) -> float | None:
+    """float32 matrix products timed now over this machine's cached rate at `threads` (None: none cached)."""
+    from harness.plan.hardware import gemm_tflops, read_machine
+
+    cached = read_machine().get("rates", {}).get(f"{device}:{threads}", {}).get("float32")
+    if not cached:
+        return None
+    return gemm_tflops(torch.float32, threads, device, 4096 if device == "cuda" else 512) / cached
 
 
 def timed_steps(forward_backward: Callable[[], None], step: Callable[[], None], sync: Callable[[], None],
-                micro_batch: int, threads: int) -> Calibration:
+                micro_batch: int, threads: int, device: str = "cpu") -> Calibration:
     """WARMUP_STEPS untimed, then at least MIN_STEPS and MIN_SECONDS (at most MAX_STEPS) timed, the device
-    synchronized at each edge; the medians."""
+    synchronized at each edge: the best of them (what the machine does when nothing else runs), the median
+    beside it, the other processes' load meanwhile, and matrix products re-timed just before."""
+    ratio = gemm_ratio(threads, device)
+    with background_load() as load:
+        passes, steps = _timed(forward_backward, step, sync)
+    return Calibration(min(passes), min(steps), len(passes), micro_batch, threads, statistics.median(passes),
+                       load[0], ratio)
+
+
+def _timed(forward_backward: Callable[[], None], step: Callable[[], None], sync: Callable[[], None],
+           ) -> tuple[list[float], list[float]]:
     passes, steps = [], []
     started = time.perf_counter()
     for index in range(WARMUP_STEPS + MAX_STEPS):
@@ -62,7 +125,7 @@ def timed_steps(forward_backward: Callable[[], None], step: Callable[[], None], 
             steps.append(end - middle)
             if len(passes) >= MIN_STEPS and end - started >= MIN_SECONDS:
                 break
-    return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads)
+    return passes, steps
 
 
 def calibrate(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
@@ -112,7 +175,7 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: Am
             plugin.zero_grad(optimizer)
 
         with plugin.kernels():
-            return timed_steps(forward_backward, step, sync, micro_batch, threads)
+            return timed_steps(forward_backward, step, sync, micro_batch, threads, device_type)
     finally:
         torch.set_num_threads(previous)
 
@@ -199,7 +262,8 @@ def _strategy_child(key: bytes) -> Calibration:
             plugin.zero_grad(optimizer)
 
         with plugin.kernels():
-            return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads)
+            return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads,
+                               strategy.device.type)
     finally:
         if strategy.is_set_up:
             strategy.teardown()

@@ -30,7 +30,9 @@ from harness.plan.links import Link
 PRESET_DIR = CONF_DIR / "plan" / "hardware"
 LOCAL = "local"
 DTYPES = ("float32", "bfloat16", "float16")
-FIELDS = ("accelerator", "devices_per_node", "nodes", "device_memory_gib", "peak_tflops", "intra", "inter")
+OPTIONAL_DTYPES = ("tf32",)  # GPUs with TF32 tensor cores: float32 convolutions (and matmuls where allowed) run there
+FIELDS = ("accelerator", "devices_per_node", "nodes", "device_memory_gib", "memory_gbps", "peak_tflops", "intra",
+          "inter")
 GIB = 2**30
 
 
@@ -41,7 +43,8 @@ class Preset:
     devices_per_node: int
     nodes: int
     device_memory_gib: float  # per device; on CPU the RAM, which every rank shares
-    peak_tflops: Mapping[str, float]  # per device and dtype; on CPU per process at the run's thread count
+    peak_tflops: Mapping[str, float]  # per device and dtype (tf32 where it has it); on CPU per process
+    memory_gbps: float  # the device memory's bandwidth, GB/s (HBM on a GPU; on CPU measured by a copy)
     intra: Link
     inter: Link
     measured: bool = False
@@ -120,9 +123,13 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
     memory = data["device_memory_gib"]
     if isinstance(memory, bool) or not isinstance(memory, int | float) or not memory > 0:
         raise bad("device_memory_gib", memory, "a number of GiB > 0")
+    bandwidth = data["memory_gbps"]
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, int | float) or not bandwidth > 0:
+        raise bad("memory_gbps", bandwidth, "the device memory's bandwidth in GB/s, > 0")
     rates = data["peak_tflops"]
-    if not isinstance(rates, Mapping) or set(rates) != set(DTYPES):
-        raise bad("peak_tflops", rates, "a mapping of " + ", ".join(DTYPES) + " to TFLOP/s")
+    if not isinstance(rates, Mapping) or not set(DTYPES) <= set(rates) <= {*DTYPES, *OPTIONAL_DTYPES}:
+        raise bad("peak_tflops", rates, "a mapping of " + ", ".join(DTYPES) + " (and tf32 where the device has "
+                  "it) to TFLOP/s")
     for dtype, rate in rates.items():
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
             raise bad(f"peak_tflops.{dtype}", rate, "a number of TFLOP/s > 0")
@@ -138,7 +145,7 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
                 raise bad(f"{key}.{part}", value, "a number >= 0" if least is not None else "a number > 0")
         links[key] = Link(float(link["latency_us"]), float(link["bandwidth_gbps"]))
     return Preset(name=name, accelerator=data["accelerator"], devices_per_node=data["devices_per_node"],
-                  nodes=data["nodes"], device_memory_gib=float(memory),
+                  nodes=data["nodes"], device_memory_gib=float(memory), memory_gbps=float(bandwidth),
                   peak_tflops={k: float(v) for k, v in rates.items()}, intra=links["intra"], inter=links["inter"],
                   measured=measured, source=source)
 
@@ -203,6 +210,23 @@ def gemm_tflops(dtype: torch.dtype, threads: int, device: str = "cpu", size: int
         torch.set_num_threads(previous)
 
 
+def copy_gbps(threads: int, mib: int = 256) -> float:
+    """This CPU's memory bandwidth as a large copy reaches it (bytes read and written, the best of a few)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        source = torch.ones(mib * 2**18)
+        target = torch.empty_like(source)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            target.copy_(source)
+            best = min(best, time.perf_counter() - start)
+        return 2 * source.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+
+
 def gemm_rates(threads: int, accelerator: str) -> dict[str, float]:
     """TFLOP/s per dtype; on a GPU in a spawned child (the parent creates no CUDA context)."""
     if accelerator != "cuda":
@@ -225,14 +249,17 @@ def measure_machine(threads: int, accelerator: str, devices: int,
     key = f"{accelerator}:{threads}"
     if key not in rates:
         rates[key] = gemm_rates(threads, accelerator)
+    bandwidths = dict(cached.get("memory_gbps", {}))
+    if key not in bandwidths:  # a GPU's own is its datasheet's business: the planner times CPUs only
+        bandwidths[key] = copy_gbps(threads)
     link, per_op = cached.get("link"), cached.get("per_op")
     if link is None and measure_link is not None and devices > 1:
         pooled, each = measure_link()
         link, per_op = asdict(pooled), {op: asdict(fit) for op, fit in each.items()}
-    data = {**cached, "rates": rates, "link": link, "per_op": per_op}
+    data = {**cached, "rates": rates, "memory_gbps": bandwidths, "link": link, "per_op": per_op}
     if data != cached:
         write_machine(data)
     return {"accelerator": accelerator, "devices_per_node": devices, "nodes": 1, "device_memory_gib": memory_gib,
-            "peak_tflops": rates[key], "link_measured": link is not None, "per_op": per_op,
+            "memory_gbps": bandwidths[key], "peak_tflops": rates[key], "link_measured": link is not None, "per_op": per_op,
             "intra": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9},  # one device: never used
             "inter": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9}}

@@ -9,7 +9,6 @@ dtype the level computes in), plus each declared collective by the latency-bandw
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,14 +19,14 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.traffic import Buffer, Collective, Traffic
 from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
+from harness.plan.gpu_model import load_factors, step_time, straggle
 from harness.plan.hardware import GIB, Preset
 from harness.plan.links import collective_seconds
-from harness.plan.trace import StepTrace, trace_step
+from harness.plan.trace import StepTrace, trace_ops, trace_step
 
 MIB = 2**20
 CUDA_ALLOCATOR_OVERHEAD = 0.10  # reserved beyond allocated at the peak: assumed (block rounding, fragmentation)
 FORWARD_SHARE = 1 / 3  # of forward + backward: backward computes about twice the forward's FLOPs
-PRESET_CALIBRATION_BATCH = 8  # a preset's calibration runs here, at most this many images per micro-batch
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -67,6 +66,9 @@ class Prediction:
     global_batch: int
     assumptions: tuple[str, ...]
     calibration: dict[str, Any] = field(default_factory=dict)
+    time_band: tuple[float, float] = (1.0, 1.0)  # multipliers of s_per_iteration: where 90 % of the truths fall
+    band_source: str = ""
+    busy: str | None = None  # why this machine's calibration cannot be trusted (it was busy), or None
 
     @property
     def peak_mib(self) -> float:
@@ -119,6 +121,11 @@ class Prediction:
                                                     ("comm_s", self.comm_s), ("exposed_comm_s", self.exposed_comm_s),
                                                     ("overlapped_comm_s", self.overlapped_comm_s))},
                 "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(),
+                "peak_mib_band": [self.peak_mib * b for b in memory_band()],
+                "s_per_iteration_band": [_finite(self.s_per_iteration * b) for b in self.time_band],
+                "throughput_band": [_finite(self.global_batch / (self.s_per_iteration * b)) if self.s_per_iteration
+                                    else None for b in reversed(self.time_band)],
+                "band_source": self.band_source, "busy": self.busy,
                 "assumptions": list(self.assumptions), "calibration": self.calibration}
 
 
@@ -129,10 +136,9 @@ def _finite(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the combination is predicted: a preset, and the local rates its compute is scaled from."""
+    """Where the combination is predicted: this machine (calibrated at a rank's thread count) or a preset."""
 
     preset: Preset
-    local_tflops: dict[str, float]  # this machine's measured rates at the calibration's thread count
     calibration_threads: int
     link_measured: bool = True  # False: this machine's link was never measured (communication left out)
 
@@ -175,11 +181,18 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                         "communication left out",)
     if preset.accelerator == "cpu" and n > 1:
         assumptions += ("CPU: communication runs on the cores that compute, so it overlaps nothing here",)
+    band = tuple(calibration.get("band", (1.0, 1.0)))
+    busy = (calibration.get("compute") or {}).get("busy")
+    if busy:
+        assumptions += (f"calibrated on a busy machine ({busy}): the time may be too long; predict again when it "
+                        "is quiet",)
     return Prediction(hardware=preset.name, world_size=n, ranks=ranks,
                       device_memory_mib=device_memory, shared_memory=preset.shared_memory,
                       compute_s=compute, optimizer_s=optimizer, comm_s=comm, exposed_comm_s=exposed,
                       flops_per_iteration=trace.flops * n * replicas, global_batch=cfg.batch_size,
-                      assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()})
+                      assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()},
+                      time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
+                      busy=busy)
 
 
 class NotPredictable(ValueError):
@@ -275,49 +288,58 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, place
     preset = target.preset
     if preset.measured and placement is not None and cfg.plan.calibration == "strategy":
         cal = calibrate_strategy_default(cfg, placement, amp, micro)
-        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict()}, (
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(cal)}, (
             f"compute: measured here through strategy={cfg.strategy_name} in a process group of one, {micro} images "
             f"per micro-batch, {cal.threads} thread(s) (its wrapper and hooks included; what crosses a link is the "
             "collectives model's)",)
     if preset.measured:  # plan.calibration=model: the bare model, in this process
         cal = calibrate_fn_default(cfg, amp, micro, target.calibration_threads)
-        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict()}, (
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(cal)}, (
             f"compute: measured here on the bare model (plan.calibration=model), {micro} images per micro-batch, "
             f"{target.calibration_threads} thread(s): the strategy's wrapper and hooks are not in it",)
-    small = max(1, min(micro, PRESET_CALIBRATION_BATCH))
-    dtype = amp.dtype if (amp.autocast or amp.cast_model) else "float32"
-    here = calibration_dtype(dtype, amp.cpu_half)
-    cal_amp = amp if here == dtype else fp32_spec(amp) if here == "float32" else dataclasses.replace(amp, dtype=here)
-    cal = calibrate_fn_default(cfg, cal_amp, small, target.calibration_threads)
-    rate_ratio = target.local_tflops[here] / preset.peak_tflops[dtype]
-    scale = micro / small * rate_ratio
-    return cal.forward_backward_s * scale, cal.optimizer_s * rate_ratio, {"compute": cal.as_dict(),
-                                                                          "rate_ratio": rate_ratio}, (
-        f"compute: measured here in {here} at {small} images per micro-batch, scaled x{micro / small:g} by batch and "
-        f"by peak rates ({here} {target.local_tflops[here]:.3g} TFLOP/s here, {dtype} {preset.peak_tflops[dtype]:g} "
-        f"on {preset.name}): the same share of peak as here, which a GPU may beat or miss",
-        "optimizer step scaled by the same rates (it is bound by memory bandwidth on a GPU: likely underestimated)")
+    return gpu_compute_time(cfg, amp, preset, micro, placement.world_size if placement else 1)
 
 
-def calibration_dtype(dtype: str, treat_as: str = "auto") -> str:
-    """The dtype this machine calibrates a half level in: its own where it has native kernels (a GPU, or a CPU
-    with them, as amp.cpu_half takes it), else the other half type (same FLOPs), else float32: an emulated half
-    type would time the emulation, tens of times slower."""
-    import torch
-
-    from harness.core.devices import cpu_half_reason
-
-    if dtype == "float32" or torch.cuda.is_available():
-        return dtype
-    for candidate in (dtype, "bfloat16" if dtype == "float16" else "float16"):
-        if cpu_half_reason(candidate, treat_as) is None:
-            return candidate
-    return "float32"
+# RMS of log(measured / predicted) time over benchmark 13's 28 cases (bench/prediction.py, 2026-11-25, a 2-core AMD
+# EPYC VM): this machine's predictions are as right as that, on a quiet machine
+LOCAL_LOG_SD = 0.23
+BAND_Z = 1.645  # 90 % of a lognormal error
+# RMS of log(measured / predicted) peak memory over the same 28 cases: no GPU has checked the memory model yet, so
+# presets take this band too
+MEMORY_LOG_SD = 0.063
 
 
-def fp32_spec(amp: AmpSpec) -> AmpSpec:
-    return dataclasses.replace(amp, dtype="float32", autocast=False, cast_model=False, master_weights=False,
-                               loss_scale=1.0)
+def memory_band() -> tuple[float, float]:
+    return math.exp(-BAND_Z * MEMORY_LOG_SD), math.exp(BAND_Z * MEMORY_LOG_SD)
+
+
+
+def _local_band(cal: Calibration) -> dict[str, Any]:
+    """This machine: the spread of benchmark 13's time errors around the calibrated step."""
+    return {"band": [math.exp(-BAND_Z * LOCAL_LOG_SD), math.exp(BAND_Z * LOCAL_LOG_SD)],
+            "band_source": f"benchmark 13's time errors on this kind of machine (RMS of log errors {LOCAL_LOG_SD})"}
+
+
+def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, ranks: int,
+                     ) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
+    """A preset's compute from the step's operators (harness.plan.gpu_model): nothing is timed here, so this
+    machine's load cannot move it."""
+    ops = trace_ops(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum)
+    factors = load_factors()
+    time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors)
+    wait = straggle(ranks, factors)
+    low, high = factors.band()
+    notes = (f"compute: each of the step's {time.kernels} kernels at its roofline time on {preset.name} (FLOPs at "
+             f"the peak of its dtype, bytes at {preset.memory_gbps:g} GB/s, each times a fraction fitted to "
+             f"{factors.cases} published training results) plus {factors.launch_us:.1f} us per launch; TF32 for "
+             "float32 convolutions, not for float32 matmuls (torch's defaults)",
+             f"time band x{low:.2f}-x{high:.2f}: 90 % of the fit's leave-one-out errors (harness/plan/published.csv)")
+    if ranks > 1:
+        notes += (f"{ranks} ranks wait for the slowest each step: x{wait:.3f} (rank-to-rank variation "
+                  f"{factors.sync_cv:.1%}, fitted)",)
+    return time.forward_backward_s * wait, time.optimizer_s, {
+        "gpu_model": {**time.as_dict(), "straggle": wait, "factors": factors.as_dict()}, "band": [low, high],
+        "band_source": "leave-one-out errors of the GPU model on published training results"}, notes
 
 
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int) -> Calibration:
@@ -348,6 +370,8 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
         if unit_calls:  # FSDP: one call per unit (each pays the latency), the root's parameters in one more
             share = size / max(trace.model_params if collective.payload == "params" else trace.model_grads, 1)
             calls = [u * share for u in trace.units] + [max(0.0, size - sum(trace.units) * share)]
+        elif collective.calls == "per_param":  # one call per parameter: each pays the latency
+            calls = [size * rows * cols / max(trace.param_count, 1) for rows, cols in trace.matrices]
         else:
             calls = [size]
         dtype = collective.dtype or ("float32" if collective.payload == "stored_params" and trace.masters else
@@ -355,7 +379,7 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
                                      trace.grad_dtype)
         seconds = sum(collective_seconds(collective.op, c, per_node, nodes, preset.intra, preset.inter, preset.per_op,
                                          dtype) for c in calls if c > 0)
-        pieces = len(calls) if unit_calls else max(1, math.ceil(size / (25 * MIB)))
+        pieces = len(calls) if unit_calls or collective.calls == "per_param" else max(1, math.ceil(size / (25 * MIB)))
         last = seconds / pieces  # the last bucket (or the first unit) waits for its pass to end
         hidden = min(seconds - last, hidden_budget[collective.overlap])
         hidden_budget[collective.overlap] -= hidden

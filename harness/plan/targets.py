@@ -1,5 +1,4 @@
-"""Where a prediction is made for: this machine (its measured preset, `local`) or a named preset, with the
-local compute rates a preset's compute is scaled from."""
+"""Where a prediction is made for: this machine (its measured preset, `local`) or a named preset."""
 
 from __future__ import annotations
 
@@ -35,13 +34,10 @@ def local_target(accelerator: str, devices: int, threads: int,
     from the cache, or measured by `measure_link` when given."""
     machine = measure_machine(threads, accelerator, devices, measure_link, local_memory_gib(accelerator))
     preset = load_preset(LOCAL, machine=machine)
-    return Target(preset, dict(preset.peak_tflops), threads, link_measured=devices <= 1 or machine["link_measured"])
+    return Target(preset, threads, link_measured=devices <= 1 or machine["link_measured"])
 
 
 def preset_target(name: str, threads: int) -> Target:
-    """A named preset; its compute scaled from this machine's rates at `threads` threads (on CPU; the GPU's
-    own rates where this machine has one)."""
-    preset = load_preset(name)
-    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-    machine = measure_machine(threads, accelerator, 1, None, 1.0)
-    return Target(preset, dict(machine["peak_tflops"]), threads)
+    """A named preset: its compute comes from the step's operators (harness.plan.gpu_model), nothing measured
+    here."""
+    return Target(load_preset(name), threads)

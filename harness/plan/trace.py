@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
+from harness.plan.gpu_model import StepOps, record_step
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,52 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
             units=units, tracer="fake" if spec.autocast else "meta", aten_convolutions=aten_convolutions,
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32")
+
+
+def trace_ops(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
+              micro_batch: int, image_size: int, grad_accum: int = 1) -> StepOps:
+    """One rank's step as operators (harness.plan.gpu_model), for a GPU: the optimizer's multi-tensor (foreach)
+    kernels, as torch takes them on CUDA by default."""
+    return _trace_ops(hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum)
+
+
+@functools.lru_cache(maxsize=64)
+def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec,
+               optim: tuple[tuple[str, Any], ...], micro_batch: int, image_size: int, grad_accum: int) -> StepOps:
+    def build() -> nn.Module:
+        return instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, num_classes=num_classes)
+
+    def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randn(micro_batch * grad_accum, 3, image_size, image_size, device=device),
+                torch.randint(0, num_classes, (micro_batch * grad_accum,), device=device))
+
+    return workload_ops(build, batch, F.cross_entropy, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
+                        micro_batch * grad_accum)
+
+
+def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]],
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], amp: AmpSpec, optim: OptimizerSpec,
+                 grad_accum: int, samples: int) -> StepOps:
+    """Any model, batch and loss traced as harness.plan.gpu_model's operators, cast and stepped by the amp
+    plugin as a run would be."""
+    spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
+    if "foreach" in inspect.signature(optim.cls).parameters:
+        optim = dataclasses.replace(optim, kwargs={**optim.kwargs, "foreach": True})
+    with _tensors(spec.autocast) as device:
+        torch.manual_seed(0)
+        plugin = NativeAmp(spec, torch.device("cpu"))
+        model = plugin.cast_module(build())
+        optimizer = optim.build(plugin.optimizer_params(model))
+        wrapped = plugin.wrap_module(model)
+        inputs, targets = batch(device)
+
+        def forward_backward() -> None:
+            for part, part_targets in zip(inputs.chunk(grad_accum), targets.chunk(grad_accum), strict=True):
+                with plugin.forward_context():
+                    loss = loss_fn(wrapped(part), part_targets) / grad_accum
+                plugin.backward(loss)
+
+        return record_step(forward_backward, lambda: _step(plugin, optimizer), samples)
 
 
 def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,

@@ -68,6 +68,10 @@ def build_report(paths: Sequence[Path], out_dir: Path, baseline: str | None = No
     report.outputs = [out_dir / n for n in ("report.md", "report.csv", "report.json", "index.html")] + pngs + scaling
     if not quiet:
         log.info("%s", terminal_table(rows, base, decision))
+        if projected:
+            from harness.report import projection
+
+            log.info("%s", projection.terminal(projected))
         log.info("report: %s", out_dir / "index.html")
     return report
 

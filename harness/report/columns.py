@@ -64,6 +64,12 @@ def _signed_pct(share: float | None) -> str:
     return "—" if share is None else f"{100 * share:+.1f} %"
 
 
+def _predicted_peak(r: Row) -> str:
+    """`13.3 [12.0–14.8]`: the planner's peak with its 90 % band."""
+    band = r.predicted_peak_band
+    return fmt(r.predicted_peak_mib, 1) + (_between(band[0], band[1], 1) if band else "")
+
+
 def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") -> str:
     return f" [{fmt(lo, digits)}–{fmt(hi, digits)}{suffix}]" if lo is not None and hi is not None else ""
 
@@ -186,8 +192,17 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                terminal="mem MiB", terminal_cell=lambda r: fmt(r.mem_max_mib, 0), star="mem_max_mib"),
         Column("mem min MiB", lambda r: fmt(r.mem_min_mib, 0), csv=(("mem_min_mib", lambda r: r.mem_min_mib),),
                section="memory"),
-        Column("theory MiB/rank", lambda r: fmt(r.theory_mib, 1), csv=(("theory_mib", lambda r: r.theory_mib),),
-               section="memory", terminal="theory MiB/rank", terminal_cell=lambda r: fmt(r.theory_mib, 1)),
+        # the one answer to "will it fit": the prediction with its band beside the measured peak of the same kind
+        Column("predicted peak MiB [90 %]", _predicted_peak, section="memory",
+               csv=(("predicted_peak_mib", lambda r: r.predicted_peak_mib),
+                    ("predicted_peak_lo_mib", lambda r: r.predicted_peak_band and r.predicted_peak_band[0]),
+                    ("predicted_peak_hi_mib", lambda r: r.predicted_peak_band and r.predicted_peak_band[1])),
+               terminal="predicted peak MiB", terminal_cell=lambda r: fmt(r.predicted_peak_mib, 1)),
+        Column("measured peak MiB", lambda r: fmt(r.measured_peak_mib, 1), section="memory",
+               csv=(("measured_peak_mib", lambda r: r.measured_peak_mib),),
+               terminal="measured peak MiB", terminal_cell=lambda r: fmt(r.measured_peak_mib, 1)),
+        # the older per-rank theory (parameters, gradients, optimizer state; no activations): report.csv only
+        Column(None, None, csv=(("theory_mib", lambda r: r.theory_mib),)),
         Column("imbalance", _imbalance, csv=(("mem_imbalance_pct", lambda r: r.mem_imbalance_pct),), section="memory"),
         Column("per device (PIDs)", _per_device, numeric=False, section="memory"),
         Column("startup s", lambda r: fmt(r.startup_s, 1), csv=(("startup_s", lambda r: r.startup_s),),
@@ -203,10 +218,6 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column("J/image", lambda r: fmt(r.energy_j_per_image, 3), section="time",
                csv=(("energy_j_per_image", lambda r: r.energy_j_per_image),)),
         # harness.plan's prediction, made before the run, beside the measurement
-        Column("predicted peak MiB", lambda r: fmt(r.predicted_peak_mib, 1), section="prediction",
-               csv=(("predicted_peak_mib", lambda r: r.predicted_peak_mib),)),
-        Column("measured peak MiB", lambda r: fmt(r.measured_peak_mib, 1), section="prediction",
-               csv=(("measured_peak_mib", lambda r: r.measured_peak_mib),)),
         Column("memory error", lambda r: _signed_pct(r.peak_error), section="prediction",
                csv=(("peak_error", lambda r: r.peak_error),)),
         Column("predicted s/it", lambda r: fmt(r.predicted_s_per_it, 4), section="prediction",

@@ -1,10 +1,12 @@
 """`--project h100x8,h100x16-ib`: each finished row projected onto hardware presets (harness.plan), with the
-scaling plot: measured points solid, projected ones dashed.
+scaling plot: this machine's measurements and each preset's projections on panels of their own (a CPU process
+and a GPU are not points on one axis).
 
 A row is projected as weak scaling: each rank keeps the batch it had here (the global batch grows with the
 devices), on every device of the preset that its strategy uses (one process per device: all of them, across
-nodes; DataParallel: one node's; one-device strategies: one). The prediction is the planner's, from this
-machine's calibration scaled by the preset's peak rates and links: its assumptions are listed with it."""
+nodes; DataParallel: one node's; one-device strategies: one). The prediction is the planner's GPU operator
+model (harness.plan.gpu_model) with its band, from the published results it was fitted to; its assumptions
+are listed with it."""
 
 from __future__ import annotations
 
@@ -58,23 +60,53 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
                               "reason": result.get("reason"), "throughput_img_s": prediction.get("throughput_img_s"),
                               "s_per_iteration": prediction.get("s_per_iteration"),
                               "peak_mib": prediction.get("peak_mib"), "fits": prediction.get("fits"),
+                              "throughput_band": prediction.get("throughput_band"),
+                              "band_source": prediction.get("band_source", ""),
                               "assumptions": prediction.get("assumptions", [])})
     return projected
 
 
+HEADERS = ("combination", "hardware", "devices", "global batch", "img/s", "90 % band", "peak MiB/rank", "fits", "note")
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    band = p.get("throughput_band") or (None, None)
+    return [p["label"], p["hardware"], str(p.get("devices", "—")), str(p.get("global_batch", "—")),
+            _num(p.get("throughput_img_s"), 0),
+            f"{_num(band[0], 0)}–{_num(band[1], 0)}" if band[0] and band[1] else "—", _num(p.get("peak_mib"), 1),
+            "—" if p.get("fits") is None else "yes" if p["fits"] else "NO",
+            (p["status"] if p["status"] != "predicted" else "") + (": " + p["reason"] if p.get("reason") else "")]
+
+
+def sources(projected: Sequence[dict[str, Any]]) -> list[str]:
+    return [s for s in dict.fromkeys(p.get("band_source") for p in projected) if s]
+
+
 def markdown(projected: Sequence[dict[str, Any]]) -> str:
     lines = ["## Projected past this machine (harness.plan; weak scaling: each rank keeps its batch)", "",
-             "| combination | hardware | devices | global batch | img/s | peak MiB/rank | fits | note |",
-             "|:---|:---|---:|---:|---:|---:|:---|:---|"]
-    for p in projected:
-        lines.append(f"| {p['label']} | {p['hardware']} | {p.get('devices', '—')} | {p.get('global_batch', '—')} | "
-                     f"{_num(p.get('throughput_img_s'), 0)} | {_num(p.get('peak_mib'), 1)} | "
-                     f"{'—' if p.get('fits') is None else 'yes' if p['fits'] else 'NO'} | "
-                     f"{p['status'] if p['status'] != 'predicted' else ''}{': ' + p['reason'] if p.get('reason') else ''} |")
+             "| " + " | ".join(HEADERS) + " |", "|:---|:---|" + "---:|" * 5 + ":---|:---|"]
+    lines += ["| " + " | ".join(_cells(p)) + " |" for p in projected]
+    if sources(projected):
+        lines += ["", "The band: " + "; ".join(sources(projected)) + " (harness/plan/published.csv, benchmark 14)."]
     notes = dict.fromkeys(a for p in projected for a in p.get("assumptions", []))
     if notes:
         lines += ["", "Assumptions:", *[f"- {a}" for a in notes]]
     return "\n".join(lines) + "\n"
+
+
+def terminal(projected: Sequence[dict[str, Any]]) -> str:
+    """The projection as the terminal shows it: the table and where its band comes from."""
+    from rich.table import Table
+
+    from harness.launch.console import render
+
+    table = Table(title="Projected past this machine (weak scaling: each rank keeps its batch)", title_justify="left")
+    for name in HEADERS:
+        table.add_column(name, justify="left" if name in ("combination", "hardware", "note") else "right")
+    for p in projected:
+        table.add_row(*_cells(p))
+    band = "\nThe band: " + "; ".join(sources(projected)) if sources(projected) else ""
+    return render(table, width=140) + band
 
 
 def _num(value: float | None, digits: int) -> str:
@@ -82,7 +114,8 @@ def _num(value: float | None, digits: int) -> str:
 
 
 def scaling_plot(rows: Sequence[Row], projected: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Throughput against devices, per combination: measured here (solid, markers), projected (dashed)."""
+    """Two panels: throughput measured here against processes, and projected against each preset's devices
+    (with the band as error bars). Kept apart: this machine's CPU processes and a preset's GPUs share no axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,42 +127,47 @@ def scaling_plot(rows: Sequence[Row], projected: Sequence[dict[str, Any]], path:
     if not shown:
         return None
     colours = strategy_colours(rows)
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, 5))
+    fig, (here_ax, there_ax) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5), width_ratios=(1, 2))
     for row in rows:
         if not row.throughput:
             continue
-        here = (max(1, row.processes or len(row.devices) or 1), row.throughput)
-        points = sorted((p["devices"], p["throughput_img_s"]) for p in shown if p["label"] == row.label)
         colour = colours.get(row.strategy, "black")
-        ax.plot([here[0]], [here[1]], color=colour, marker="o", linestyle="-", label=f"{row.label} (measured)")
+        here_ax.plot([max(1, row.processes or len(row.devices) or 1)], [row.throughput], color=colour, marker="o",
+                     linestyle="none", label=row.label)
+        points = sorted((p["devices"], p["throughput_img_s"], p.get("throughput_band") or (None, None), p["hardware"])
+                        for p in shown if p["label"] == row.label)
         if points:
-            ax.plot([here[0], *[x for x, _ in points]], [here[1], *[y for _, y in points]], color=colour,
-                    linestyle="--", marker="x", alpha=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="devices (log)", ylabel="images per second (log)",
-           title="Measured here (solid markers) and projected (dashed)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+            xs = [x for x, *_ in points]
+            ys = [y for _, y, *_ in points]
+            low = [y - (b[0] or y) for _, y, b, _ in points]
+            high = [(b[1] or y) - y for _, y, b, _ in points]
+            there_ax.errorbar(xs, ys, yerr=[low, high], color=colour, marker="x", linestyle="--", capsize=3,
+                              alpha=0.85, label=row.label)
+    here_ax.set(xlabel="processes here", ylabel="images per second", title="Measured on this machine")
+    here_ax.set_xticks(sorted({max(1, r.processes or len(r.devices) or 1) for r in rows if r.throughput}))
+    presets = ", ".join(dict.fromkeys(p["hardware"] for p in shown))
+    there_ax.set(xscale="log", yscale="log", xlabel="devices (log)", ylabel="images per second (log)",
+                 title=f"Projected: {presets} (90 % band)")
+    for ax in (here_ax, there_ax):
+        ax.grid(alpha=0.3, which="both")
+    there_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def html_section(projected: Sequence[dict[str, Any]], plot: str) -> str:
-    """The page's projection section: the table, its assumptions, the scaling plot (an embedded image)."""
+    """The page's projection section: the table with its band and the band's source, the assumptions, the
+    scaling plot (an embedded image)."""
     import html
 
-    head = "".join(f"<th>{h}</th>" for h in ("combination", "hardware", "devices", "global batch", "img/s",
-                                             "peak MiB/rank", "fits", "note"))
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            p["label"], p["hardware"], p.get("devices", "—"), p.get("global_batch", "—"),
-            _num(p.get("throughput_img_s"), 0), _num(p.get("peak_mib"), 1),
-            "—" if p.get("fits") is None else "yes" if p["fits"] else "NO",
-            (p["status"] if p["status"] != "predicted" else "") + (": " + p["reason"] if p.get("reason") else "")))
-        + "</tr>" for p in projected)
+    head = "".join(f"<th>{h}</th>" for h in HEADERS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(p)) + "</tr>" for p in projected)
+    band = (f"<p>The band: {html.escape('; '.join(sources(projected)))} (harness/plan/published.csv, "
+            "benchmark 14).</p>") if sources(projected) else ""
     notes = dict.fromkeys(a for p in projected for a in p.get("assumptions", []))
     items = "".join(f"<li>{html.escape(a)}</li>" for a in notes)
     return ('<section id="projection"><h2>Projected past this machine (weak scaling: each rank keeps its batch)</h2>'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{band}"
             f"<p>Assumptions:</p><ul>{items}</ul>" + (f'<div class="figures">{plot}</div>' if plot else "")
             + "</section>")

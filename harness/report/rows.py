@@ -89,6 +89,7 @@ class Row:
     energy_j_per_image: float | None = None
     # harness.plan's prediction made before each run, beside what the run measured (medians over repeats)
     predicted_peak_mib: float | None = None
+    predicted_peak_band: tuple[float, float] | None = None  # where 90 % of the truths fall, by the band's source
     measured_peak_mib: float | None = None
     peak_error: float | None = None  # (measured - predicted) / measured
     predicted_s_per_it: float | None = None
@@ -327,6 +328,10 @@ def _pool_prediction(row: Row, ok: Sequence[RunRecord]) -> None:
     if not pairs:
         return
     row.predicted_peak_mib = _median_of([p.peak_mib for p, _ in pairs])
+    band = pairs[0][0].peak_mib_band
+    if row.predicted_peak_mib is not None and len(band) == 2 and all(b is not None for b in band):
+        scale = row.predicted_peak_mib / pairs[0][0].peak_mib if pairs[0][0].peak_mib else 1.0
+        row.predicted_peak_band = (band[0] * scale, band[1] * scale)
     row.measured_peak_mib = _median_of([e.measured_peak_mib for _, e in pairs])
     row.peak_error = _median_of([e.peak_mib for _, e in pairs])
     row.predicted_s_per_it = _median_of([p.s_per_iteration for p, _ in pairs])

@@ -44,10 +44,12 @@ SECTION_NOTES = {
     "cumulative": lambda baseline: "The time at each iteration count (median over runs), as in the original "
                                    "hand-made table; report.csv has every edge.",
     "memory": lambda baseline: (
-        "Memory is peak minus the pre-run baseline (median over runs, min–max in brackets). Theory MiB/rank: "
-        "parameters, gradients and optimizer state one rank holds in theory (DDP all, ZeRO the state / N, FSDP all "
-        "three / N; activations and buffers not included), beside the measured peak. On CPU each worker is a "
-        "process, not a device: imbalance has no meaning there (n/a)."),
+        "Mem max/min: what the device held, peak minus the pre-run baseline (GPU: NVML's memory in use; CPU: each "
+        "worker process's resident memory, the runtime's own included; median over runs, min–max in brackets). "
+        "Whether it fits is answered by the pair beside it: the peak predicted before the run, with its 90 % band, "
+        "and the measured peak of the same kind (GPU: the caching allocator's reserved peak; CPU: the peak of live "
+        "tensor bytes), the largest rank's. On CPU each worker is a process, not a device: imbalance has no meaning "
+        "there (n/a)."),
     "time": lambda baseline: (
         "Compile s: torch.compile's time (compile=true), before the clock and outside start-up, or XLA's graph "
         "compiles (in warm-up). Data wait: the share of the steady windows the loop waited for its next batch. With "

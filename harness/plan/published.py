@@ -1,0 +1,242 @@
+"""Published GPU training results (published.csv beside this module), the workloads they ran, and the fit of
+harness.plan.gpu_model's few factors to them, with a leave-one-out check.
+
+Each row of the table names its source (repository, file, table) and what was run: the workload (ResNet-50,
+BERT-large fine-tuned on SQuAD), the GPU (a preset of conf/plan/hardware/), how many, the precision as the
+source states it, the batch per GPU, real or synthetic data, and the throughput. The workloads are rebuilt here
+at their published shapes with random weights (torchvision's ResNet-50; BERT-large as the compact definition
+below, with the unfused attention those runs used), traced once on tensors with no data, and timed on the
+preset by the GPU model; the factors minimise the squared log error over the table. A case's leave-one-out
+prediction uses factors fitted without it: what the model does on a figure it has not seen."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.core.amp_levels import AmpSpec
+from harness.plan.gpu_model import GpuFactors, StepOps, step_time, straggle
+from harness.plan.hardware import Preset, load_preset
+from harness.plan.links import collective_seconds
+
+TABLE = Path(__file__).with_name("published.csv")
+PRECISIONS = {  # as the sources state them: the amp level, its dtype, and whether TF32 serves float32 matmuls
+    "fp32": ("O0", "float32", False), "tf32": ("O0", "float32", True), "amp": ("O1", "float16", True),
+    "fp16-o2": ("O2", "float16", True), "bf16": ("O1", "bfloat16", True)}
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is waited for
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    gpu: str  # a preset of conf/plan/hardware/
+    gpus: int
+    precision: str  # a key of PRECISIONS
+    memory_format: str  # nchw | nhwc (channels_last) for images; empty otherwise
+    batch_per_gpu: int
+    seq_len: int  # 0 for images
+    data: str  # real | synthetic
+    published: float  # samples per second, all GPUs
+    unit: str
+    source: str
+    where: str
+
+    @property
+    def name(self) -> str:
+        seq = f" seq {self.seq_len}" if self.seq_len else ""
+        return f"{self.workload} {self.gpu} x{self.gpus} {self.precision} b{self.batch_per_gpu}{seq}"
+
+
+def load_table(path: Path = TABLE) -> list[Case]:
+    with path.open(newline="") as handle:
+        rows = [row for row in csv.DictReader(line for line in handle if not line.startswith("#"))]
+    return [Case(row["workload"], row["gpu"], int(row["gpus"]), row["precision"], row["memory_format"],
+                 int(row["batch_per_gpu"]),
+                 int(row["seq_len"] or 0), row["data"], float(row["published"]), row["unit"], row["source"],
+                 row["where"]) for row in rows]
+
+
+# ---- the workloads, at their published shapes ----
+
+class BertSelfAttention(nn.Module):
+    """Attention as BERT's reference code (and NVIDIA's BERT of those tables) computes it: scores
+    materialised, softmax, dropout, then the values."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(width // self.heads)
+        context = self.dropout(scores.softmax(-1)) @ v
+        return self.out(context.transpose(1, 2).reshape(batch, seq, width))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.attention = BertSelfAttention(width, heads, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.feed = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.dropout(self.attention(x)))
+        return self.norm2(x + self.dropout(self.feed(x)))
+
+
+class BertForSquad(nn.Module):
+    """BERT (post-norm encoder) with SQuAD's span head: start and end logits per token."""
+
+    def __init__(self, layers: int = 24, width: int = 1024, heads: int = 16, vocab: int = 30522,
+                 positions: int = 512, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.words, self.positions = nn.Embedding(vocab, width), nn.Embedding(positions, width)
+        self.types = nn.Embedding(2, width)
+        self.norm = nn.LayerNorm(width)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.Sequential(*(BertLayer(width, heads, dropout) for _ in range(layers)))
+        self.span = nn.Linear(width, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        where = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.dropout(self.norm(self.words(tokens) + self.positions(where) + self.types(torch.zeros_like(tokens))))
+        return self.span(self.layers(x))
+
+
+def span_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return (F.cross_entropy(logits[..., 0], targets[:, 0]) + F.cross_entropy(logits[..., 1], targets[:, 1])) / 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    build: Callable[[], nn.Module]
+    batch: Callable[[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]]  # (batch, seq_len, device)
+    loss: Callable[[Any, torch.Tensor], torch.Tensor]
+    optimizer: tuple[str, dict[str, Any]]
+
+
+def _resnet50() -> nn.Module:
+    import torchvision
+
+    return torchvision.models.resnet50()
+
+
+def _images(batch: int, _seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, 3, 224, 224, device=device), torch.randint(0, 1000, (batch,), device=device)
+
+
+def _tokens(batch: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(0, 30522, (batch, seq), device=device), torch.randint(0, seq, (batch, 2), device=device)
+
+
+WORKLOADS = {
+    "resnet50": Workload(_resnet50, _images, F.cross_entropy,
+                         ("torch.optim.SGD", {"lr": 0.1, "momentum": 0.875, "weight_decay": 3.05e-5})),
+    "bert_large_squad": Workload(BertForSquad, _tokens, span_loss, ("torch.optim.AdamW", {"lr": 3e-5})),
+}
+
+
+def amp_for(precision: str) -> AmpSpec:
+    """What the source's precision means as an amp level (apex's table, harness.core.amp_levels)."""
+    from harness.core.amp_levels import AmpConfig, resolve
+
+    level, dtype, _ = PRECISIONS[precision]
+    return resolve(AmpConfig(level=level, dtype=dtype if level != "O0" else "auto"), "cuda")
+
+
+@functools.lru_cache(maxsize=64)
+def case_ops(workload: str, precision: str, batch: int, seq_len: int) -> tuple[StepOps, int]:
+    """The case's step as operators, and the bytes of the gradients DDP all-reduces."""
+    from amp import OptimizerSpec
+    from harness.plan.trace import workload_ops
+
+    spec = WORKLOADS[workload]
+    cls, kwargs = spec.optimizer
+    optim = OptimizerSpec.from_config({"_target_": cls, **kwargs})
+    ops = workload_ops(spec.build, lambda device: spec.batch(batch, seq_len, device), spec.loss,
+                       amp_for(precision), optim, 1, batch)
+    with torch.device("meta"):
+        grads = sum(p.numel() * 4 for p in spec.build().parameters())  # fp32: every level here keeps them so
+    return ops, grads
+
+
+def predict_case(case: Case, factors: GpuFactors, preset: Preset | None = None) -> float:
+    """Samples per second over all the case's GPUs."""
+    preset = preset or load_preset(case.gpu)
+    ops, grad_bytes = case_ops(case.workload, case.precision, case.batch_per_gpu, case.seq_len)
+    time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors, tf32_matmul=PRECISIONS[case.precision][2],
+                     channels_last=case.memory_format == "nhwc")
+    step = (time.forward_backward_s + time.optimizer_s) * straggle(case.gpus, factors)
+    if case.gpus > 1:  # DDP: one all-reduce of the gradients, hidden under backward except its last bucket
+        seconds = collective_seconds("all_reduce", grad_bytes, min(case.gpus, preset.devices_per_node),
+                                     max(1, math.ceil(case.gpus / preset.devices_per_node)), preset.intra,
+                                     preset.inter, {}, "float32")
+        last = seconds * min(1.0, BUCKET_BYTES / grad_bytes)
+        step += last + max(0.0, seconds - last - time.forward_backward_s * 2 / 3)
+    return case.gpus * case.batch_per_gpu / step
+
+
+# ---- the fit ----
+
+PARAMETERS = ("conv", "matmul", "memory", "launch_us", "sync_cv", "nchw")
+DISPATCH_US = 10.0  # not fitted: every published case is GPU-bound (harness.plan.gpu_model.GpuFactors.dispatch_us)
+BOUNDS = ((0.02, 1.0), (0.02, 1.0), (0.05, 1.0), (0.5, 60.0), (0.0, 0.3), (0.0, 8.0))
+START = (0.5, 0.5, 0.6, 8.0, 0.03, 1.0)
+
+
+def fit(cases: Sequence[Case]) -> GpuFactors:
+    """The factors minimising the squared log error of predicted over published throughput."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    presets = {c.gpu: load_preset(c.gpu) for c in cases}
+
+    def factors_of(theta: Any) -> GpuFactors:
+        return GpuFactors(**dict(zip(PARAMETERS, (float(t) for t in theta), strict=True)), dispatch_us=DISPATCH_US)
+
+    def residuals(theta: Any) -> Any:
+        f = factors_of(theta)
+        return np.array([math.log(predict_case(c, f, presets[c.gpu]) / c.published) for c in cases])
+
+    lower, upper = zip(*BOUNDS, strict=True)
+    result = least_squares(residuals, np.array(START), bounds=(lower, upper), x_scale=np.array(START) + 0.01)
+    return dataclasses.replace(factors_of(result.x), cases=len(cases))
+
+
+@dataclass(frozen=True)
+class Check:
+    case: Case
+    fitted: float  # predicted by the factors fitted to every case
+    left_out: float  # predicted by factors fitted without this case
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published, left out."""
+        return self.left_out / self.case.published - 1
+
+
+def leave_one_out(cases: Sequence[Case]) -> tuple[GpuFactors, list[Check]]:
+    """The factors from every case, with the fit's leave-one-out SD of log errors as its band, and each case's
+    check."""
+    whole = fit(cases)
+    checks = [Check(c, predict_case(c, whole), predict_case(c, fit([o for o in cases if o is not c])))
+              for c in cases]
+    logs = [math.log(c.left_out / c.case.published) for c in checks]
+    sd = math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
+    return dataclasses.replace(whole, log_sd=sd), checks

@@ -1,0 +1,102 @@
+"""The published results the GPU model is fitted to (harness.plan.published): a table whose every row names its
+source and runs on a preset; a fit that recovers factors known by construction; the workloads at their published
+sizes; and speedups across GPUs and levels that come out of the model, not out of a ratio of datasheets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from conftest import run_config
+
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.plan import published
+from harness.plan.gpu_model import GpuFactors, OpCost, StepOps
+from harness.plan.hardware import load_preset, preset_names
+from harness.plan.predict import Target, compute_time
+
+
+def test_every_published_row_names_its_source_and_runs_on_a_preset():
+    cases = published.load_table()
+    header = published.TABLE.read_text()
+    assert len(cases) >= 20
+    for case in cases:
+        assert case.gpu in preset_names() and case.precision in published.PRECISIONS
+        assert case.workload in published.WORKLOADS and case.published > 0 and case.where
+        assert f"#  {case.source} = " in header  # every source spelled out in the file's header
+    assert {c.gpu for c in cases} >= {"a100x8", "h100x8", "v100x8"}
+    assert {c.workload for c in cases} == {"resnet50", "bert_large_squad"}
+    dle = {(c.gpus, c.precision): c.published for c in cases if c.source == "DLE-RN50" and c.gpu == "a100x8"}
+    assert dle == {(1, "tf32"): 938, (1, "amp"): 2470, (8, "tf32"): 7248, (8, "amp"): 16621}  # the README's table
+
+
+def _synthetic_ops(workload: str, precision: str, batch: int, seq_len: int) -> tuple[StepOps, int]:
+    """A step per case whose mix of convolutions, matmuls and memory traffic differs with the workload and
+    dtype, so that every factor shows in some case."""
+    dtype = published.PRECISIONS[precision][1]
+    scale = batch / 64
+    if workload == "resnet50":
+        ops = [OpCost("conv", dtype, "forward_backward", 4e11 * scale, 2e9 * scale, 160),
+               OpCost("memory", dtype, "forward_backward", 0.0, 6e9 * scale, 250),
+               OpCost("memory", "float32", "optimizer", 0.0, 3e8, 6)]
+    else:
+        ops = [OpCost("matmul", dtype, "forward_backward", 9e11 * scale, 3e9 * scale, 300),
+               OpCost("memory", dtype, "forward_backward", 0.0, 5e9 * scale, 600),
+               OpCost("memory", "float32", "optimizer", 0.0, 5e9, 12)]
+    return StepOps(tuple(ops), batch), 100 * 2**20
+
+
+def test_the_fit_recovers_factors_known_by_construction(monkeypatch):
+    monkeypatch.setattr(published, "case_ops", _synthetic_ops)
+    truth = GpuFactors(conv=0.6, matmul=0.45, memory=0.7, launch_us=4.0, sync_cv=0.05, nchw=1.5, dispatch_us=0.0)
+    monkeypatch.setattr(published, "DISPATCH_US", 0.0)
+    cases = [dataclasses.replace(c, published=published.predict_case(c, truth)) for c in published.load_table()]
+    found = published.fit(cases)
+    for name in ("conv", "matmul", "memory", "sync_cv", "nchw"):
+        assert getattr(found, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    assert found.cases == len(cases)
+    factors, checks = published.leave_one_out(cases)
+    assert factors.log_sd < 0.01 and max(abs(c.error) for c in checks) < 0.01  # exact data: nothing left to miss
+
+
+def test_the_fit_is_judged_on_each_case_left_out(monkeypatch):
+    """A case the others contradict (published 2x what the truth gives) is predicted from the others: its
+    left-out error is about -50 %, while the factors fitted to all absorb part of it."""
+    monkeypatch.setattr(published, "case_ops", _synthetic_ops)
+    monkeypatch.setattr(published, "DISPATCH_US", 0.0)
+    truth = GpuFactors(conv=0.6, matmul=0.45, memory=0.7, launch_us=4.0, sync_cv=0.05, nchw=1.5, dispatch_us=0.0)
+    cases = [dataclasses.replace(c, published=published.predict_case(c, truth)) for c in published.load_table()]
+    cases[0] = dataclasses.replace(cases[0], published=2 * cases[0].published)
+    _, checks = published.leave_one_out(cases)
+    assert checks[0].error == pytest.approx(-0.5, abs=0.03)
+    assert checks[0].fitted / cases[0].published - 1 > checks[0].error
+
+
+def test_bert_large_has_its_published_size_and_a_span_loss():
+    with torch.device("meta"):
+        large = published.BertForSquad()
+    assert 330e6 < sum(p.numel() for p in large.parameters()) < 340e6  # DLE's BERT README: 330M
+    small = published.BertForSquad(layers=2, width=32, heads=4, vocab=100, positions=16)
+    tokens, targets = published._tokens(3, 16, torch.device("cpu"))
+    logits = small(tokens % 100)
+    assert logits.shape == (3, 16, 2)
+    assert published.span_loss(logits, targets).item() > 0
+
+
+def test_speedups_come_from_the_model_not_from_datasheet_ratios():
+    """ResNet-50 at 256 images per GPU: H100 over A100 near the published 1.76-1.78x (Lambda, same software),
+    not the TF32 datasheet's 494.7 / 156 = 3.17x; O1 over O0 is not a fixed 2x."""
+    cfg = run_config("ddp", batch_size=256, model={"_target_": "harness.rank.models.torchvision_model",
+                                                   "name": "resnet50"},
+                     data={"name": "synthetic", "image_size": 224, "num_classes": 1000})
+    o0, o1 = resolve(AmpConfig(level="O0"), "cuda"), resolve(AmpConfig(level="O1"), "cuda")
+
+    def seconds(preset: str, amp) -> float:
+        compute, optimizer, _, _ = compute_time(cfg, amp, Target(load_preset(preset), 1), micro=256)
+        return compute + optimizer
+
+    a100, h100 = seconds("a100x8", o0), seconds("h100x8", o0)
+    assert 1.5 < a100 / h100 < 2.1 and not math.isclose(a100 / h100, 494.7 / 156, rel_tol=0.1)
+    assert 1.0 < a100 / seconds("a100x8", o1) < 2.0
