@@ -3,7 +3,7 @@ preset), then measured, by `run.py -m` exactly as a user types it; the table sho
 
     python bench/prediction.py [--write-results]
 
-Cases: single, ddp, zero and fsdp x O0 and O1 (bfloat16) x tiny_cnn and resnet18 x 1 and 2 processes (single:
+Cases: single, ddp, zero, fsdp and allreduce x O0 and O1 (bfloat16) x tiny_cnn and resnet18 x 1 and 2 processes (single:
 one). Memory: the largest rank's peak of live tensor bytes (CPU) or the allocator's reserved peak (GPU), against
 the predicted peak. Time: the steady windows' seconds per iteration against the predicted one; the 2-process
 cases are predicted from a 1-process calibration plus this machine's fitted link. Error = (measured - predicted)
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:  # seconds: the tiny model, two cases
         models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}  # and no multi-process sweep
         common_overrides = ["repeat=1", "amp=O0", "plan.predict=true"]
-    settings = {"cases": "single, ddp, zero, fsdp x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
+    settings = {"cases": "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
                 "overrides": " ".join(common_overrides) + "; " + "; ".join(" ".join(m) for m in models.values()),
                 "cores": common.cores(), "OMP_NUM_THREADS": "pinned to the cores (common.pinned_env)"}
     common.print_settings("Predictions against measurements", settings)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                           "ms/it pred", "ms/it meas", "time error", "within goals"])
     started = time.perf_counter()
     with common.runs_dir(args, "prediction") as runs, common.measure_load() as load:
-        multi = "ddp,zero,fsdp"
+        multi = "ddp,zero,fsdp,allreduce"
         for name, model in models.items():
             common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
             if not args.quick:

@@ -151,11 +151,9 @@ def _kind(name: str) -> str | None:
 
 
 def _tensor_bytes(values: Any) -> tuple[float, int]:
-    """Bytes of every tensor in `values` (nested lists included), and the longest tensor list's length."""
-    flat, _ = tree_flatten(values)
-    longest = max((len(v) for v in (values if isinstance(values, list | tuple) else ()) if isinstance(v, list | tuple)),
-                  default=0)
-    return float(sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))), longest
+    """Bytes of every tensor in `values` (nested lists included), and how many tensors."""
+    tensors = [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor)]
+    return float(sum(t.numel() * t.element_size() for t in tensors)), len(tensors)
 
 
 class OperatorRecorder(TorchDispatchMode):
@@ -171,9 +169,10 @@ class OperatorRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if not self.recording or func.is_view or name in NO_KERNEL_OPS:
-            return out
-        read, lists = _tensor_bytes((args, kwargs))
+        if not self.recording or func.is_view or name in NO_KERNEL_OPS or func.namespace != "aten":
+            return out  # prim::device, the profiler's marks: no kernel
+        read, _ = _tensor_bytes((args, kwargs))
+        lists = max((len(a) for a in args if isinstance(a, list | tuple)), default=0)
         written, _ = _tensor_bytes(out)
         counter = flop_registry.get(func.overloadpacket)
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0

@@ -30,6 +30,8 @@ from harness.plan.hardware import Preset, load_preset
 from harness.plan.links import collective_seconds
 
 TABLE = Path(__file__).with_name("published.csv")
+COLUMNS = ("workload", "gpu", "gpus", "precision", "memory_format", "batch_per_gpu", "seq_len", "data", "published",
+           "unit", "source", "where")
 PRECISIONS = {  # as the sources state them: the amp level, its dtype, and whether TF32 serves float32 matmuls
     "fp32": ("O0", "float32", False), "tf32": ("O0", "float32", True), "amp": ("O1", "float16", True),
     "fp16-o2": ("O2", "float16", True), "bf16": ("O1", "bfloat16", True)}
@@ -59,7 +61,10 @@ class Case:
 
 def load_table(path: Path = TABLE) -> list[Case]:
     with path.open(newline="") as handle:
-        rows = [row for row in csv.DictReader(line for line in handle if not line.startswith("#"))]
+        reader = csv.DictReader(line for line in handle if not line.startswith("#"))
+        rows = list(reader)
+    if tuple(reader.fieldnames or ()) != COLUMNS:
+        raise ValueError(f"{path}: columns {reader.fieldnames}, expected {list(COLUMNS)}")
     return [Case(row["workload"], row["gpu"], int(row["gpus"]), row["precision"], row["memory_format"],
                  int(row["batch_per_gpu"]),
                  int(row["seq_len"] or 0), row["data"], float(row["published"]), row["unit"], row["source"],
