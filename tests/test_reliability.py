@@ -575,3 +575,36 @@ def test_report_skips_an_unreadable_results_file_and_names_it(tmp_path):
     assert report_row(report, "single O0") == "ok"
     assert "ddp O0" not in report
     assert f"- {torn}: " in report  # named under "Unreadable results files (skipped)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["mid-run", "after the loop"])
+def test_a_launcher_killed_hard_leaves_no_process_of_its_run(tmp_path, when):
+    """SIGKILL (a caller's time-out, the OOM killer) gives the launcher no chance to stop anyone: its ranks see it
+    gone and stop themselves (SIGTERM to themselves: their records say why), SIGKILLed 10 s later if they hang;
+    a rank that has written its record ends within dist.timeout_s whoever it waits for. Once, two FSDP ranks
+    that had written their records sat in a futex wait for over an hour beside the fork server, 840 MB each."""
+    run_dir = tmp_path / "run"
+    iterations = "iterations=100000" if when == "mid-run" else "iterations=60"
+    args = ("strategy=fsdp", "nprocs=2", *TINY, iterations, "log_every=20", "dist.timeout_s=20",
+            "launcher.start_method=forkserver", f"hydra.run.dir={run_dir}")
+    with LiveRun(*args) as run:
+        assert run.wait_for_output("[fsdp O0] iter", START_TIMEOUT_S), run.describe()
+        assert len(run.workers()) == 2
+        if when == "after the loop":  # every rank has written its record: what is left is teardown
+            assert run.wait_until(lambda: len(list((run_dir / "ranks").glob("rank*.json"))) == 2, 120), run.describe()
+        run.descendants()
+        killed_at = time.monotonic()
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        left = [f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in run.survivors(grace=25)]
+        took = time.monotonic() - killed_at
+    assert not left, f"{left} outlived the launcher"
+    assert took < 25, f"the run's processes took {took:.1f} s to end"
+    records = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+    assert len(records) == 2  # nothing lost: each rank wrote what it measured
+    if when == "mid-run":
+        assert all(r["status"] == "interrupted" and "SIGTERM" in r["error"] for r in records), records
+    else:
+        assert all(r["status"] == "ok" for r in records)
+    print(f"\nlauncher SIGKILLed {when}: every process of the run gone {took:.1f} s later")

@@ -253,6 +253,22 @@ def test_the_shipped_schema_accepts_a_written_record_and_rejects_incomplete_or_m
     assert list(validator.iter_errors(OLD_NOT_RUN))  # schema 1: loads (above), but is not what is written now
 
 
+def test_the_shipped_schema_is_valid_and_validates_the_way_a_user_calls_it():
+    """`jsonschema.validate(record, schema)`, as a user calls it, checks the schema against its metaschema
+    first: an $id with a fragment (`...#v2`) once made it raise SchemaError before looking at the record."""
+    import jsonschema
+
+    from harness.core.results import RunRecord
+    from harness.core.results_schema import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    written = RunRecord.not_run(status="failed", error="lost", strategy="ddp", amp="O2", model="m").to_dict()
+    jsonschema.validate(written, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**written, "world_size": "two"}, schema)
+
+
 def test_docs_results_page_names_every_top_level_field_once():
     """docs/results.md's field table and the records agree: a field added to RunRecord must be documented."""
     from dataclasses import fields

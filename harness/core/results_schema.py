@@ -26,7 +26,7 @@ def generate() -> dict[str, Any]:
     schema = TypeAdapter(RunRecord).json_schema(mode="serialization")
     schema["properties"]["schema"] = {"const": SCHEMA, "title": "Schema", "type": "integer"}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"parallel-harness/results.schema.json#v{SCHEMA}", **schema}
+            "$id": f"urn:parallel-harness:results:v{SCHEMA}", **schema}  # 2020-12: an $id has no fragment
 
 
 def text() -> str:

@@ -3,9 +3,14 @@ the parent's and a SLURM job's handlers), the exception they raise, and the one 
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
 from types import FrameType
 from typing import Any
+
+import psutil
 
 
 class Interrupted(Exception):
@@ -66,3 +71,49 @@ def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...
 def last_line(error: BaseException) -> str:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+
+
+LAUNCHER_GONE_GRACE_S = 10  # a rank whose launcher died: SIGTERM to itself, SIGKILL this much later
+
+
+class LauncherWatch:
+    """A rank's watch on the process that launched it: when the launcher is gone, however it ended (SIGKILL,
+    the OOM killer, a caller's time-out), the rank is stopped as a signal would stop it (SIGTERM to itself: it
+    writes its record and ends), and killed `grace_s` later if it has not ended. A rank whose record is
+    written (`record_written()`) ends at most `teardown_s` later, whoever it waits for: a process group's
+    teardown with a peer gone blocks for ever. Polled from a daemon thread, twice a second."""
+
+    POLL_S = 0.5
+
+    def __init__(self, pid: int, create_time: float, grace_s: float, teardown_s: float) -> None:
+        self.pid, self.create_time, self.grace_s, self.teardown_s = pid, create_time, grace_s, teardown_s
+        self._deadline: float | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> LauncherWatch:
+        threading.Thread(target=self._watch, name="launcher-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def record_written(self) -> None:
+        self._deadline = time.monotonic() + self.teardown_s
+
+    def launcher_alive(self) -> bool:
+        """The same process (not a reused PID), and not a zombie its own parent has yet to reap."""
+        try:
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.create_time) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _watch(self) -> None:
+        kill_at: float | None = None
+        while not self._stopped.wait(self.POLL_S):
+            now = time.monotonic()
+            if kill_at is None and not self.launcher_alive():
+                os.kill(os.getpid(), signal.SIGTERM)  # StopRequest notes it: the record says why
+                kill_at = now + self.grace_s
+            if (kill_at is not None and now >= kill_at) or (self._deadline is not None and now >= self._deadline):
+                os.kill(os.getpid(), signal.SIGKILL)

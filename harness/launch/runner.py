@@ -132,7 +132,8 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
             "amp": amp.as_dict(), "record_dir": str(record_dir), "log_file": str(run_dir / "run.log"),
             "launched": launched, "run_started": started, "repeat_label": repeat_label,
-            "parameters_path": str(run_dir / PARAMETERS_NAME)}
+            "parameters_path": str(run_dir / PARAMETERS_NAME),
+            "launcher": {"pid": os.getpid(), "create_time": psutil.Process().create_time()}}
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)

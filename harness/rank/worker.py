@@ -29,7 +29,14 @@ from harness.core.config import FaultConfig, RunConfig
 from harness.core.devices import DeviceOps, Placement
 from harness.core.logs import setup_worker
 from harness.core.results import write_json_atomic
-from harness.core.stops import Interrupted, StopRequest, caused_by, last_line
+from harness.core.stops import (
+    LAUNCHER_GONE_GRACE_S,
+    Interrupted,
+    LauncherWatch,
+    StopRequest,
+    caused_by,
+    last_line,
+)
 from harness.core.timing import AutoStop, Window, WindowClock
 from harness.memory.footprint import footprint, per_rank
 from harness.memory.tensor_peak import TensorPeak
@@ -108,6 +115,8 @@ def run_rank(spec: dict[str, Any],
     if spec.get("launched"):  # a process of its own: Hydra set up the launcher's logging, not ours
         setup_worker(spec.get("log_file"), rank)
     stop = StopRequest().install()
+    watch = LauncherWatch(spec["launcher"]["pid"], spec["launcher"]["create_time"], LAUNCHER_GONE_GRACE_S,
+                          cfg.dist.timeout_s).start() if spec.get("launched") and spec.get("launcher") else None
     pid_file = Path(spec["record_dir"]) / f"rank{rank}.pid"  # a rank that dies without a record is still known
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(f"{os.getpid()} {psutil.Process().create_time()}")  # the start time tells a reused PID
@@ -210,6 +219,8 @@ def run_rank(spec: dict[str, Any],
             record["data_pids"] = batches.worker_pids()
             batches.close()
         write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
+        if watch is not None:
+            watch.record_written()  # from here the rank ends within dist.timeout_s, whoever it waits for
         try:
             if before_teardown is not None and record["status"] == "ok":
                 before_teardown(record)
@@ -217,6 +228,8 @@ def run_rank(spec: dict[str, Any],
             if strategy is not None:
                 strategy.teardown()
             stop.restore()
+            if watch is not None:
+                watch.stop()
 
 
 def profile_record(profiler: WindowProfiler, trace: Path) -> dict[str, Any] | None:
