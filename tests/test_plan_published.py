@@ -57,7 +57,7 @@ def test_the_fit_recovers_factors_known_by_construction(monkeypatch):
     for name in ("conv", "matmul", "memory", "sync_cv", "nchw"):
         assert getattr(found, name) == pytest.approx(getattr(truth, name), rel=0.02), name
     assert found.cases == len(cases)
-    factors, checks = published.leave_one_out(cases)
+    factors, checks = published.leave_one_out(cases[::3])  # every third: both workloads, layouts, 1 and 8 GPUs
     assert factors.log_sd < 0.01 and max(abs(c.error) for c in checks) < 0.01  # exact data: nothing left to miss
 
 
@@ -68,6 +68,7 @@ def test_the_fit_is_judged_on_each_case_left_out(monkeypatch):
     monkeypatch.setattr(published, "DISPATCH_US", 0.0)
     truth = GpuFactors(conv=0.6, matmul=0.45, memory=0.7, launch_us=4.0, sync_cv=0.05, nchw=1.5, dispatch_us=0.0)
     cases = [dataclasses.replace(c, published=published.predict_case(c, truth)) for c in published.load_table()]
+    cases = cases[::3]
     cases[0] = dataclasses.replace(cases[0], published=2 * cases[0].published)
     _, checks = published.leave_one_out(cases)
     assert checks[0].error == pytest.approx(-0.5, abs=0.03)
