@@ -1,6 +1,6 @@
 """This machine's measured compute for one rank's step: forward and backward, and the optimizer step, timed
 on real tensors (on CPU in this process, the parent, while no worker runs; on a GPU in a child process, the
-device synchronized at each edge) at the rank's micro-batch and thread count: the best step, with the load other
+device synchronized at each edge) at the rank's micro-batch and thread count: the median step, with the load other
 processes put on the machine meanwhile and matrix products re-timed beside it, so that a calibration taken on a
 busy machine says so. This machine's predictions only: a preset's compute comes from the GPU operator model
 (harness.plan.gpu_model), which times nothing here."""
@@ -36,12 +36,12 @@ SLOW_GEMM = 0.75  # matrix products re-measured beside the model slower than thi
 
 @dataclass(frozen=True)
 class Calibration:
-    forward_backward_s: float  # one optimizer step's forward and backward passes (every micro-batch): the best
+    forward_backward_s: float  # one optimizer step's forward and backward passes (every micro-batch): the median
     optimizer_s: float
     steps: int
     micro_batch: int
     threads: int
-    median_forward_backward_s: float = 0.0  # the median, beside the best: their gap is the timing's own spread
+    best_forward_backward_s: float = 0.0  # the best, beside the median: their gap is the timing's own spread
     background_cores: float = 0.0  # cores other processes kept busy meanwhile (steal time included)
     gemm_ratio: float | None = None  # float32 products timed beside the model / this machine's cached rate
 
@@ -98,13 +98,14 @@ def gemm_ratio(threads: int, device: str) -> float | None:
 def timed_steps(forward_backward: Callable[[], None], step: Callable[[], None], sync: Callable[[], None],
                 micro_batch: int, threads: int, device: str = "cpu") -> Calibration:
     """WARMUP_STEPS untimed, then at least MIN_STEPS and MIN_SECONDS (at most MAX_STEPS) timed, the device
-    synchronized at each edge: the best of them (what the machine does when nothing else runs), the median
-    beside it, the other processes' load meanwhile, and matrix products re-timed just before."""
+    synchronized at each edge: their median (what a run's median window is compared with; the best step
+    predicted 15-25 % low on this VM, benchmark 13), the best beside it, the other processes' load meanwhile,
+    and matrix products re-timed just before: a busy machine is flagged, not hidden in a best-of."""
     ratio = gemm_ratio(threads, device)
     with background_load() as load:
         passes, steps = _timed(forward_backward, step, sync)
-    return Calibration(min(passes), min(steps), len(passes), micro_batch, threads, statistics.median(passes),
-                       load[0], ratio)
+    return Calibration(statistics.median(passes), statistics.median(steps), len(passes), micro_batch, threads,
+                       min(passes), load[0], ratio)
 
 
 def _timed(forward_backward: Callable[[], None], step: Callable[[], None], sync: Callable[[], None],
