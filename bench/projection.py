@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                 "fit": "least squares on log(predicted / published), factors " + ", ".join(published.PARAMETERS),
                 "band": "90 % of the leave-one-out log errors (z 1.645 x their RMS)",
                 "load check": "a plan=true prediction on h100x8 and on this machine, quiet, then with both cores spinning "
-                              "(goal: within 10 %, or the loaded one flagged busy)"}
+                              "(goal: within 10 %, or the loaded one flagged busy)",
+                "cores": common.cores(),
+                "OMP_NUM_THREADS": "not set: the calibration in the load check sets a rank's thread count itself"}
     common.print_settings("GPU projections against published results", settings)
     started = time.perf_counter()
     factors, checks = published.leave_one_out(cases)

@@ -603,8 +603,9 @@ def test_a_launcher_killed_hard_leaves_no_process_of_its_run(tmp_path, when):
     assert took < 25, f"the run's processes took {took:.1f} s to end"
     records = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
     assert len(records) == 2  # nothing lost: each rank wrote what it measured
-    if when == "mid-run":
-        assert all(r["status"] == "interrupted" and "SIGTERM" in r["error"] for r in records), records
+    if when == "mid-run":  # stopped by their own SIGTERM; a rank whose peer left mid-collective may fail instead
+        assert all(r["status"] in ("interrupted", "failed") and r["error"] for r in records), records
+        assert any(r["status"] == "interrupted" and "SIGTERM" in r["error"] for r in records), records
     else:
         assert all(r["status"] == "ok" for r in records)
     print(f"\nlauncher SIGKILLed {when}: every process of the run gone {took:.1f} s later")

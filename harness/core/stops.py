@@ -88,14 +88,10 @@ class LauncherWatch:
     def __init__(self, pid: int, create_time: float, grace_s: float, teardown_s: float) -> None:
         self.pid, self.create_time, self.grace_s, self.teardown_s = pid, create_time, grace_s, teardown_s
         self._deadline: float | None = None
-        self._stopped = threading.Event()
 
     def start(self) -> LauncherWatch:
         threading.Thread(target=self._watch, name="launcher-watch", daemon=True).start()
         return self
-
-    def stop(self) -> None:
-        self._stopped.set()
 
     def record_written(self) -> None:
         self._deadline = time.monotonic() + self.teardown_s
@@ -110,7 +106,8 @@ class LauncherWatch:
 
     def _watch(self) -> None:
         kill_at: float | None = None
-        while not self._stopped.wait(self.POLL_S):
+        while True:  # a daemon: it ends with the process
+            time.sleep(self.POLL_S)
             now = time.monotonic()
             if kill_at is None and not self.launcher_alive():
                 os.kill(os.getpid(), signal.SIGTERM)  # StopRequest notes it: the record says why

@@ -228,8 +228,8 @@ def run_rank(spec: dict[str, Any],
             if strategy is not None:
                 strategy.teardown()
             stop.restore()
-            if watch is not None:
-                watch.stop()
+            # the watch is left running: after this the rank hands its record to the elastic agent and waits
+            # for it to read it (torch's `_wrap`: queue_finished_reading_event.wait()), for ever if it is gone
 
 
 def profile_record(profiler: WindowProfiler, trace: Path) -> dict[str, Any] | None:
