@@ -127,22 +127,20 @@ def scaling_plot(rows: Sequence[Row], projected: Sequence[dict[str, Any]], path:
     if not shown:
         return None
     colours = strategy_colours(rows)
-    fig, (here_ax, there_ax) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5), width_ratios=(1, 2))
+    markers = dict(zip(dict.fromkeys(p["hardware"] for p in shown), "xsD^v<>p*h", strict=False))
+    fig, (here_ax, there_ax) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5), width_ratios=(1, 2), layout="constrained")
     for row in rows:
         if not row.throughput:
             continue
         colour = colours.get(row.strategy, "black")
         here_ax.plot([max(1, row.processes or len(row.devices) or 1)], [row.throughput], color=colour, marker="o",
                      linestyle="none", label=row.label)
-        points = sorted((p["devices"], p["throughput_img_s"], p.get("throughput_band") or (None, None), p["hardware"])
-                        for p in shown if p["label"] == row.label)
-        if points:
-            xs = [x for x, *_ in points]
-            ys = [y for _, y, *_ in points]
-            low = [y - (b[0] or y) for _, y, b, _ in points]
-            high = [(b[1] or y) - y for _, y, b, _ in points]
-            there_ax.errorbar(xs, ys, yerr=[low, high], color=colour, marker="x", linestyle="--", capsize=3,
-                              alpha=0.85, label=row.label)
+        for p in (p for p in shown if p["label"] == row.label):  # one point per preset: no line joins two GPUs
+            y = p["throughput_img_s"]
+            low, high = p.get("throughput_band") or (y, y)
+            there_ax.errorbar([p["devices"]], [y], yerr=[[y - (low or y)], [(high or y) - y]], color=colour,
+                              marker=markers[p["hardware"]], linestyle="none", capsize=3, alpha=0.85,
+                              label=f"{row.label} on {p['hardware']}")
     here_ax.set(xlabel="processes here", ylabel="images per second", title="Measured on this machine")
     here_ax.set_xticks(sorted({max(1, r.processes or len(r.devices) or 1) for r in rows if r.throughput}))
     presets = ", ".join(dict.fromkeys(p["hardware"] for p in shown))
