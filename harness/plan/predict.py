@@ -2,10 +2,11 @@
 
 Memory: the traced step (harness.plan.trace) at the rank's micro-batch, with what the strategy shards divided
 by the ranks sharing it, its declared communication buffers (strategies' `traffic`), the batches the data
-source keeps on the device, and on CUDA the caching allocator's overhead. Time: the calibrated forward,
-backward and optimizer step (harness.plan.calibrate; on a preset scaled by the ratio of peak rates in the
-dtype the level computes in), plus each declared collective by the latency-bandwidth model
-(harness.plan.links), hidden under the pass it overlaps with, except its last piece."""
+source keeps on the device, and on CUDA the caching allocator's overhead. Time: on this machine the
+calibrated forward, backward and optimizer step (harness.plan.calibrate); on a GPU preset the step's operators
+timed by the GPU model (harness.plan.gpu_model, fitted to published results); plus each declared collective by
+the latency-bandwidth model (harness.plan.links), hidden under the pass it overlaps with, except its last
+piece. Each figure carries a 90 % band and says where it comes from."""
 
 from __future__ import annotations
 
