@@ -12,6 +12,7 @@ for transformers apart; a prediction on a loaded machine within 10 % of the quie
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import multiprocessing
 import statistics
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         header = ("# Written by `python bench/projection.py --fit`: harness/plan/gpu_model.py's factors fitted to "
                   "every\n# case of harness/plan/published.csv; log_sd is the leave-one-out RMS of log errors (the "
                   "band).\n")
-        gpu_model.write_factors(gpu_model.dataclasses.replace(
+        gpu_model.write_factors(dataclasses.replace(
             factors, source=f"harness/plan/published.csv, {len(cases)} cases, fitted {time.strftime('%Y-%m-%d')}"),
             header=header)
         print(f"wrote {gpu_model.FACTORS_FILE}", flush=True)

@@ -46,6 +46,7 @@ NO_KERNEL_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", 
                            "_local_scalar_dense", "set_", "resize_"})
 FOREACH_TENSORS_PER_LAUNCH = 64  # CUDA's multi_tensor_apply takes 36-110 tensors per launch by depth: a middle figure
 KINDS = ("conv", "matmul", "attention", "memory")
+BAND_Z = 1.645  # a band holding 90 % of lognormal errors
 PHASES = ("forward_backward", "optimizer")
 
 
@@ -117,7 +118,7 @@ class GpuFactors:
     cases: int = 0  # published results it was fitted to
     source: str = ""
 
-    def band(self, z: float = 1.645) -> tuple[float, float]:
+    def band(self, z: float = BAND_Z) -> tuple[float, float]:
         """Multipliers of a predicted time holding 90 % of the leave-one-out errors (if they are lognormal)."""
         return math.exp(-z * self.log_sd), math.exp(z * self.log_sd)
 
@@ -140,7 +141,7 @@ def write_factors(factors: GpuFactors, path: Path = FACTORS_FILE, header: str = 
 
 # ---- tracing ----
 
-def _kind(name: str) -> str | None:
+def _kind(name: str) -> str:
     if name in CONV_OPS:
         return "conv"
     if name in MATMUL_OPS:
@@ -179,7 +180,7 @@ class OperatorRecorder(TorchDispatchMode):
         first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
         kernels = math.ceil(lists / FOREACH_TENSORS_PER_LAUNCH) if name.startswith("_foreach") and lists else 1
-        self.ops.append(OpCost(_kind(name) or "memory", dtype, self.phase, flops, read + written, kernels))
+        self.ops.append(OpCost(_kind(name), dtype, self.phase, flops, read + written, kernels))
         return out
 
     @contextlib.contextmanager
@@ -218,13 +219,12 @@ class GpuTime:
         return {**dataclasses.asdict(self), "by_kind": dict(self.by_kind)}
 
 
-def peak_key(op: OpCost, tf32_matmul: bool, tf32_conv: bool = True) -> str:
+def peak_key(op: OpCost, tf32_matmul: bool) -> str:
     """The peak an operator computes at: its dtype, or TF32 for a float32 convolution (cuDNN's default in torch)
     or a float32 matrix product where TF32 is allowed (torch.backends.cuda.matmul.allow_tf32)."""
     if op.dtype != "float32" or op.kind == "memory":
         return op.dtype
-    allowed = tf32_conv if op.kind == "conv" else tf32_matmul
-    return "tf32" if allowed else "float32"
+    return "tf32" if op.kind == "conv" or tf32_matmul else "float32"
 
 
 def step_time(step: StepOps, peaks: Mapping[str, float], memory_gbps: float, factors: GpuFactors,

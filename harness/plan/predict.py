@@ -20,7 +20,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.traffic import Buffer, Collective, Traffic
 from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
-from harness.plan.gpu_model import load_factors, step_time, straggle
+from harness.plan.gpu_model import BAND_Z, load_factors, step_time, straggle
 from harness.plan.hardware import GIB, Preset
 from harness.plan.links import collective_seconds
 from harness.plan.trace import StepTrace, trace_ops, trace_step
@@ -289,13 +289,13 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, place
     preset = target.preset
     if preset.measured and placement is not None and cfg.plan.calibration == "strategy":
         cal = calibrate_strategy_default(cfg, placement, amp, micro)
-        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(cal)}, (
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band()}, (
             f"compute: measured here through strategy={cfg.strategy_name} in a process group of one, {micro} images "
             f"per micro-batch, {cal.threads} thread(s) (its wrapper and hooks included; what crosses a link is the "
             "collectives model's)",)
     if preset.measured:  # plan.calibration=model: the bare model, in this process
         cal = calibrate_fn_default(cfg, amp, micro, target.calibration_threads)
-        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(cal)}, (
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band()}, (
             f"compute: measured here on the bare model (plan.calibration=model), {micro} images per micro-batch, "
             f"{target.calibration_threads} thread(s): the strategy's wrapper and hooks are not in it",)
     return gpu_compute_time(cfg, amp, preset, micro, placement.world_size if placement else 1)
@@ -304,7 +304,6 @@ def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, place
 # RMS of log(measured / predicted) time over benchmark 13's 28 cases (bench/prediction.py, 2026-11-25, a 2-core AMD
 # EPYC VM): this machine's predictions are as right as that, on a quiet machine
 LOCAL_LOG_SD = 0.23
-BAND_Z = 1.645  # 90 % of a lognormal error
 # RMS of log(measured / predicted) peak memory over the same 28 cases: no GPU has checked the memory model yet, so
 # presets take this band too
 MEMORY_LOG_SD = 0.063
@@ -315,7 +314,7 @@ def memory_band() -> tuple[float, float]:
 
 
 
-def _local_band(cal: Calibration) -> dict[str, Any]:
+def _local_band() -> dict[str, Any]:
     """This machine: the spread of benchmark 13's time errors around the calibrated step."""
     return {"band": [math.exp(-BAND_Z * LOCAL_LOG_SD), math.exp(BAND_Z * LOCAL_LOG_SD)],
             "band_source": f"benchmark 13's time errors on this kind of machine (RMS of log errors {LOCAL_LOG_SD})"}

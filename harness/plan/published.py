@@ -28,6 +28,7 @@ from harness.core.amp_levels import AmpSpec
 from harness.plan.gpu_model import GpuFactors, StepOps, step_time, straggle
 from harness.plan.hardware import Preset, load_preset
 from harness.plan.links import collective_seconds
+from harness.plan.predict import FORWARD_SHARE
 
 TABLE = Path(__file__).with_name("published.csv")
 COLUMNS = ("workload", "gpu", "gpus", "precision", "memory_format", "batch_per_gpu", "seq_len", "data", "published",
@@ -193,7 +194,7 @@ def predict_case(case: Case, factors: GpuFactors, preset: Preset | None = None) 
                                      max(1, math.ceil(case.gpus / preset.devices_per_node)), preset.intra,
                                      preset.inter, {}, "float32")
         last = seconds * min(1.0, BUCKET_BYTES / grad_bytes)
-        step += last + max(0.0, seconds - last - time.forward_backward_s * 2 / 3)
+        step += last + max(0.0, seconds - last - time.forward_backward_s * (1 - FORWARD_SHARE))
     return case.gpus * case.batch_per_gpu / step
 
 

@@ -176,21 +176,15 @@ def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device],
         optimizer = optim.build(plugin.optimizer_params(model))
         wrapped = plugin.wrap_module(model)
         inputs, targets = batch(device)
-
-        def forward_backward() -> None:
-            for part, part_targets in zip(inputs.chunk(grad_accum), targets.chunk(grad_accum), strict=True):
-                with plugin.forward_context():
-                    loss = loss_fn(wrapped(part), part_targets) / grad_accum
-                plugin.backward(loss)
-
-        return record_step(forward_backward, lambda: _step(plugin, optimizer), samples)
+        return record_step(lambda: _forward_backward(wrapped, plugin, inputs, targets, grad_accum, loss_fn),
+                           lambda: _step(plugin, optimizer), samples)
 
 
 def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,
-                      grad_accum: int) -> None:
+                      grad_accum: int, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
     for images_part, labels_part in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
         with plugin.forward_context():
-            loss = F.cross_entropy(model(images_part), labels_part) / grad_accum
+            loss = loss_fn(model(images_part), labels_part) / grad_accum
         plugin.backward(loss)
 
 
