@@ -38,7 +38,7 @@ def preset_prediction(overrides: list[str]) -> tuple[float, str | None]:
     from harness.plan import calibrate  # noqa: PLC0415
 
     calibrate._calibrate.cache_clear()  # each call calibrates anew: the load at that moment is what is measured
-    cfg = common.compose_config(overrides).run_config()
+    cfg = common.compose_config(overrides).run
     row = predict_on(cfg, cfg.plan.hardware, common.cores())
     calibrate.shutdown()
     if row["status"] != "predicted":

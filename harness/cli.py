@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.compose import (
     NO_GRID,
     SWEEP_GROUP,
+    Composed,
     combinations,
     compose_one,
     has_gpu,
@@ -52,12 +53,12 @@ def precheck(argv: Sequence[str]) -> list[str]:
         if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
             overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
         with hydra_context():  # every combination composed once: for plan=true, or checked for a run
-            composed = [(combo, compose_one(combo).run_config()) for combo in combinations(overrides, multirun)]
-            if composed and composed[0][1].plan.enabled:
+            composed = [(combo, compose_one(combo)) for combo in combinations(overrides, multirun)]
+            if composed and composed[0][1].run.plan.enabled:
                 from harness.planning import plan_command
 
-                sys.exit(plan_command(composed))
-            check_runs([cfg for _, cfg in composed], multirun)
+                sys.exit(plan_command([(combo, one.run) for combo, one in composed]))
+            check_runs(composed, multirun)
     except ConfigError as error:
         refuse(error)
     return [*flags, *overrides]
@@ -73,28 +74,34 @@ def plan_shorthand(override: str) -> str:
 RUN_OVERHEAD_S = 4.0  # a CPU run's wall time beyond its windows (process start, set-up, record): benchmark 9
 
 
-def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
-    """Place and predict every combination; in a sweep an Incompatible one is left to become a skipped row.
+def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -> None:
+    """Place and predict every combination; in a sweep an Incompatible one is left to become a skipped row,
+    unless every one is (e.g. experiment=seed_blog's GPUs on a machine without them): then the first reason.
     What takes more than a moment before the first run (the link's measurement, the predictions) says so as it
     goes, and ends with an estimate of the sweep's time."""
     import time
 
+    from harness.launch.decide import run_plan
     from harness.launch.placement import probe_hardware
-    from harness.launch.runner import plan, predict_run
+    from harness.launch.runner import predict_run
     from harness.planning import check_plan_presets, ensure_link
 
     hw = probe_hardware()
-    placed = []
-    for cfg in configs:
+    plans, refused = [], []
+    for _, one in composed:
         try:
-            placed.append((cfg, plan(cfg, hw, in_sweep=multirun)))
-        except Incompatible:
+            plans.append(run_plan(one.run, hw, resolved=one.config, in_sweep=multirun))
+        except Incompatible as error:
             if not multirun:
                 raise
+            refused.append(error)
+    if refused and not plans:  # a sweep of rows all refused measures nothing: bad input, not a folder of skips
+        raise refused[0]
+    configs = [one.run for _, one in composed]
     check_plan_presets(configs)
-    runnable = [(cfg, d) for cfg, d in placed if will_run(cfg, d)]
-    predicted = [(cfg, decided) for cfg, decided in runnable if cfg.plan.predict]
-    ranks = [d.placement.world_size for _, d in predicted if d.strategy_cls.one_process_per_device]
+    runnable = [p for p in plans if p.will_run]
+    predicted = [p for p in runnable if p.config.plan.predict]
+    ranks = [p.placement.world_size for p in predicted if p.strategy_cls.one_process_per_device]
     if predicted:
         from harness.core.logs import setup_cli
 
@@ -107,13 +114,12 @@ def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
     seconds: list[float] = []
     started = time.monotonic()
     try:
-        for index, (cfg, decided) in enumerate(predicted, 1):
+        for index, decided in enumerate(predicted, 1):
             began = time.monotonic()
-            prediction = predict_run(cfg, decided.placement, decided.amp, decided.strategy_cls, quiet=True)
-            if prediction is not None and prediction.s_per_iteration and cfg.iterations:
-                seconds.append(prediction.s_per_iteration * cfg.iterations)
-            log.info("  predicted %d/%d: %s %s (%.1f s)", index, len(predicted), cfg.strategy_name, cfg.amp.level,
-                     time.monotonic() - began)
+            prediction = predict_run(decided, quiet=True)
+            if prediction is not None and prediction.s_per_iteration and decided.config.iterations:
+                seconds.append(prediction.s_per_iteration * decided.config.iterations)
+            log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), decided.label, time.monotonic() - began)
     finally:
         from harness.plan.calibrate import shutdown
 
@@ -121,17 +127,6 @@ def check_runs(configs: Sequence[RunConfig], multirun: bool) -> None:
     if predicted:
         log.info("predictions took %.0f s. %s", time.monotonic() - started,
                  sweep_estimate(configs[0], len(runnable), seconds, multirun))
-
-
-def will_run(cfg: RunConfig, decided: Any) -> bool:
-    """What the runner will start rather than record as skipped (harness.launch.runner.execute's checks)."""
-    from amp import plugin_class
-
-    amp_cls = plugin_class(cfg.amp_plugin)
-    accelerator = decided.placement.accelerator
-    return (decided.strategy_cls.skip_reason(decided.placement, decided.amp) or decided.strategy_cls.unavailable_reason()
-            or amp_cls.skip_reason(decided.amp, accelerator) or amp_cls.unavailable_reason(decided.amp, accelerator)
-            ) is None
 
 
 def sweep_estimate(cfg: RunConfig, runs: int, timed: Sequence[float], multirun: bool) -> str:

@@ -83,7 +83,9 @@ class Composed:
     def strategy_name(self) -> str:
         return str(self.choices.get("strategy"))
 
-    def run_config(self) -> RunConfig:
+    @functools.cached_property
+    def run(self) -> RunConfig:
+        """The typed config, checked once."""
         return RunConfig.from_dict(self.config, self.strategy_name)
 
 

@@ -29,9 +29,10 @@ from torch.utils.hooks import RemovableHandle
 
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import ProcessGroupStrategy
+from strategies.capabilities import GradientSyncControl
 
 
-class ManualAllReduce(ProcessGroupStrategy):
+class ManualAllReduce(ProcessGroupStrategy, GradientSyncControl):
     @classmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """All-reduced after backward, waited for (no overlap): one call per parameter, or with bucket=true one

@@ -4,12 +4,11 @@ which the model is converted, moved, cast, sharded, given its optimizer and wrap
 
 from __future__ import annotations
 
-import contextlib
-import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -20,6 +19,10 @@ from harness.core.config import RunConfig
 from harness.core.devices import DeviceOps, Placement
 from harness.core.errors import Incompatible
 from harness.core.traffic import Traffic
+from strategies.spec import AmpRule, StrategySpec
+
+__all__ = ["AmpRule", "Backend", "BareProcessGroup", "ProcessGroupStrategy", "RankEnv", "Strategy", "StrategySpec",
+           "check_backend", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -32,91 +35,14 @@ class RankEnv:
     grad_accum: int = 1  # micro-batches per optimizer step (cfg.grad_accum): horovod's optimizer counts them
 
 
-@dataclass(frozen=True)
-class AmpRule:
-    """One row of a strategy's compatibility with the amp levels as resolved (`AmpSpec`): where every
-    attribute named in `when` has its value (or one of a tuple's), the run is refused before anything starts,
-    naming `amp.<key>` and its value, and saying what is allowed (`{level}` and `{dtype}` filled in). The
-    table of every strategy's rules is docs/strategies.md's (`python -m strategies.compat`)."""
-
-    when: Mapping[str, Any]
-    key: str
-    allowed: str
-
-    def matches(self, amp: AmpSpec) -> bool:
-        return all(getattr(amp, name) in (value if isinstance(value, tuple) else (value,))
-                   for name, value in self.when.items())
-
-
-class Strategy:
-    one_process_per_device: ClassVar[bool] = False  # True: the launcher starts a worker per device
-    drives_all_devices: ClassVar[bool] = False  # True: one process uses every chosen GPU
-    needs_cuda: ClassVar[bool] = False
-    # Which of parameters, gradients and optimizer state each rank holds only 1/world_size of (theory).
-    shards: ClassVar[tuple[bool, bool, bool]] = (False, False, False)
-    amp_rules: ClassVar[tuple[AmpRule, ...]] = ()  # amp levels, implementations and dtypes it refuses
+class Strategy(StrategySpec, ABC):
+    """A strategy in its rank: how its processes and devices are set up and the phases that build the model it
+    trains (`setup_module`). Required of every strategy: its wrapper (`wrap`, which may be none, said so) and,
+    parent side, what it sends (`traffic`). Optional capabilities are mixins (strategies.capabilities): gradient
+    sync control for grad_accum, sharded parameters, graphs compiled inside the windows."""
 
     def __init__(self) -> None:
         self._ops: DeviceOps | None = None
-
-    # ---- decided in the parent, before anything starts ----
-
-    def unit_names(self, model: nn.Module) -> list[str]:
-        """The modules whose parameters are gathered one at a time (FSDP's units); none here."""
-        return []
-
-    @classmethod
-    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
-        """What each iteration sends and what is held to send it (harness.plan's predictions): nothing."""
-        return Traffic()
-
-    @classmethod
-    def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:
-        """Why this strategy has nothing to measure on this placement (recorded as `skipped`)."""
-        if cls.needs_cuda and placement.accelerator != "cuda":
-            return "needs CUDA GPUs; this machine has none (ran nothing)"
-        return None
-
-    @classmethod
-    def check_compatible(cls, placement: Placement, amp: AmpSpec) -> None:
-        """Raise Incompatible for an amp level this strategy would run wrongly: its first rule that matches."""
-        for rule in cls.amp_rules:
-            if rule.matches(amp):
-                raise Incompatible(f"amp.{rule.key}", getattr(amp, rule.key),
-                                   rule.allowed.format(level=amp.level, dtype=amp.dtype))
-
-    @classmethod
-    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
-        """The strategy's options (`cfg.strategy`, types already checked) against the rest of the run (compile,
-        grad_accum, the global batch), before anything starts: ConfigError for a value its type allows but no
-        run can use, Incompatible for one this machine, this torch or the run's other settings cannot honour
-        (e.g. a communication backend it lacks)."""
-
-    @classmethod
-    def options_of(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The options as a run of this strategy has them: those given, the constructor's defaults for the rest
-        (a default lives once, in the signature; the parent's checks read it from there)."""
-        params = inspect.signature(cls.__init__).parameters.values()
-        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-        return {**defaults, **{k: v for k, v in options.items() if k != "_target_"}}
-
-    @classmethod
-    def variant(cls, options: Mapping[str, Any]) -> str:
-        """The options that make this run a different combination from the strategy's plain one, for the
-        report's label (e.g. `comm_hook=bf16`); empty when there are none."""
-        return ""
-
-    @classmethod
-    def lossy(cls, options: Mapping[str, Any]) -> str | None:
-        """Why these options make the update deliberately inexact (gradients sent in half precision, a low-rank
-        approximation...), for numerical parity, which then reports the row's drift instead of judging it
-        against float32 rounding; None when the options compute the exact update."""
-        return None
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        """A missing optional package: an error for a single run, a `skipped` row in a sweep."""
-        return None
 
     # ---- in every rank ----
 
@@ -178,9 +104,10 @@ class Strategy:
         """The one place an optimizer is built: the configured class over `params` (ZeRO shards it)."""
         return optimizer.build(params)
 
+    @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:
-        """The parallel wrapper, around parameters that stay as they are (DDP, DataParallel, ...)."""
-        return model
+        """The parallel wrapper, around parameters that stay as they are (DDP, DataParallel, ...); a strategy
+        without one returns the model and says why."""
 
     def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer as the strategy steps it (horovod's DistributedOptimizer, ignite's auto_optim)."""
@@ -191,11 +118,6 @@ class Strategy:
         DDPOptimizer; FSDP2's hooks are traced). Compilation itself happens at the first call."""
         return torch.compile(model)
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """grad_accum: entered around every micro-batch but the last of a step, so that gradients only
-        accumulate locally and are communicated once per optimizer step. One process: nothing to skip."""
-        return contextlib.nullcontext()
-
     def after_compile_pass(self, optimizer: torch.optim.Optimizer) -> None:
         """compile=true: called after the compile pass's backward, before its gradients are dropped, to undo
         what that extra backward did to the strategy's own state, so the timed run starts as an uncompiled
@@ -203,10 +125,6 @@ class Strategy:
 
     def synchronize(self) -> None:
         self.ops.synchronize()
-
-    def compile_seconds(self) -> float | None:
-        """Seconds this rank spent compiling (XLA graphs), read after the timed loop; None: nothing compiled."""
-        return None
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The trained parameters as one device would hold them, by the unwrapped model's names, on the CPU
@@ -286,3 +204,15 @@ class ProcessGroupStrategy(Strategy):
     def teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class BareProcessGroup(ProcessGroupStrategy):
+    """The device and process group exactly as DDP gets them, and no model: the collectives benchmark
+    (harness.collectives) and the planner's measurement of this machine's link."""
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        return Traffic()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model

@@ -18,12 +18,13 @@ from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import Backend, ProcessGroupStrategy
+from strategies.capabilities import GradientSyncControl
 
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}  # what a compression hook sends (harness.plan)
 
 
-class TorchDDP(ProcessGroupStrategy):
+class TorchDDP(ProcessGroupStrategy, GradientSyncControl):
     """`comm_hook`: how DDP's buckets are communicated. `fp16`/`bf16` cast each bucket to half before the
     all-reduce and back after (half the bytes on the wire); `powersgd` sends a rank-`powersgd_rank`
     approximation of each gradient matrix with error feedback, after `powersgd_start_iter` iterations of

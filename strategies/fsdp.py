@@ -47,6 +47,7 @@ from harness.core.devices import Placement
 from harness.core.errors import Incompatible
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
+from strategies.capabilities import GradientSyncControl, ShardedParameters
 from strategies.ddp import HOOK_DTYPE, CommHook
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
@@ -55,7 +56,7 @@ _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 
-class FSDP2(ProcessGroupStrategy):
+class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
     shards = (True, True, True)
     amp_rules = (AmpRule({"impl": "apex"}, "impl",
                          "native with strategy=fsdp (apex's amp.initialize patches the model and its optimizer, "
@@ -128,6 +129,10 @@ class FSDP2(ProcessGroupStrategy):
             fully_shard(module, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
                         reshard_after_forward=self.reshard_after_forward)
         self._root = fully_shard(model, mp_policy=root_policy, reshard_after_forward=self.reshard_after_forward)
+        return model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`."""
         return model
 
     def unit_names(self, model: nn.Module) -> list[str]:

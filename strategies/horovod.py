@@ -131,6 +131,10 @@ class HorovodStrategy(ProcessGroupStrategy):
         if (hvd.rank(), hvd.size()) != (env.rank, env.world_size):
             raise RuntimeError(f"horovod put rank {env.rank} of {env.world_size} at {hvd.rank()} of {hvd.size()}")
 
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """No model wrapper: horovod all-reduces through its optimizer (wrap_optimizer)."""
+        return model
+
     def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Rank 0's weights and optimizer state to every rank, then horovod's optimizer: an allreduce hook per
         gradient, averaged before `step`. With grad_accum N, `backward_passes_per_step=N`: each hook starts

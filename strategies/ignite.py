@@ -34,6 +34,7 @@ from harness.core.optional import package_missing
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies import horovod
 from strategies.base import RankEnv, Strategy, check_backend
+from strategies.capabilities import GradientSyncControl
 
 INSTALL_HINT = "strategy=ignite needs pytorch-ignite: pip install -e '.[ignite]'"
 
@@ -44,7 +45,7 @@ def _idist() -> Any:
     return idist
 
 
-class IgniteStrategy(Strategy):
+class IgniteStrategy(Strategy, GradientSyncControl):
     one_process_per_device = True
 
     @classmethod

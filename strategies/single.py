@@ -8,6 +8,9 @@ loss and the step stay those of the whole batch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -16,6 +19,7 @@ from amp import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError
+from harness.core.traffic import Traffic
 from strategies.base import Strategy
 
 
@@ -67,5 +71,14 @@ class SingleDevice(Strategy):
             raise ConfigError("strategy.batchnorm_shards", shards, f"an integer >= 1 that divides each micro-batch "
                               f"(batch_size {batch_size} / grad_accum {cfg.grad_accum} = {micro}) into equal shards")
 
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """One device: nothing is sent."""
+        return Traffic()
+
     def convert_module(self, model: nn.Module) -> nn.Module:
         return shard_batchnorm(model, self.batchnorm_shards) if self.batchnorm_shards > 1 else model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """No wrapper: the baseline trains the model as it is."""
+        return model

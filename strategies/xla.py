@@ -33,6 +33,7 @@ from harness.core.errors import ConfigError
 from harness.core.optional import package_missing
 from harness.core.traffic import Traffic
 from strategies.base import AmpRule, RankEnv, Strategy
+from strategies.capabilities import CompilesInWindows
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
                 "pip install torch==2.9.0 torchvision==0.24.0 torch_xla==2.9.0, then pip install -e . "
@@ -53,7 +54,7 @@ class ShardedInput(nn.Module):
         return self.module(x)
 
 
-class XlaStrategy(Strategy):
+class XlaStrategy(Strategy, CompilesInWindows):
     amp_rules = (
         AmpRule({"impl": "apex", "level": ("O1", "O2", "O3")}, "impl", "native with strategy=xla (apex amp is "
                 "CUDA-only)"),

@@ -126,16 +126,15 @@ def amp_plugin(spec: Any, device: torch.device | None = None) -> Any:
     return build_amp(plugin_path(spec.impl), spec, device or torch.device("cpu"))
 
 
-def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> dict[str, Any]:
+def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> Any:
     """What the runner hands run_rank for an inline run of `config_dict(strategy, **values)` on CPU."""
+    from harness.launch.decide import run_plan
     from harness.launch.placement import Hardware
-    from harness.launch.runner import plan
+    from harness.rank.run_plan import RankSpec
 
     cfg = config_dict(name, **values)
-    decided = plan(RunConfig.from_dict(cfg, name), Hardware(visible_gpus=(), cores=1))
-    return {"config": cfg, "strategy_name": name, "placement": {**decided.placement.as_dict(),
-                                                                    "threads_per_process": 1},
-            "amp": decided.amp.as_dict(), "record_dir": str(record_dir), "run_started": time.time()}
+    decided = run_plan(RunConfig.from_dict(cfg, name), Hardware(visible_gpus=(), cores=1), resolved=cfg)
+    return RankSpec(plan=decided, record_dir=str(record_dir), run_started=time.time())
 
 
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----

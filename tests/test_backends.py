@@ -13,8 +13,9 @@ from hydra.utils import get_class
 
 from harness.compose import compose_one, hydra_context
 from harness.core.errors import Incompatible
+from harness.launch.decide import run_plan as plan
 from harness.launch.placement import probe_hardware
-from harness.launch.runner import execute, plan
+from harness.launch.runner import execute
 from strategies.horovod import HorovodStrategy
 from strategies.xla import XlaStrategy
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness.core.rank_record import RankRecord
 from harness.core.timing import Window
 from harness.profile.breakdown import breakdown, breakdown_of_events, host_kind, runs_operator
 from harness.profile.merge import profile_section
@@ -228,8 +229,8 @@ def test_a_trace_without_the_window_annotation_is_refused(tmp_path):
 
 def test_run_breakdown_is_the_slowest_ranks_and_profiling_cost_is_against_steady_windows(tmp_path):
     b = breakdown_of_events(CPU_WINDOW)
-    records = [{"rank": 0, "profile": {"trace": str(tmp_path / "traces/rank0.json"), "end_iter": 20, "window_s": 0.5, **b}},
-               {"rank": 1, "profile": {"trace": str(tmp_path / "traces/rank1.json"), "end_iter": 20, "window_s": 0.7, **b}}]
+    records = [RankRecord(rank=r, profile={"trace": str(tmp_path / f"traces/rank{r}.json"), "end_iter": 20,
+                                           "window_s": seconds, **b}) for r, seconds in ((0, 0.5), (1, 0.7))]
     windows = [Window(10, 2.0, 2.0, True), Window(20, 0.7, 2.7, False, profiled=True),
                Window(30, 0.4, 3.1, False), Window(40, 0.6, 3.7, False)]
     section = profile_section(records, windows, tmp_path)

@@ -15,7 +15,7 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
     as not measured instead of failing the benchmark."""
     import socket
 
-    from strategies.base import ProcessGroupStrategy, RankEnv
+    from strategies.base import BareProcessGroup, RankEnv
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -23,7 +23,7 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     placement = placement_for({"gpus": [], "nprocs": 1}, NO_GPU)
-    group = ProcessGroupStrategy()
+    group = BareProcessGroup()
     group.setup(RankEnv(0, 0, 1, placement, timeout_s=30))
     try:
         cfg = CollectivesConfig.from_dict({"ops": list(OPS), "sizes": [4096], "warmup": 1, "repeats": 2})

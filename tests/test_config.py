@@ -19,7 +19,7 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 
 def compose_run(*overrides: str) -> RunConfig:
     with hydra_context():
-        return compose_one(overrides).run_config()
+        return compose_one(overrides).run
 
 
 def compose_dict(*overrides: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from harness.core.errors import Incompatible
 from harness.core.timing import WindowClock
 from harness.rank.trainer import compile_pass, train
 from strategies.base import RankEnv, Strategy
+from strategies.capabilities import no_sync_for
 from strategies.horovod import INSTALL_HINT, HorovodStrategy
 
 HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
@@ -107,7 +108,7 @@ def _steps(model: nn.Module, optimizer: Any, amp: Amp, strategy: Any, grad_accum
     source = iter(batches[1:])
     clock = WindowClock(lambda: None, 0)
     train(model, optimizer, amp, types.SimpleNamespace(next=lambda: next(source)), clock, 2, 1,
-          grad_accum=grad_accum, no_sync=functools.partial(strategy.no_sync, model))
+          grad_accum=grad_accum, no_sync=functools.partial(no_sync_for, strategy, model))
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2, 4])

@@ -29,6 +29,7 @@ from harness.memory.footprint import Footprint, footprint, per_rank
 from harness.rank.data import SyntheticSource, synthetic_batches
 from harness.rank.trainer import train
 from strategies.base import RankEnv
+from strategies.capabilities import no_sync_for
 
 WORLD, GLOBAL_BATCH, ITERATIONS, SIZE = 2, 8, 6, 8
 
@@ -72,7 +73,7 @@ def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer
     model, opt = strategy.setup_module(NoNorm(), amp, optimizer)
     batches = synthetic_batches(2, GLOBAL_BATCH, local, shard, SIZE, 10, torch.device("cpu"), 0)
     train(model, opt, amp, SyntheticSource(batches), WindowClock(strategy.synchronize, 0), ITERATIONS, 3, grad_accum=grad_accum,
-          no_sync=functools.partial(strategy.no_sync, model))
+          no_sync=functools.partial(no_sync_for, strategy, model))
     return model, opt
 
 
@@ -348,15 +349,15 @@ def test_bad_values_are_refused_in_one_line(override, message, capsys):
 @pytest.mark.parametrize("dtype", ["auto", "float16"])  # float16: O1 as on CUDA, with dynamic loss scaling
 def test_the_modern_sweep_has_every_combination_and_skips_what_it_cannot_run(dtype, capsys):
     from harness.compose import combinations, compose_one, hydra_context
+    from harness.launch.decide import run_plan as plan
     from harness.launch.placement import probe_hardware
-    from harness.launch.runner import plan
 
     refused = []
     with hydra_context():  # what `run.py -m sweep=modern` composes and checks before it starts
         runs = combinations(["sweep=modern", *TINY, f"amp.dtype={dtype}"], multirun=True)
         for run in runs:
             try:
-                plan(compose_one(run).run_config(), probe_hardware(), in_sweep=True)
+                plan(compose_one(run).run, probe_hardware(), in_sweep=True)
             except Incompatible:
                 refused.append(" ".join(sorted(o for o in run if o.startswith(("strategy", "compile", "amp=")))))
     assert len(runs) == 3 * 4 * 2 * 2  # strategy x comm_hook x compile x amp

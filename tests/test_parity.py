@@ -18,14 +18,15 @@ from torch import nn
 
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError
+from harness.core.rank_record import RankRecord
+from harness.launch.decide import run_plan as plan
 from harness.launch.placement import probe_hardware
-from harness.launch.runner import plan
 from harness.parity import report as verdicts
 from harness.parity.merge import batchnorm_groups, run_parity
 from harness.parity.rank import batchnorm_layout, digest
 from harness.rank.models import TinyCNN
 from harness.report import build_report, build_rows, find_results
-from strategies.single import ShardedBatchNorm, shard_batchnorm
+from strategies.single import ShardedBatchNorm, SingleDevice, shard_batchnorm
 
 # ---- the rank's side ----
 
@@ -41,7 +42,6 @@ def test_the_digest_is_exact_and_ignores_insertion_order():
 
 def test_full_parameters_unwraps_every_wrapper_so_names_match_one_device():
     from amp.native import CastingModule
-    from strategies.base import Strategy
 
     class Wrapper(nn.Module):  # what DDP and DataParallel look like from outside: the model as `.module`
         def __init__(self, module: nn.Module) -> None:
@@ -51,7 +51,7 @@ def test_full_parameters_unwraps_every_wrapper_so_names_match_one_device():
     model = TinyCNN(10)
     wrapped = Wrapper(CastingModule(model, torch.bfloat16, None, "cpu"))  # ddp at O2: two layers deep
     names = [n for n, _ in model.named_parameters()]
-    assert list(Strategy().full_parameters(wrapped)) == names == list(Strategy().full_parameters(model))
+    assert list(SingleDevice().full_parameters(wrapped)) == names == list(SingleDevice().full_parameters(model))
 
 
 def test_batchnorm_groups_count_the_pieces_of_each_global_batch():
@@ -76,7 +76,7 @@ def test_the_run_records_how_many_pieces_batchnorm_sees_and_how_they_are_cut():
     """The issue's case: ddp on 2 ranks with grad_accum=2 normalises 4 pieces (2 recorded before); with
     data=loader the ranks' pieces are interleaved positions (DistributedSampler), not consecutive slices."""
     two = Placement("cpu", (), (), 2, True, ("cpu:0", "cpu:1"), 1, 8)
-    records = [{"rank": r, "parity": {"digest": "aa", "losses": [1.0], "batchnorm": batchnorm_layout(TinyCNN(10))}}
+    records = [RankRecord(rank=r, parity={"digest": "aa", "losses": [1.0], "batchnorm": batchnorm_layout(TinyCNN(10))})
                for r in range(2)]
     accumulated = run_parity(run_config("ddp", parity=True, batch_size=8, grad_accum=2), two, records)
     assert (accumulated["batchnorm_groups"], accumulated["batchnorm_split"]) == (4, "consecutive")
@@ -266,7 +266,7 @@ def test_the_strategies_say_which_options_make_the_update_inexact():
     hooked = run_parity(run_config("ddp", parity=True, strategy={"_target_": "strategies.ddp.TorchDDP",
                                                                  "comm_hook": "bf16"}),
                         Placement("cpu", (), (), 2, True, ("cpu:0", "cpu:1"), 1, 12),
-                        [{"rank": 0, "parity": {"digest": "aa", "losses": [1.0], "batchnorm": None}}])
+                        [RankRecord(rank=0, parity={"digest": "aa", "losses": [1.0], "batchnorm": None})])
     assert hooked["lossy"].startswith("comm_hook=bf16")
 
 
@@ -344,7 +344,7 @@ def test_replicas_that_disagree_are_named_and_the_loss_curve_is_the_ranks_mean()
     cfg = run_config("ddp", parity=True)
     two = Placement("cpu", (), (), 3, True, ("cpu:0", "cpu:1", "cpu:2"), 1, 12)
     layout = {"layers": 0, "sync": False, "shards": 1}
-    records = [{"rank": rank, "parity": {"digest": d, "losses": losses, "batchnorm": layout}}
+    records = [RankRecord(rank=rank, parity={"digest": d, "losses": losses, "batchnorm": layout})
                for rank, d, losses in ((0, "aa", [2.0, 1.0]), (1, "aa", [4.0, 3.0]), (2, "bb", [3.0, 2.0]))]
     merged = run_parity(cfg, two, records)
     assert merged["replicas_agree"] is False and merged["differing_ranks"] == [2]
@@ -352,5 +352,5 @@ def test_replicas_that_disagree_are_named_and_the_loss_curve_is_the_ranks_mean()
     assert run_parity(cfg, two, records[:1])["replicas_agree"] is None  # one process: nothing to compare
     assert run_parity(run_config("ddp"), two, records) is None  # parity off
     # a rank that holds no gathered copy (digest None) is not counted as differing
-    assert run_parity(cfg, two, [records[0], {**records[1], "parity": {**records[1]["parity"], "digest": None}}]
-                      )["replicas_agree"] is None
+    no_copy = RankRecord(rank=1, parity={**records[1].parity, "digest": None})
+    assert run_parity(cfg, two, [records[0], no_copy])["replicas_agree"] is None

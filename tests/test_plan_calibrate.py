@@ -54,8 +54,8 @@ def test_a_busy_calibration_is_flagged_in_the_prediction_and_the_plans_table(mon
     cfg = run_config("single", nprocs=1, batch_size=6)
     from hydra.utils import get_class
 
+    from harness.launch.decide import run_plan as place_run
     from harness.launch.placement import Hardware
-    from harness.launch.runner import plan as place_run
 
     decided = place_run(cfg, Hardware(visible_gpus=(), cores=1), in_sweep=True)
     prediction = predict_module.predict(cfg, decided.placement, resolve(AmpConfig(level="O0"), "cpu"),

@@ -16,8 +16,8 @@ from hydra.utils import get_class
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.devices import cpu_half_kernels
 from harness.core.traffic import Collective, Traffic
+from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
-from harness.launch.runner import plan as place_run
 from harness.memory.tensor_peak import TensorPeak
 from harness.plan import predict as predict_module
 from harness.plan.hardware import load_preset

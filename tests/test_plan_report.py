@@ -29,6 +29,10 @@ def test_every_row_shows_predicted_beside_measured(shared_sweep):
         assert row["peak_error"] == pytest.approx((row["measured_peak_mib"] - row["predicted_peak_mib"])
                                                   / row["measured_peak_mib"], rel=1e-6)
         assert row["predicted_s_per_it"] > 0 and row["measured_s_per_it"] > 0
+        # one question, one answer: the speed table's figure, not each run's own mean over its windows
+        assert row["measured_s_per_it"] == pytest.approx(row["s_per_20"] / 20, rel=1e-9)
+        assert row["time_error"] == pytest.approx((row["measured_s_per_it"] - row["predicted_s_per_it"])
+                                                  / row["measured_s_per_it"], rel=1e-6)
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)

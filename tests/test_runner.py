@@ -9,9 +9,13 @@ import pytest
 from conftest import run_config
 from test_memory import FakeNvml, mib
 
+from harness.core.devices import AllocatorPeak
 from harness.core.errors import Incompatible
+from harness.core.rank_record import RankRecord
+from harness.core.timing import Window
+from harness.launch.decide import run_plan as plan
 from harness.launch.placement import Hardware
-from harness.launch.runner import memory_section, plan
+from harness.launch.runner import memory_section
 from harness.memory.sampler import MemorySampler, NvmlSource
 
 ONE_GPU = Hardware(visible_gpus=(0,), cores=8)
@@ -67,20 +71,19 @@ def test_memory_falls_back_to_the_allocator_when_nvml_took_no_sample():
     fake = FakeNvml(used={0: mib(100)}, procs={}, deny=("memory",))
     sampler = MemorySampler(NvmlSource([0], nvml=fake), interval_s=3600).start()
     sampler.stop()
-    records = [{"rank": 0, "pid": 11, "device": "cuda:0", "host": "h",
-                "allocator": [{"device": "cuda:0", "max_allocated_mib": 700.0, "max_reserved_mib": 812.5}]}]
+    records = [RankRecord(rank=0, pid=11, device="cuda:0", host="h",
+                          allocator=[AllocatorPeak("cuda:0", max_allocated_mib=700.0, max_reserved_mib=812.5)])]
     memory = memory_section(sampler, ("cuda:0",), records, os.getpid(), None)
     assert memory["source"] == "torch-allocator"
     assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 812.5, "baseline_mib": 0.0}]
     assert "Insufficient Permissions" in memory["warning"]
 
 
-def window_dicts(seconds: list[float], every: int = 20) -> list[dict]:
+def windows(seconds: list[float], every: int = 20) -> list[Window]:
     out, cumulative = [], 0.0
     for i, s in enumerate(seconds):
         cumulative += s
-        out.append({"end_iter": every * (i + 1), "seconds": s, "cumulative_seconds": cumulative,
-                    "warmup": i == 0, "loss": 1.0})
+        out.append(Window(end_iter=every * (i + 1), seconds=s, cumulative_seconds=cumulative, warmup=i == 0, loss=1.0))
     return out
 
 
@@ -91,9 +94,8 @@ def test_throughput_counts_the_global_batch_over_the_slowest_rank():
 
     cfg = run_config("ddp", batch_size=8, iterations=60)
     decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
-    records = [{"rank": 0, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": None, "amp_state": {}},
-               {"rank": 1, "windows": window_dicts([2.0, 1.0, 1.0]), "first_iter_time": None, "amp_state": {}}]
-    m = measurements(cfg, decided.placement, records, started=0.0)
+    records = [RankRecord(rank=0, windows=windows([1.5, 1.0, 1.0])), RankRecord(rank=1, windows=windows([2.0, 1.0, 1.0]))]
+    m = measurements(decided, records, started=0.0)
     assert decided.placement.local_batch == 4
     assert [w["cumulative_seconds"] for w in m["windows"]] == [2.0, 3.0, 4.0]
     assert m["throughput_img_s"] == pytest.approx(160.0)
@@ -106,9 +108,9 @@ def test_compile_time_is_the_slowest_ranks_and_comes_out_of_startup():
 
     cfg = run_config("ddp", batch_size=8, iterations=60)
     decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
-    records = [{"rank": r, "windows": window_dicts([1.5, 1.0, 1.0]), "first_iter_time": 9.0 - r, "amp_state": {},
-                "compile_seconds": seconds} for r, seconds in ((0, 5.0), (1, 2.0))]
-    m = measurements(cfg, decided.placement, records, started=0.0)
+    records = [RankRecord(rank=r, windows=windows([1.5, 1.0, 1.0]), first_iter_time=9.0 - r, compile_seconds=seconds)
+               for r, seconds in ((0, 5.0), (1, 2.0))]
+    m = measurements(decided, records, started=0.0)
     assert m["compile_seconds"] == 5.0
     assert m["startup_seconds"] == pytest.approx(9.0 - 5.0)
 
@@ -117,11 +119,13 @@ def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, caplo
     from harness.launch.runner import read_records
 
     (tmp_path / "rank0.json").write_text('{"rank": 0, "status": "ok"}')
+    (tmp_path / "rank3.json").write_text('{"rank": 3, "statuss": "ok"}')  # a key the record lacks: unreadable too
     (tmp_path / "rank1.json").write_text('{"rank": 1, "sta')
     (tmp_path / ".rank2.json.abc.tmp").write_text('{"ra')  # a write cut short: never read
-    assert read_records(tmp_path) == [{"rank": 0, "status": "ok"}]
+    assert read_records(tmp_path) == [RankRecord(rank=0, status="ok")]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and str(tmp_path / "rank1.json") in warnings[0] and "unreadable" in warnings[0]
+    assert len(warnings) == 2 and all("unreadable" in w for w in warnings)
+    assert str(tmp_path / "rank1.json") in warnings[0] and str(tmp_path / "rank3.json") in warnings[1]
 
 
 def test_a_driver_that_will_not_describe_itself_is_said_so():
@@ -139,11 +143,10 @@ def test_the_root_cause_is_the_first_rank_to_fail_not_its_neighbours():
     """Rank 1 raised at t=10; rank 0's collective broke at t=12 because of it; rank 2 ended fine."""
     from harness.launch.runner import run_status
 
-    records = [{"rank": 0, "pid": 10, "status": "failed", "error": "RuntimeError: Connection closed by peer",
-                "ended_at": 12.0},
-               {"rank": 1, "pid": 11, "status": "oom", "error": "OutOfMemoryError: CUDA out of memory",
-                "ended_at": 10.0},
-               {"rank": 2, "pid": 12, "status": "ok", "error": None, "ended_at": 13.0}]
+    records = [RankRecord(rank=0, pid=10, status="failed", error="RuntimeError: Connection closed by peer",
+                          ended_at=12.0),
+               RankRecord(rank=1, pid=11, status="oom", error="OutOfMemoryError: CUDA out of memory", ended_at=10.0),
+               RankRecord(rank=2, pid=12, status="ok", error=None, ended_at=13.0)]
     assert run_status(records, [], None) == ("oom", "rank 1 (pid 11): OutOfMemoryError: CUDA out of memory")
 
 

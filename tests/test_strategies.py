@@ -3,6 +3,7 @@ replaces the parameters (tests/plugins/late_optimizer.py) needs nothing but its 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import rank_spec
 
@@ -18,8 +19,8 @@ def final_and_first_loss(tmp_path, target: str) -> tuple[float, float]:
         record = run_rank(spec)
     finally:
         torch.set_num_threads(threads)
-    assert record["status"] == "ok"
-    losses = [w["loss"] for w in record["windows"]]
+    assert record.status == "ok"
+    losses = [w.loss for w in record.windows]
     return losses[-1], losses[0]
 
 
@@ -50,11 +51,16 @@ def test_setup_runs_every_phase_once_in_one_order_and_builds_the_optimizer_once(
     from torch import nn
 
     from amp import Amp, AmpConfig, OptimizerSpec, resolve
+    from harness.core.traffic import Traffic
     from strategies.base import Strategy
 
     calls: list[str] = []
 
     class Recording(Strategy):
+        @classmethod
+        def traffic(cls, options):
+            return Traffic()
+
         def convert_module(self, model):
             calls.append("convert")
             return model
@@ -153,3 +159,38 @@ def test_an_options_default_lives_once_in_the_signature():
     assert Wider.variant({}) == "comm_hook=powersgd(rank 4)"
     assert Wider.lossy({"powersgd_rank": 2}).startswith("comm_hook=powersgd: gradients are sent as a rank-2 ")
     assert Wider.options_of({"_target_": "x.Wider", "comm_hook": "fp16"}) == {"comm_hook": "fp16", "powersgd_rank": 4}
+
+
+def test_a_strategy_must_say_its_wrapper_and_its_traffic():
+    """The two required hooks are abstract: a strategy that forgets one cannot be built, and the error names it
+    (before, every hook had a silent default and a forgotten `traffic` predicted no communication at all)."""
+    from torch import nn
+
+    from strategies.base import Strategy
+
+    class Forgetful(Strategy):
+        def wrap(self, model: nn.Module) -> nn.Module:
+            return model
+
+    with pytest.raises(TypeError, match="traffic"):
+        Forgetful()
+
+
+def test_capabilities_are_mixins_the_rank_asks_for_not_names():
+    """grad_accum's sync skip, sharded parameters and in-window compilation: only the strategies that have
+    them say so; the rest run as if there were nothing to do."""
+    import contextlib
+
+    from strategies.capabilities import CompilesInWindows, GradientSyncControl, ShardedParameters, no_sync_for
+    from strategies.ddp import TorchDDP
+    from strategies.fsdp import FSDP2
+    from strategies.horovod import HorovodStrategy
+    from strategies.single import SingleDevice
+    from strategies.xla import XlaStrategy
+    from strategies.zero import ZeroDDP
+
+    assert issubclass(TorchDDP, GradientSyncControl) and issubclass(ZeroDDP, GradientSyncControl)
+    assert issubclass(FSDP2, ShardedParameters) and not issubclass(TorchDDP, ShardedParameters)
+    assert issubclass(XlaStrategy, CompilesInWindows) and not issubclass(FSDP2, CompilesInWindows)
+    assert not issubclass(HorovodStrategy, GradientSyncControl)  # horovod counts micro-batches in its optimizer
+    assert isinstance(no_sync_for(SingleDevice(), None), contextlib.nullcontext)

@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 
 from harness.core.amp_levels import resolve
+from harness.core.rank_record import RankRecord
 from harness.launch import torchrun
 from harness.launch.placement import Hardware, TorchrunWorld, place
 from harness.launch.runner import memory_section
 from harness.memory.sampler import MemoryTracker, Sample, SamplerFindings
+from harness.rank.run_plan import RunPlan
 from harness.report import build_rows
+from strategies.ddp import TorchDDP
 from tests.conftest import REPO, TINY, config_dict, run_config
 
 RUN = ("strategy=ddp", *TINY, "iterations=40")
@@ -223,8 +226,8 @@ def _nvml_findings(pids: tuple[int, int]) -> SamplerFindings:
 
 def test_gpu_memory_of_a_second_node_is_labelled_with_its_node():
     devices = ("node1/cuda:0", "node1/cuda:1")
-    records = [{"rank": 2, "pid": 41, "device": devices[0], "host": "b"},
-               {"rank": 3, "pid": 42, "device": devices[1], "host": "b"}]
+    records = [RankRecord(rank=2, pid=41, device=devices[0], host="b"),
+               RankRecord(rank=3, pid=42, device=devices[1], host="b")]
     findings = torchrun.node_labelled(_nvml_findings((41, 42)), devices)
     memory = memory_section(findings, devices, records, launcher_pid=40, warning=None)
     assert memory["per_device"] == [{"device": "node1/cuda:0", "peak_mib": 2500.0, "baseline_mib": 500.0},
@@ -254,16 +257,19 @@ def _two_nodes_two_gpus_results(out_dir: Path) -> dict[str, Any]:
     for rank in range(4):
         node, local = divmod(rank, 2)
         device = f"node{node}/cuda:{local}"
-        record = {"rank": rank, "local_rank": local, "pid": 41 + local, "host": f"host{node}", "device": device,
-                  "status": "ok", "error": None, "allocator": [], "amp_state": {}, "first_iter_time": 1.0,
-                  "ended_at": 2.0, "windows": [_window(20, 1.0, 1.0, True), _window(40, 0.5, 1.5, False)]}
+        record = RankRecord.from_json({
+            "rank": rank, "local_rank": local, "pid": 41 + local, "host": f"host{node}", "device": device,
+            "status": "ok", "error": None, "allocator": [], "amp_state": {}, "first_iter_time": 1.0,
+            "ended_at": 2.0, "windows": [_window(20, 1.0, 1.0, True), _window(40, 0.5, 1.5, False)]})
         node_info = None
         if local == 0:
             devices = (f"node{node}/cuda:0", f"node{node}/cuda:1")
             node_info = {"node_rank": node, "devices": list(devices), "launcher_pid": 40,
                          "sampler": torchrun.node_labelled(_nvml_findings((41, 42)), devices)}
         gathered.append({"record": record, "node": node_info})
-    torchrun.write_results(cfg, cfg_dict, placement, precision, gathered, 0.0, ["strategy=ddp"], out_dir)
+    decided = RunPlan(config=cfg, resolved=cfg_dict, strategy_cls=TorchDDP, placement=placement, amp=precision,
+                      launched=True)
+    torchrun.write_results(decided, gathered, 0.0, ["strategy=ddp"], out_dir)
     return json.loads((out_dir / "results.json").read_text())
 
 

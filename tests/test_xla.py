@@ -13,8 +13,8 @@ import pytest
 from test_backends import run_config
 
 from harness.core.errors import ConfigError
+from harness.launch.decide import run_plan as plan
 from harness.launch.placement import probe_hardware
-from harness.launch.runner import plan
 from strategies.xla import INSTALL_HINT, XlaStrategy
 
 HAVE_XLA = importlib.util.find_spec("torch_xla") is not None

@@ -60,7 +60,7 @@ def collective_call(op: str, count: int, dtype: torch.dtype, device: torch.devic
 def collectives_rank(spec: dict[str, Any]) -> None:
     """Entry point of every benchmark worker (started by harness.launch.launcher, one per device)."""
     from harness.rank.worker import rank_identity
-    from strategies.base import ProcessGroupStrategy, RankEnv
+    from strategies.base import BareProcessGroup, RankEnv
 
     cfg = CollectivesConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["collectives"].items()})
     placement = Placement.from_dict(spec["placement"])
@@ -68,7 +68,7 @@ def collectives_rank(spec: dict[str, Any]) -> None:
     setup_worker(spec.get("log_file"), rank)
     record_path = Path(spec["record_dir"]) / f"rank{rank}.json"
     torch.set_num_threads(placement.threads_per_process)
-    group = ProcessGroupStrategy()  # the device and process group exactly as DDP gets them
+    group = BareProcessGroup()  # the device and process group exactly as DDP gets them
     group.setup(RankEnv(rank, local_rank, world, placement, spec["timeout_s"]))
     try:
         measured, unsupported = measure(cfg, group, rank, world)

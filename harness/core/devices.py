@@ -24,6 +24,15 @@ OUT_OF_MEMORY_MARKERS = (
 
 
 
+@dataclass(frozen=True)
+class AllocatorPeak:
+    """torch's caching-allocator peaks on one device (GPU only: the CPU allocator keeps none)."""
+
+    device: str
+    max_allocated_mib: float
+    max_reserved_mib: float
+
+
 HALF_CHECKS = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}
 
 
@@ -157,13 +166,12 @@ class DeviceOps:
             for index in self.indices:
                 torch.cuda.reset_peak_memory_stats(index)
 
-    def allocator_peaks(self) -> list[dict[str, Any]]:
+    def allocator_peaks(self) -> list[AllocatorPeak]:
         """torch's caching-allocator peaks per device (GPU only: the CPU allocator keeps none)."""
         if self.accelerator != "cuda":
             return []
         mib = 2**20
-        return [{"device": label, "max_allocated_mib": torch.cuda.max_memory_allocated(i) / mib,
-                 "max_reserved_mib": torch.cuda.max_memory_reserved(i) / mib}
+        return [AllocatorPeak(label, torch.cuda.max_memory_allocated(i) / mib, torch.cuda.max_memory_reserved(i) / mib)
                 for i, label in zip(self.indices, self.labels, strict=True)]
 
     @staticmethod

@@ -314,8 +314,26 @@ class RunRecord:
         return from_dict({"schema": SCHEMA, "status": status, "error": error, "strategy": strategy, "amp": amp,
                           "model": model, **known})
 
+    @property
+    def timed(self) -> bool:
+        """Finished and measured a throughput."""
+        return self.status == "ok" and bool(self.throughput_img_s)
+
+    @property
+    def quiet(self) -> bool:
+        """Timed while nothing else took the machine: the only runs the verdict judges."""
+        return judged_throughput(self.status, self.throughput_img_s, bool(self.machine and self.machine.busy)) \
+            is not None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def judged_throughput(status: str | None, throughput: float | None, busy: bool) -> float | None:
+    """The throughput the verdict may judge: a finished run's, measured while the machine was quiet. One answer
+    for the report's rows (RunRecord.quiet) and a racing sweep's looks (harness.verdict.rounds), which reads the
+    runs as the task hands them back."""
+    return float(throughput) if status == "ok" and throughput and not busy else None
 
 
 class SchemaError(ValueError):

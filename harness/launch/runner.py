@@ -10,7 +10,6 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -18,23 +17,25 @@ from typing import Any
 import psutil
 from hydra.utils import get_class
 
-from amp import AmpSpec, plugin_class, resolve
+from amp import AmpSpec
 from harness.core.compile_cache import prepare_compile_cache
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.errors import ConfigError, Incompatible
+from harness.core.rank_record import RankRecord
 from harness.core.results import PARAMETERS_NAME, SCHEMA, RunRecord, environment, from_dict, write_results
 from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
-from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
+from harness.core.timing import data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
+from harness.launch.decide import run_plan
 from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.machine_load import LoadReadings, machine_section
-from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
+from harness.launch.placement import Hardware, probe_hardware
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.parity.merge import run_parity
 from harness.plan.predict import Prediction
 from harness.profile.merge import profile_section
+from harness.rank.run_plan import LauncherIdentity, RankSpec, RunPlan
 from harness.rank.worker import run_rank
 
 log = logging.getLogger(__name__)
@@ -48,40 +49,6 @@ def command_start_time() -> float:
     return psutil.Process().create_time()
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Everything decided before a worker starts."""
-
-    strategy_cls: type
-    placement: Placement
-    amp: AmpSpec
-    launched: bool  # ranks run in child processes (False: inside this process)
-
-
-def plan(cfg: RunConfig, hw: Hardware, in_sweep: bool = False, torchrun: TorchrunWorld | None = None) -> Plan:
-    """Place the run and resolve its amp level; raises ConfigError on bad input and Incompatible for a
-    combination that cannot run correctly.
-
-    One-process strategies run inside this process for a single run. In sweeps, and for every repeat,
-    each run gets a fresh process, so no run inherits the memory, threads or CUDA context (cached
-    blocks included) of the one before."""
-    strategy_cls = get_class(cfg.strategy["_target_"])
-    launched = strategy_cls.one_process_per_device or in_sweep or (cfg.repeat or 1) > 1
-    placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
-                      strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
-    amp = resolve(cfg.amp, placement.accelerator)
-    if placement.local_batch % cfg.grad_accum:
-        raise ConfigError("grad_accum", cfg.grad_accum, f"a divisor of each process's batch of {placement.local_batch} "
-                          f"(batch_size {cfg.batch_size} over {placement.world_size} process(es))")
-    strategy_cls.check_compatible(placement, amp)
-    strategy_cls.check_run(cfg, placement, amp)
-    if placement.accelerator == "cuda" and launched and torchrun is None \
-            and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
-        raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
-                           "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
-    return Plan(strategy_cls, placement, amp, launched or torchrun is not None)
-
-
 def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_sweep: bool,
             overrides: list[str] | None = None, hw: Hardware | None = None, repeat_label: str = "") -> dict[str, Any]:
     """Run one combination and write its results.json; return the results.
@@ -91,49 +58,34 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     """
     started = time.time()
     cfg = RunConfig.from_dict(cfg_dict, strategy_name)
-    hw = hw or probe_hardware()
-    decided = plan(cfg, hw, in_sweep)
-    strategy_cls, placement, amp = decided.strategy_cls, decided.placement, decided.amp
-    base = base_results(cfg, cfg_dict, placement, amp, overrides)
-    amp_cls = plugin_class(cfg.amp_plugin)
-
-    reason = strategy_cls.skip_reason(placement, amp) or amp_cls.skip_reason(amp, placement.accelerator)
-    missing = strategy_cls.unavailable_reason() or amp_cls.unavailable_reason(amp, placement.accelerator)
-    if reason is None and missing is not None:
-        if not in_sweep:
-            raise Unavailable(missing)
-        reason = missing
+    decided = run_plan(cfg, hw or probe_hardware(), resolved=cfg_dict, in_sweep=in_sweep)
+    placement = decided.placement
+    base = base_results(decided, overrides)
+    if decided.unavailable is not None and decided.skip is None and not in_sweep:
+        raise Unavailable(decided.unavailable)
+    reason = decided.skipped_because(in_sweep)
     if reason is not None:
-        known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
-        record = RunRecord.not_run(status="skipped", error=f"strategy={cfg.strategy_name}: {reason}", **known)
-        write_results(run_dir, record)
-        log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
-        return record.to_dict()
+        return _not_run(run_dir, base, decided, reason)
 
-    prediction = predict_run(cfg, placement, amp, strategy_cls) if cfg.plan.predict else None
+    prediction = predict_run(decided) if cfg.plan.predict else None
     from harness.plan.calibrate import shutdown
 
     shutdown()  # a calibration child started for this run ends before its workers start
     if prediction is not None:
+        decided = decided.predicted(prediction)
         base["prediction"] = prediction.as_dict()
         if not prediction.fits and cfg.plan.enforce:
-            known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
-            record = RunRecord.not_run(status="skipped", error=f"{prediction.misfit()} (plan.enforce=false starts it "
-                                       "anyway)", **known)
-            write_results(run_dir, record)
-            log.info("[%s %s] skipped: %s", cfg.strategy_name, cfg.amp.level, record.error)
-            return record.to_dict()
+            return _not_run(run_dir, base, decided, f"{prediction.misfit()} (plan.enforce=false starts it anyway)")
 
     for note in placement.notes:
         log.info("note: %s", note)
     base["compile_cache"] = prepare_compile_cache() if cfg.compile else None  # before any worker starts
     record_dir = run_dir / "ranks"
     launched = decided.launched
-    spec = {"config": cfg_dict, "strategy_name": strategy_name, "placement": placement.as_dict(),
-            "amp": amp.as_dict(), "record_dir": str(record_dir), "log_file": str(run_dir / "run.log"),
-            "launched": launched, "run_started": started, "repeat_label": repeat_label,
-            "parameters_path": str(run_dir / PARAMETERS_NAME),
-            "launcher": {"pid": os.getpid(), "create_time": psutil.Process().create_time()}}
+    spec = RankSpec(plan=decided, record_dir=str(record_dir), parameters_path=str(run_dir / PARAMETERS_NAME),
+                    log_file=str(run_dir / "run.log") if launched else None, run_started=started,
+                    repeat_label=repeat_label,
+                    launcher=LauncherIdentity(os.getpid(), psutil.Process().create_time()) if launched else None)
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \
         if cfg.memory.enabled else (None, None)
@@ -174,54 +126,60 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     records = read_records(record_dir)
     failures += silent_deaths(record_dir, records, failures)
     status, error = run_status(records, failures, interrupted)
-    results = {**base, **measurements(cfg, placement, records, started, run_dir), "status": status, "error": error,
+    results = {**base, **measurements(decided, records, started, run_dir), "status": status, "error": error,
                "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
                                         launcher_pid, warning),
                **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
                "machine": machine_load(load, sampler, records, cfg.timing.busy_share),
-               "env": environment(env_extra), "round": cfg_dict.get("round"), "finished_at": time.time()}
+               "env": environment(env_extra), "round": cfg.round, "finished_at": time.time()}
     results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
                                results["compile_seconds"])
     if prediction is not None:
-        results["prediction_error"] = prediction_error(prediction.peak_mib, base["prediction"]["s_per_iteration"],
-                                                       results, records)
+        results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
+                                                       records)
     publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return results
 
 
-def predict_run(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any,
-                quiet: bool = False) -> Prediction | None:
+def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
     """The run predicted on this machine before it starts (harness.plan); None, saying why, where the planner
     cannot (a strategy it has no model of, a trace that fails)."""
     from harness.plan.predict import NotPredictable, predict
     from harness.plan.targets import local_target
 
-    ranks = len(placement.gpus) if strategy_cls.drives_all_devices and placement.gpus else placement.world_size
+    cfg, placement = decided.config, decided.placement
     try:
-        prediction = predict(cfg, placement, amp, strategy_cls,
-                             local_target(placement.accelerator, ranks, placement.threads_per_process))
+        prediction = predict(cfg, placement, decided.amp, decided.strategy_cls,
+                             local_target(placement.accelerator, decided.device_ranks, placement.threads_per_process))
     except NotPredictable as error:
-        log.log(logging.DEBUG if quiet else logging.INFO, "[%s %s] not predicted: %s", cfg.strategy_name,
-                cfg.amp.level, error)
+        log.log(logging.DEBUG if quiet else logging.INFO, "[%s] not predicted: %s", decided.label, error)
         return None
     except Exception as error:  # noqa: BLE001 (a prediction never stops a run)
-        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s %s] not predicted: %s", cfg.strategy_name,
-                cfg.amp.level, last_line(error))
+        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] not predicted: %s", decided.label, last_line(error))
         return None
     if not quiet:
-        log.info("[%s %s] predicted: peak %.1f MiB per rank, %.4f s per iteration", cfg.strategy_name,
-                 cfg.amp.level, prediction.peak_mib, prediction.s_per_iteration)
+        log.info("[%s] predicted: peak %.1f MiB per rank, %.4f s per iteration", decided.label, prediction.peak_mib,
+                 prediction.s_per_iteration)
     return prediction
 
 
+def _not_run(run_dir: Path, base: dict[str, Any], decided: RunPlan, reason: str) -> dict[str, Any]:
+    """results.json of a combination that measured nothing here, with its reason."""
+    known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
+    record = RunRecord.not_run(status="skipped", error=reason, **known)
+    write_results(run_dir, record)
+    log.info("[%s] skipped: %s", decided.label, record.error)
+    return record.to_dict()
+
+
 def prediction_error(peak_mib: float, s_per_iteration: float | None, results: dict[str, Any],
-                     records: list[dict[str, Any]]) -> dict[str, Any]:
+                     records: list[RankRecord]) -> dict[str, Any]:
     """(measured - predicted) / measured for the peak (GPU: the caching allocator's reserved peak, the largest
     device's; CPU: the largest rank's live-tensor peak) and the time per iteration (the steady windows')."""
-    reserved = [p["max_reserved_mib"] for r in records for p in r.get("allocator") or []]
-    probed = [r["tensor_peak_mib"] for r in records if r.get("tensor_peak_mib") is not None]
+    reserved = [p.max_reserved_mib for r in records for p in r.allocator]
+    probed = [r.tensor_peak_mib for r in records if r.tensor_peak_mib is not None]
     measured_peak, source = (max(reserved), "torch-allocator") if reserved else \
         (max(probed), "live-tensor-probe") if probed else (None, None)
     throughput = results.get("throughput_img_s")
@@ -234,28 +192,28 @@ def prediction_error(peak_mib: float, s_per_iteration: float | None, results: di
             "measured_peak_mib": measured_peak, "measured_s_per_iteration": measured_s, "memory_source": source}
 
 
-def phases(started: float, launching: float, returned: float, finished: float, records: list[dict[str, Any]],
+def phases(started: float, launching: float, returned: float, finished: float, records: list[RankRecord],
            launched: bool, compile_seconds: float | None) -> dict[str, float]:
     """Where the run's wall time went (results.json's `phases`, in PHASES' order): the launcher's stamps and
     each rank's (the slowest rank's span for each phase). Only phases every rank stamped are given."""
-    stamps = [r.get("times") or {} for r in records]
-    if not stamps or not all(s.get("loop_ended") for s in stamps):
+    stamps = [r.times for r in records]
+    if not stamps or not all(s.loop_ended for s in stamps):
         return {}
 
     def span(first: str, last: str) -> float:
-        return max(s[last] - s[first] for s in stamps)
+        return max(getattr(s, last) - getattr(s, first) for s in stamps)
 
-    firsts = [r["first_iter_time"] for r in records]
-    built = max(s["built"] for s in stamps)
+    firsts = [r.first_iter_time or 0.0 for r in records]
+    ended = max(r.ended_at or 0.0 for r in records)
+    loop_ended = max(s.loop_ended or 0.0 for s in stamps)
     result = {"prepare": launching - started}
     if launched:
-        result |= {"process_start": max(s["process_started"] for s in stamps) - launching,
+        result |= {"process_start": max(s.process_started or 0.0 for s in stamps) - launching,
                    "imports": span("process_started", "entered")}
     result |= {"process_group": span("entered", "group_ready"), "build": span("group_ready", "built"),
-               "to_first_iteration": max(firsts) - built - (compile_seconds or 0.0),
-               "windows": max(s["loop_ended"] for s in stamps) - max(firsts),
-               "after_loop": max(r["ended_at"] for r in records) - max(s["loop_ended"] for s in stamps),
-               "teardown": returned - max(r["ended_at"] for r in records), "results": finished - returned}
+               "to_first_iteration": max(firsts) - max(s.built or 0.0 for s in stamps) - (compile_seconds or 0.0),
+               "windows": loop_ended - max(firsts), "after_loop": ended - loop_ended,
+               "teardown": returned - ended, "results": finished - returned}
     return {k: round(max(v, 0.0), 4) for k, v in result.items()}
 
 
@@ -285,11 +243,11 @@ SILENT_DEATH = ("ended without writing its record (os._exit, SIGKILL, the kernel
                 "Python)")
 
 
-def silent_deaths(record_dir: Path, records: list[dict[str, Any]], failures: list[WorkerFailure]) -> list[WorkerFailure]:
+def silent_deaths(record_dir: Path, records: list[RankRecord], failures: list[WorkerFailure]) -> list[WorkerFailure]:
     """Ranks that started (their pid file) but wrote no record and that the launcher did not report: the
     elastic agent reports only the first failed rank it finds, and when a killed rank's neighbour fails on the
     broken connection at once, that may be the neighbour. A rank with no record died abruptly: the cause."""
-    known = {r["rank"] for r in records} | {f.rank for f in failures}
+    known = {r.rank for r in records} | {f.rank for f in failures}
     found = []
     for path in sorted(record_dir.glob("rank*.pid")):
         rank = int(path.stem.removeprefix("rank"))
@@ -299,15 +257,14 @@ def silent_deaths(record_dir: Path, records: list[dict[str, Any]], failures: lis
     return found
 
 
-def _unrecorded(failures: list[WorkerFailure], records: list[dict[str, Any]],
-                placement: Placement) -> list[dict[str, Any]]:
+def _unrecorded(failures: list[WorkerFailure], records: list[RankRecord], placement: Placement) -> list[RankRecord]:
     """Ranks that died without a record (SIGKILL, the kernel's OOM killer): the sampler still saw them."""
-    recorded = {r["rank"] for r in records}
-    return [{"rank": f.rank, "pid": f.pid, "device": placement.rank_device(f.rank), "host": socket.gethostname()}
+    recorded = {r.rank for r in records}
+    return [RankRecord(rank=f.rank, pid=f.pid, device=placement.rank_device(f.rank), host=socket.gethostname())
             for f in failures if f.pid is not None and 0 <= f.rank < placement.nprocs and f.rank not in recorded]
 
 
-def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tuple[str, ...], records: list[dict[str, Any]],
+def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tuple[str, ...], records: list[RankRecord],
                    launcher_pid: int, warning: str | None) -> dict[str, Any]:
     """The sampler's view joined with the ranks' records; the allocator's peaks where no sampler ran."""
     if sampler is None:
@@ -315,20 +272,19 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
     if sampler.tracker.samples == 0:  # NVML opened but every query failed: no figure is better than 0 MiB
         return _allocator_memory(records, f"{sampler.warning or 'the memory sampler took no sample'}; "
                                           "figures are torch's allocator peaks")
-    ranks = [RankProcess(r["rank"], r["pid"], r["device"], r["host"], r.get("rss_at_start_mib"),
-                         tuple(r.get("data_pids") or ())) for r in records]
+    ranks = [RankProcess(r.rank, r.pid, r.device, r.host, r.rss_at_start_mib, tuple(r.data_pids)) for r in records]
     memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
     if sampler.warning:
         memory["warning"] = sampler.warning
     return memory
 
 
-def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], images_per_window: int) -> dict[str, Any]:
+def gpu_activity(sampler: MemorySampler | None, records: list[RankRecord], images_per_window: int) -> dict[str, Any]:
     """NVML's utilisation, clock, power and energy over rank 0's steady windows (nothing where NVML read none)."""
-    reference = next((r for r in records if r["rank"] == 0 and r.get("window_spans")), None)
+    reference = _steady_reference(records)
     if sampler is None or not sampler.tracker.activity or reference is None:
         return {}
-    spans = steady_spans([Window(**w) for w in reference["windows"]], reference["window_spans"])
+    spans = steady_spans(reference.windows, reference.window_spans)
     activity, per_image = activity_section(sampler.tracker.activity, spans, images_per_window * len(spans),
                                            sampler.unsupported)
     return {"gpu_activity": activity, "energy_j_per_image": per_image}
@@ -337,11 +293,16 @@ def gpu_activity(sampler: MemorySampler | None, records: list[dict[str, Any]], i
 LOAD_INTERVAL_S = 0.1  # a reading costs ~1 ms of the launcher's time (it lists the process tree)
 
 
-def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[dict[str, Any]],
+def _steady_reference(records: list[RankRecord]) -> RankRecord | None:
+    """Rank 0's record, when it timed windows: every machine-wide figure is taken over its steady windows."""
+    return next((r for r in records if r.rank == 0 and r.window_spans), None)
+
+
+def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[RankRecord],
                  busy_share: float) -> dict[str, Any]:
     """How busy the machine was during rank 0's steady windows (harness.launch.machine_load)."""
-    reference = next((r for r in records if r["rank"] == 0 and r.get("window_spans")), None)
-    spans = steady_spans([Window(**w) for w in reference["windows"]], reference["window_spans"]) if reference else []
+    reference = _steady_reference(records)
+    spans = steady_spans(reference.windows, reference.window_spans) if reference else []
     others_gpu = None
     if sampler is not None:
         seen = [value for at, per in sampler.tracker.activity if any(a <= at <= b for a, b in spans)
@@ -415,8 +376,8 @@ def _while_stopping(signum: int, frame: FrameType | None) -> None:
     """A stop signal after the first: the run is already stopping (see _signals_as_interrupt)."""
 
 
-def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement, amp: AmpSpec,
-                  overrides: list[str] | None) -> dict[str, Any]:
+def base_results(decided: RunPlan, overrides: list[str] | None) -> dict[str, Any]:
+    cfg, placement = decided.config, decided.placement
     return {
         "schema": SCHEMA, "status": None, "error": None,
         "strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
@@ -427,12 +388,12 @@ def base_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Placement,
         "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
-        "precision": {**_amp_record(amp), "final_loss_scale": None, "skipped_steps": None},
+        "precision": {**_amp_record(decided.amp), "final_loss_scale": None, "skipped_steps": None},
         "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "data_wait_share": None, "profile": None,
         "gpu_activity": None, "energy_j_per_image": None,
         "startup_seconds": None, "compile_seconds": None, "compile_cache": None,
         "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
-        "launcher_pid": os.getpid(), "overrides": overrides or [], "config": cfg_dict,
+        "launcher_pid": os.getpid(), "overrides": overrides or [], "config": dict(decided.resolved),
         "env": {}, "started_at": time.time(), **variant_fields(cfg),
     }
 
@@ -453,56 +414,56 @@ def _amp_record(amp: AmpSpec) -> dict[str, Any]:
             "keep_batchnorm_fp32": amp.keep_batchnorm_fp32, "loss_scale": amp.loss_scale}
 
 
-def read_records(record_dir: Path) -> list[dict[str, Any]]:
+def read_records(record_dir: Path) -> list[RankRecord]:
     """Every rank's record. Records are written atomically (a rank killed mid-write leaves only a hidden temp
     file), so an unreadable one is a real fault: it is named on stderr, not silently dropped."""
     records = []
     for path in sorted(record_dir.glob("rank*.json")):
         try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as error:
+            records.append(RankRecord.from_json(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError) as error:
             log.warning("rank record %s is unreadable (%s); that rank counts as unrecorded", path, error)
-    return sorted(records, key=lambda r: r["rank"])
+    return sorted(records, key=lambda r: r.rank)
 
 
-def run_status(records: list[dict[str, Any]], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
+def run_status(records: list[RankRecord], failures: list[WorkerFailure], interrupted: str | None) -> tuple[str, str | None]:
     """The run's status and the root cause: a rank that died without a record went first (the others
     wrote theirs on the way out); otherwise the earliest rank to fail, not its neighbours' broken pipes."""
     if interrupted:
         return "interrupted", interrupted
-    recorded = {r["rank"] for r in records}
+    recorded = {r.rank for r in records}
     for failure in failures:
         if failure.rank not in recorded:
             return "failed", f"rank {failure.rank} (pid {failure.pid}): {failure.message}"
-    bad = sorted((r for r in records if r["status"] in ("failed", "oom")), key=lambda r: r.get("ended_at") or 0)
+    bad = sorted((r for r in records if r.status in ("failed", "oom")), key=lambda r: r.ended_at or 0)
     if bad:
         first = bad[0]
-        return first["status"], f"rank {first['rank']} (pid {first['pid']}): {first['error']}"
+        return first.status, f"rank {first.rank} (pid {first.pid}): {first.error}"
     if failures:
         f = failures[0]
         return "failed", f"rank {f.rank} (pid {f.pid}): {f.message}"
-    if not records or any(r["status"] != "ok" for r in records):
+    if not records or any(not r.ok for r in records):
         return "failed", "a worker ended without a record"
     return "ok", None
 
 
-def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, Any]],
-                 started: float, run_dir: Path = Path()) -> dict[str, Any]:
-    per_rank = {r["rank"]: [Window(**w) for w in r["windows"]] for r in records}
+def measurements(decided: RunPlan, records: list[RankRecord], started: float, run_dir: Path = Path()) -> dict[str, Any]:
+    cfg = decided.config
+    per_rank = {r.rank: r.windows for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
-    firsts = [r["first_iter_time"] for r in records if r.get("first_iter_time")]
+    firsts = [r.first_iter_time for r in records if r.first_iter_time]
     # XLA compiles its graphs as the first iterations run: inside the warm-up windows, not in start-up
-    in_windows = [r["window_compile_seconds"] for r in records if r.get("window_compile_seconds") is not None]
-    state = next((r["amp_state"] for r in records if r["rank"] == 0 and r["amp_state"]), {})
-    precision = {**_amp_record(resolve(cfg.amp, placement.accelerator)),
-                 "final_loss_scale": state.get("final_loss_scale"), "skipped_steps": state.get("skipped_steps")}
-    compiled = [r["compile_seconds"] for r in records if r.get("compile_seconds") is not None]
+    in_windows = [r.window_compile_seconds for r in records if r.window_compile_seconds is not None]
+    state = next((r.amp_state for r in records if r.rank == 0 and r.amp_state), {})
+    precision = {**_amp_record(decided.amp), "final_loss_scale": state.get("final_loss_scale"),
+                 "skipped_steps": state.get("skipped_steps")}
+    compiled = [r.compile_seconds for r in records if r.compile_seconds is not None]
     compile_seconds = max(compiled) if compiled else None  # the ranks compile side by side: the slowest's
-    theory = next((r.get("memory_theory") for r in records if r["rank"] == 0 and r.get("memory_theory")), None)
+    theory = next((r.memory_theory for r in records if r.rank == 0 and r.memory_theory), None)
     done: dict[str, Any] = {}
     if cfg.iterations is None:  # iterations=auto: how many the ranks ran, and why they stopped (together)
         done = {"iterations": windows[-1].end_iter if windows else None,
-                "stopped_by": next((r.get("stopped_by") for r in records if r.get("stopped_by")), None)}
+                "stopped_by": next((r.stopped_by for r in records if r.stopped_by), None)}
     return {
         **done,
         "windows": [w.as_dict() for w in windows],
@@ -515,19 +476,18 @@ def measurements(cfg: RunConfig, placement: Placement, records: list[dict[str, A
         "compile_seconds": compile_seconds if compile_seconds is not None else (max(in_windows) if in_windows else None),
         "memory_theory": theory,
         "precision": precision,
-        "parity": run_parity(cfg, placement, records),
-        "ranks": [{k: r.get(k) for k in ("rank", "local_rank", "pid", "host", "device", "backend", "status", "error",
-                                         "allocator", "tensor_peak_mib")} for r in records],
+        "parity": run_parity(cfg, decided.placement, records),
+        "ranks": [r.summary() for r in records],
     }
 
 
-def _allocator_memory(records: list[dict[str, Any]], warning: str | None) -> dict[str, Any]:
+def _allocator_memory(records: list[RankRecord], warning: str | None) -> dict[str, Any]:
     """Without a sampler (disabled, or no NVML): the ranks' own allocator peaks, if any."""
-    per_device = [{"device": peak["device"], "peak_mib": round(peak["max_reserved_mib"], 1), "baseline_mib": 0.0}
-                  for r in records for peak in r.get("allocator", [])]
-    per_process = [{"pid": r["pid"], "rank": r["rank"], "device": r["device"], "role": "rank", "host": r["host"],
-                    "peak_mib": round(sum(p["max_reserved_mib"] for p in r.get("allocator", [])), 1)}
-                   for r in records if r.get("allocator")]
+    per_device = [{"device": peak.device, "peak_mib": round(peak.max_reserved_mib, 1), "baseline_mib": 0.0}
+                  for r in records for peak in r.allocator]
+    per_process = [{"pid": r.pid, "rank": r.rank, "device": r.device, "role": "rank", "host": r.host,
+                    "peak_mib": round(sum(p.max_reserved_mib for p in r.allocator), 1)}
+                   for r in records if r.allocator]
     memory: dict[str, Any] = {"source": "torch-allocator" if per_device else None, "per_device": per_device,
                               "per_process": per_process}
     if warning:

@@ -23,18 +23,20 @@ from harness.compose import Composed, compose_one, hydra_context
 from harness.core.config import CONF_DIR, RunConfig
 from harness.core.errors import ConfigError
 from harness.core.logs import setup_worker
+from harness.core.rank_record import RankRecord
 from harness.core.results import PARAMETERS_NAME, environment, write_provisional
+from harness.launch.decide import run_plan
 from harness.launch.placement import TorchrunWorld, probe_hardware
 from harness.launch.runner import (
     base_results,
     measurements,
     memory_section,
-    plan,
     publish,
     read_records,
     run_status,
 )
 from harness.memory.sampler import MemorySampler, Sample, SamplerFindings, open_source
+from harness.rank.run_plan import RankSpec, RunPlan
 from harness.rank.worker import rank_identity, run_rank
 
 log = logging.getLogger(__name__)
@@ -105,21 +107,19 @@ def run_worker(overrides: list[str]) -> int:
     rank, local_rank, _ = rank_identity()
     overrides, out_dir = split_run_dir(overrides)
     composed = compose_config(overrides)
-    cfg_dict, cfg = composed.config, composed.run_config()
-    world = TorchrunWorld.from_env(os.environ)
-    decided = plan(cfg, probe_hardware(), torchrun=world)
-    strategy_cls, placement, precision = decided.strategy_cls, decided.placement, decided.amp
-    if not strategy_cls.one_process_per_device:
+    cfg = composed.run
+    decided = run_plan(cfg, probe_hardware(), resolved=composed.config, torchrun=TorchrunWorld.from_env(os.environ))
+    placement = decided.placement
+    if not decided.strategy_cls.one_process_per_device:
         raise ConfigError("strategy", cfg.strategy_name, "one process per device under torchrun (" +
                           ", ".join(torchrun_strategies()) + "); run other strategies as plain `python run.py`")
-    reason = strategy_cls.skip_reason(placement, precision) or strategy_cls.unavailable_reason()
-    if reason:
-        raise ConfigError("strategy", cfg.strategy_name, reason)
+    if not decided.will_run:  # alone, as for a plain run: nothing to measure, or a package missing, is an error
+        raise ConfigError("strategy", cfg.strategy_name, decided.skip or decided.unavailable)
 
     out_dir = out_dir or run_dir_for(cfg, dt.datetime.now())
     setup_worker(out_dir / "run.log", rank)
     if rank == 0:
-        write_provisional(out_dir, {**base_results(cfg, cfg_dict, placement, precision, overrides),
+        write_provisional(out_dir, {**base_results(decided, overrides),
                                     "env": environment({"launcher": "torchrun"})}, PROVISIONAL_REASON)
     sampler = None
     launcher_pid = os.getppid()  # the torchrun agent of this node
@@ -130,11 +130,9 @@ def run_worker(overrides: list[str]) -> int:
         sampler = MemorySampler(source, cfg.memory.interval_ms / 1000).start() if source else None
 
     record_dir = Path(tempfile.mkdtemp(prefix=f"harness-rank{rank}-"))
-    spec = {"config": cfg_dict, "strategy_name": cfg.strategy_name, "placement": placement.as_dict(),
-            "amp": precision.as_dict(), "record_dir": str(record_dir),
-            "parameters_path": str(out_dir / PARAMETERS_NAME)}
+    spec = RankSpec(plan=decided, record_dir=str(record_dir), parameters_path=str(out_dir / PARAMETERS_NAME))
 
-    def gather(record: dict[str, Any]) -> None:
+    def gather(record: RankRecord) -> None:
         if sampler is not None:
             sampler.stop()
         node = {"node_rank": placement.node_rank, "devices": placement.devices, "launcher_pid": launcher_pid,
@@ -143,40 +141,39 @@ def run_worker(overrides: list[str]) -> int:
         gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if gathered is not None:  # rank 0
-            write_results(cfg, cfg_dict, placement, precision, gathered, started, overrides, out_dir)
+            write_results(decided, gathered, started, overrides, out_dir)
 
     try:
         run_rank(spec, before_teardown=gather)
     except BaseException:
         if rank == 0:  # the process group is gone: record what this rank knows
             records = read_records(record_dir)
-            write_results(cfg, cfg_dict, placement, precision, [{"record": r, "node": None} for r in records],
-                          started, overrides, out_dir)
+            write_results(decided, [{"record": r, "node": None} for r in records], started, overrides, out_dir)
         raise
     finally:
         shutil.rmtree(record_dir, ignore_errors=True)  # this rank's record: sent to rank 0 or written by it
     return 0
 
 
-def write_results(cfg: RunConfig, cfg_dict: dict[str, Any], placement: Any, precision: Any,
-                  gathered: list[dict[str, Any]], started: float, overrides: list[str],
+def write_results(decided: RunPlan, gathered: list[dict[str, Any]], started: float, overrides: list[str],
                   out_dir: Path) -> None:
-    records = sorted((g["record"] for g in gathered), key=lambda r: r["rank"])
+    placement = decided.placement
+    records: list[RankRecord] = sorted((g["record"] for g in gathered), key=lambda r: r.rank)
     nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
     devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
-    stopped = next((r["error"] for r in records if r["status"] == "interrupted"), None)  # SIGTERM: scancel
+    stopped = next((r.error for r in records if r.status == "interrupted"), None)  # SIGTERM: scancel
     status, error = run_status(records, [], stopped)
     if status == "ok" and len(records) < placement.world_size:
         status, error = "failed", f"only {len(records)} of {placement.world_size} ranks reported"
     per_device, per_process, sources = [], [], set()
     for node in nodes:
-        node_records = [r for r in records if r["device"] in node["devices"]]
+        node_records = [r for r in records if r.device in node["devices"]]
         section = memory_section(node["sampler"], tuple(node["devices"]), node_records, node["launcher_pid"], None)
         per_device += section["per_device"]
         per_process += [{**p, "node": node["node_rank"]} for p in section["per_process"]]
         sources.add(section["source"])
-    results = {**base_results(cfg, cfg_dict, placement, precision, overrides),
-               **measurements(cfg, placement, records, started, out_dir), "status": status, "error": error,
+    results = {**base_results(decided, overrides),
+               **measurements(decided, records, started, out_dir), "status": status, "error": error,
                "devices": devices, "nodes": placement.nodes,
                "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
                           "per_process": per_process},

@@ -17,6 +17,7 @@ from hydra.utils import get_class
 
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
+from harness.core.rank_record import RankRecord
 
 
 def fingerprint(cfg: RunConfig) -> str:
@@ -63,18 +64,18 @@ def lossy(cfg: RunConfig) -> str | None:
     return get_class(cfg.strategy["_target_"]).lossy(cfg.strategy)
 
 
-def run_parity(cfg: RunConfig, placement: Placement, records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def run_parity(cfg: RunConfig, placement: Placement, records: Sequence[RankRecord]) -> dict[str, Any] | None:
     """results.json's `parity` (None when parity is off or no rank got as far as recording it)."""
-    ranks = [r for r in records if r.get("parity")]
-    if not cfg.parity.enabled or not ranks:
+    parities = {r.rank: r.parity for r in records if r.parity}
+    if not cfg.parity.enabled or not parities:
         return None
-    digests = {str(r["rank"]): r["parity"]["digest"] for r in ranks}
+    digests = {str(rank): p["digest"] for rank, p in parities.items()}
     first = next((d for d in digests.values() if d is not None), None)
     differing = [int(rank) for rank, d in digests.items() if d is not None and d != first]
     compared = sum(d is not None for d in digests.values())
-    curves = [r["parity"]["losses"] for r in ranks if r["parity"]["losses"]]
+    curves = [p["losses"] for p in parities.values() if p["losses"]]
     length = min((len(c) for c in curves), default=0)
-    layout = next((r["parity"].get("batchnorm") for r in ranks if r["rank"] == 0), ranks[0]["parity"].get("batchnorm"))
+    layout = parities.get(0, next(iter(parities.values()))).get("batchnorm")
     return {
         "reference": cfg.parity.reference,
         "fingerprint": fingerprint(cfg),

@@ -227,6 +227,7 @@ def _strategy_child(key: bytes) -> Calibration:
 
     from amp import build_amp
     from strategies.base import RankEnv
+    from strategies.capabilities import no_sync_for
 
     cfg, placement, amp, micro_batch = pickle.loads(key)
     with socket.socket() as probe:
@@ -252,7 +253,7 @@ def _strategy_child(key: bytes) -> Calibration:
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
         def forward_backward() -> None:
             for k, (part, part_labels) in enumerate(parts):
-                context = strategy.no_sync(model) if k < len(parts) - 1 else contextlib.nullcontext()
+                context = no_sync_for(strategy, model) if k < len(parts) - 1 else contextlib.nullcontext()
                 with context, plugin.forward_context():
                     loss = F.cross_entropy(model(part), part_labels) / cfg.grad_accum
                 with context:

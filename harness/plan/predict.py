@@ -24,6 +24,7 @@ from harness.plan.gpu_model import BAND_Z, load_factors, step_time, straggle
 from harness.plan.hardware import GIB, Preset
 from harness.plan.links import collective_seconds
 from harness.plan.trace import StepTrace, trace_ops, trace_step
+from strategies.capabilities import ShardedParameters
 
 MIB = 2**20
 CUDA_ALLOCATOR_OVERHEAD = 0.10  # reserved beyond allocated at the peak: assumed (block rounding, fragmentation)
@@ -200,10 +201,12 @@ class NotPredictable(ValueError):
     """A strategy the planner has no model of (it says why)."""
 
 
-def _unit_names(strategy_cls: Any, cfg: RunConfig) -> Callable[[Any], list[str]]:
+def _unit_names(strategy_cls: Any, cfg: RunConfig) -> Callable[[Any], list[str]] | None:
+    """A sharding strategy's units (strategies.capabilities.ShardedParameters); None for any other."""
+    if not issubclass(strategy_cls, ShardedParameters):
+        return None
     options = {k: v for k, v in cfg.strategy.items() if k != "_target_"}
-    strategy = strategy_cls(**options)
-    return strategy.unit_names
+    return strategy_cls(**options).unit_names
 
 
 def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool, bool], n: int, cfg: RunConfig,

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.core.rank_record import RankRecord
 from harness.core.timing import Window, steady_windows
 
 
-def profile_section(records: Sequence[dict[str, Any]], windows: Sequence[Window], run_dir: Path) -> dict[str, Any]:
+def profile_section(records: Sequence[RankRecord], windows: Sequence[Window], run_dir: Path) -> dict[str, Any]:
     """The run's breakdown is its slowest rank's (the one the others waited for at the window's end)."""
-    per_rank = {str(r["rank"]): r["profile"] for r in records if r.get("profile")}
+    per_rank = {str(r.rank): r.profile for r in records if r.profile}
     if not per_rank:
         return {"run": None, "per_rank": {}, "traces": [], "slowdown": None,
                 "note": "no rank finished its profiled window"}

@@ -1,8 +1,8 @@
 """One rank's life: set up its device and strategy, build model and precision, train, leave a record.
 
-Workers get the parent's resolved config as a plain dict and never run Hydra. Each rank writes its
-record (windows, status, error) to `<run>/ranks/rank<N>.json` once, after the timed loop or when it
-fails, so whatever was measured survives a failing neighbour.
+Workers get the parent's RunPlan (harness.rank.run_plan) and never run Hydra or re-read a config. Each rank
+writes its RankRecord (harness.core.rank_record) to `<run>/ranks/rank<N>.json` once, after the timed loop or
+when it fails, so whatever was measured survives a failing neighbour.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 
-from amp import AmpSpec, OptimizerSpec, build_amp
+from amp import OptimizerSpec, build_amp
 from harness.core.compile_cache import use_compile_cache
 from harness.core.config import FaultConfig, RunConfig
-from harness.core.devices import DeviceOps, Placement
+from harness.core.devices import DeviceOps
 from harness.core.logs import setup_worker
+from harness.core.rank_record import RankRecord, RankTimes
 from harness.core.results import write_json_atomic
 from harness.core.stops import (
     LAUNCHER_GONE_GRACE_S,
@@ -44,8 +45,10 @@ from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges
 from harness.rank.data import BatchSource, batch_source
+from harness.rank.run_plan import RankSpec
 from harness.rank.trainer import compile_pass, train
 from strategies.base import RankEnv, unwrap
+from strategies.capabilities import compile_seconds_of, no_sync_for
 
 log = logging.getLogger(__name__)
 
@@ -101,32 +104,28 @@ def probe_fits_warmup(cfg: RunConfig) -> bool:
     return cfg.warmup_windows >= 1 and cfg.log_every > PROBE_ITERATIONS
 
 
-def run_rank(spec: dict[str, Any],
-             before_teardown: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | None = None) -> RankRecord:
     """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise.
 
     `before_teardown(record)` runs while the process group is still up, after a successful run
     (under torchrun: gathering every rank's record to global rank 0)."""
     entered = time.time()
-    cfg = RunConfig.from_dict(spec["config"], spec["strategy_name"])
-    placement = Placement.from_dict(spec["placement"])
-    amp_spec = AmpSpec(**spec["amp"])
+    plan = spec.plan
+    cfg, placement = plan.config, plan.placement
     rank, local_rank, world_size = rank_identity()
-    if spec.get("launched"):  # a process of its own: Hydra set up the launcher's logging, not ours
-        setup_worker(spec.get("log_file"), rank)
+    if spec.log_file is not None:  # a process of its own: Hydra set up the launcher's logging, not ours
+        setup_worker(spec.log_file, rank)
     stop = StopRequest().install()
-    watch = LauncherWatch(spec["launcher"]["pid"], spec["launcher"]["create_time"], LAUNCHER_GONE_GRACE_S,
-                          cfg.dist.timeout_s).start() if spec.get("launched") and spec.get("launcher") else None
-    pid_file = Path(spec["record_dir"]) / f"rank{rank}.pid"  # a rank that dies without a record is still known
+    watch = LauncherWatch(spec.launcher.pid, spec.launcher.create_time, LAUNCHER_GONE_GRACE_S,
+                          cfg.dist.timeout_s).start() if spec.launcher is not None else None
+    record_dir = Path(spec.record_dir)
+    pid_file = record_dir / f"rank{rank}.pid"  # a rank that dies without a record is still known
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(f"{os.getpid()} {psutil.Process().create_time()}")  # the start time tells a reused PID
-    record: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
-                              "rss_at_start_mib": psutil.Process().memory_info().rss / 2**20,
-                              "host": socket.gethostname(), "device": placement.rank_device(local_rank),
-                              "status": "failed", "error": None, "windows": [], "allocator": [],
-                              "amp_state": {}, "first_iter_time": None, "backend": None, "compile_seconds": None,
-                              "memory_theory": None,
-                              "times": {"process_started": psutil.Process().create_time(), "entered": entered}}
+    record = RankRecord(rank=rank, local_rank=local_rank, pid=os.getpid(), host=socket.gethostname(),
+                        device=placement.rank_device(local_rank),
+                        rss_at_start_mib=psutil.Process().memory_info().rss / 2**20,
+                        times=RankTimes(process_started=psutil.Process().create_time(), entered=entered))
     clock: WindowClock | None = None
     probe: TensorPeak | None = None
     strategy = None
@@ -136,43 +135,43 @@ def run_rank(spec: dict[str, Any],
         torch.set_num_threads(placement.threads_per_process)
         strategy = instantiate(cfg.strategy)
         strategy.setup(RankEnv(rank, local_rank, world_size, placement, cfg.dist.timeout_s, cfg.grad_accum))
-        record["times"]["group_ready"] = time.time()
-        record["backend"] = dist.get_backend() if dist.is_initialized() else None
+        record.times.group_ready = time.time()
+        record.backend = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
         model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
-        amp = build_amp(cfg.amp_plugin, amp_spec, strategy.device)
+        amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
         batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
-                               pid_dir=Path(spec["record_dir"]) / f"data-pids-rank{rank}")
+                               pid_dir=record_dir / f"data-pids-rank{rank}")
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
-        no_sync = functools.partial(strategy.no_sync, model)
-        record["times"]["built"] = time.time()
+        no_sync = functools.partial(no_sync_for, strategy, model)
+        record.times.built = time.time()
         if cfg.compile:  # compiled here, timed apart: neither start-up nor any window holds it
             use_compile_cache()  # the parent's folder (inherited), or under torchrun the default one
             model = strategy.compile(model)
-            no_sync = functools.partial(strategy.no_sync, model)
+            no_sync = functools.partial(no_sync_for, strategy, model)
             started_compile = time.perf_counter()
             compile_pass(model, amp, optimizer, batches.first(), cfg.grad_accum, no_sync, strategy.after_compile_pass)
             strategy.synchronize()
-            record["compile_seconds"] = time.perf_counter() - started_compile
+            record.compile_seconds = time.perf_counter() - started_compile
         strategy.ops.reset_peaks()
         source = batches
         clock = WindowClock(strategy.synchronize, cfg.warmup_windows, data_wait=lambda: source.waited,
                             profiled_window=profiler.window_index if profiler else None)
         strategy.barrier()
         stop.check()
-        record["first_iter_time"] = time.time()
-        label = " ".join(filter(None, (cfg.strategy_name, cfg.amp.level, spec.get("repeat_label"))))
+        record.first_iter_time = time.time()
+        label = " ".join(filter(None, (cfg.strategy_name, cfg.amp.level, spec.repeat_label)))
         inject = fault_injector(cfg.fault, rank, placement.accelerator)
 
         def before_step(it: int) -> None:  # a few attribute reads: nothing waits for the device
             stop.check()
             inject(it)
             if it == PROBE_ITERATIONS + 1 and probe is not None:
-                record["tensor_peak_mib"] = probe.stop() / MIB  # type: ignore[operator]
+                record.tensor_peak_mib = probe.stop() / MIB  # type: ignore[operator]
 
         auto = None if cfg.iterations is not None else \
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
@@ -181,48 +180,49 @@ def run_rank(spec: dict[str, Any],
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
         loop_ended = time.time()
-        if probe is not None and "tensor_peak_mib" not in record:
-            record["tensor_peak_mib"] = probe.stop() / MIB  # type: ignore[operator]
-        record["memory_theory"] = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
-                                           world_size, strategy.shards, cfg.grad_accum)
+        if probe is not None and record.tensor_peak_mib is None:
+            record.tensor_peak_mib = probe.stop() / MIB  # type: ignore[operator]
+        record.memory_theory = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
+                                        world_size, strategy.shards, cfg.grad_accum)
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
-            path = spec.get("parameters_path")
-            record["parity"] = rank_parity(strategy.full_parameters(model), losses, model, rank,
-                                           Path(path) if path else None)
-        record["stopped_by"] = auto.reason if auto else None
+            path = spec.parameters_path
+            record.parity = rank_parity(strategy.full_parameters(model), losses, model, rank,
+                                        Path(path) if path else None)
+        record.stopped_by = auto.reason if auto else None
         if profiler is not None:
-            record["profile"] = profile_record(profiler, Path(spec["record_dir"]).parent / "traces" / f"rank{rank}.json")
-        record["amp_state"] = amp.state()
-        record["window_compile_seconds"] = strategy.compile_seconds()
-        record["allocator"] = strategy.ops.allocator_peaks()
-        record["status"] = "ok"
-        record["times"]["loop_ended"] = loop_ended
+            record.profile = profile_record(profiler, record_dir.parent / "traces" / f"rank{rank}.json")
+        record.amp_state = amp.state()
+        record.window_compile_seconds = compile_seconds_of(strategy)
+        record.allocator = strategy.ops.allocator_peaks()
+        record.status = "ok"
+        record.times.loop_ended = loop_ended
         return record
     except BaseException as error:
         signal_error = caused_by(error, (Interrupted, KeyboardInterrupt))  # also when wrapped (instantiate)
         if signal_error is not None:
-            record.update(status="interrupted", error=last_line(signal_error))
+            record.status, record.error = "interrupted", last_line(signal_error)
             raise
-        record.update(status="oom" if DeviceOps.is_out_of_memory(error) else "failed", error=last_line(error))
+        record.status = "oom" if DeviceOps.is_out_of_memory(error) else "failed"
+        record.error = last_line(error)
         if strategy is not None and strategy.is_set_up:
-            record["allocator"] = strategy.ops.allocator_peaks()
+            record.allocator = strategy.ops.allocator_peaks()
         raise
     finally:
         if probe is not None:
             probe.stop()  # a failed run: profiling off before anything else runs here
         held.close()
-        record["ended_at"] = time.time()
+        record.ended_at = time.time()
         if clock is not None:
-            record["windows"] = [w.as_dict() for w in clock.windows]
-            record["window_spans"] = clock.spans
+            record.windows = list(clock.windows)
+            record.window_spans = list(clock.spans)
         if batches is not None:
-            record["data_pids"] = batches.worker_pids()
+            record.data_pids = batches.worker_pids()
             batches.close()
-        write_json_atomic(Path(spec["record_dir"]) / f"rank{rank}.json", record)
+        write_json_atomic(record_dir / f"rank{rank}.json", record.to_json())
         if watch is not None:
             watch.record_written()  # from here the rank ends within dist.timeout_s, whoever it waits for
         try:
-            if before_teardown is not None and record["status"] == "ok":
+            if before_teardown is not None and record.ok:
                 before_teardown(record)
         finally:
             if strategy is not None:

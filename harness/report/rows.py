@@ -17,8 +17,10 @@ import numpy as np
 
 from harness.core.errors import ConfigError
 from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
-from harness.memory import imbalance
+from harness.memory import report as memory_report
 from harness.parity import report as parity
+from harness.plan import report as plan_report
+from harness.profile import report as profile_report
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.rule import Design
 
@@ -93,8 +95,8 @@ class Row:
     measured_peak_mib: float | None = None
     peak_error: float | None = None  # (measured - predicted) / measured
     predicted_s_per_it: float | None = None
-    measured_s_per_it: float | None = None
-    time_error: float | None = None
+    measured_s_per_it: float | None = None  # the speed table's s_per_20 / PER: one figure for one question
+    time_error: float | None = None  # (measured - predicted) / measured
     # what a projection needs of the row (`--project`): its first finished run's resolved config and batch share
     config: dict[str, Any] = field(default_factory=dict, repr=False)
     local_batch: int | None = None
@@ -303,9 +305,9 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.losses = [(it, statistics.median(v)) for it, v in sorted(losses.items())]
     row.final_loss = row.losses[-1][1] if row.losses else None
 
-    timed = [r for r in ok if r.throughput_img_s]
+    timed = [r for r in ok if r.timed]
     row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
-    quiet = [r for r in timed if not (r.machine and r.machine.busy)]
+    quiet = [r for r in timed if r.quiet]
     row.busy_runs = len(timed) - len(quiet)
     if timed and not quiet:  # shown for what it is: its runs' own figure, no interval, not judged
         row.busy = next(r.machine.reason for r in timed if r.machine) or "the machine was busy"
@@ -316,27 +318,22 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.startup_s = _median_of([r.startup_seconds for r in ok])
     row.compile_s = _median_of([r.compile_seconds for r in ok])
     row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
-    _pool_prediction(row, ok)
+    row.data_wait_share = _median_of([r.data_wait_share for r in ok])
+    row.energy_j_per_image = _median_of([r.energy_j_per_image for r in ok])
     row.config, row.local_batch = ok[0].config, ok[0].local_batch
-    _pool_memory(row, ok)
-    _pool_breakdown(row, ok)
+    plan_report.pool(row, ok)  # each feature's figures, pooled over the repeats by the feature itself
+    memory_report.pool(row, ok)
+    profile_report.pool(row, ok)
     return row
 
 
-def _pool_prediction(row: Row, ok: Sequence[RunRecord]) -> None:
-    pairs = [(r.prediction, r.prediction_error) for r in ok if r.prediction and r.prediction_error]
-    if not pairs:
+def measured_beside_predicted(row: Row) -> None:
+    """The prediction section's measured time is the speed table's (its s per PER iterations, the runs' level),
+    not a second figure for the same question (each run's mean over its steady windows, in results.json)."""
+    if row.predicted_s_per_it is None or row.s_per_20 is None:
         return
-    row.predicted_peak_mib = _median_of([p.peak_mib for p, _ in pairs])
-    band = pairs[0][0].peak_mib_band
-    if row.predicted_peak_mib is not None and len(band) == 2 and all(b is not None for b in band):
-        scale = row.predicted_peak_mib / pairs[0][0].peak_mib if pairs[0][0].peak_mib else 1.0
-        row.predicted_peak_band = (band[0] * scale, band[1] * scale)
-    row.measured_peak_mib = _median_of([e.measured_peak_mib for _, e in pairs])
-    row.peak_error = _median_of([e.peak_mib for _, e in pairs])
-    row.predicted_s_per_it = _median_of([p.s_per_iteration for p, _ in pairs])
-    row.measured_s_per_it = _median_of([e.measured_s_per_iteration for _, e in pairs])
-    row.time_error = _median_of([e.s_per_iteration for _, e in pairs])
+    row.measured_s_per_it = row.s_per_20 / PER
+    row.time_error = (row.measured_s_per_it - row.predicted_s_per_it) / row.measured_s_per_it
 
 
 def _steady(window: WindowRecord) -> bool:
@@ -362,17 +359,6 @@ def _median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def _pool_breakdown(row: Row, ok: Sequence[RunRecord]) -> None:
-    """Data wait, the profiled window's parts (the slowest rank's) and energy, each the median over repeats."""
-    row.data_wait_share = _median_of([r.data_wait_share for r in ok])
-    row.energy_j_per_image = _median_of([r.energy_j_per_image for r in ok])
-    runs = [r.profile.run for r in ok if r.profile and r.profile.run]
-    if not runs:
-        return
-    row.breakdown = {part: statistics.median(run["shares"][part] for run in runs) for part in runs[0]["shares"]}
-    row.comm_overlapped_share = _median_of([run["communication_overlapped_s"] / run["communication_total_s"]
-                                            if run["communication_total_s"] > 0 else None for run in runs])
-    row.breakdown_view = runs[0]["view"]
 
 
 def _rank_pids(results: RunRecord) -> int:
@@ -382,32 +368,6 @@ def _rank_pids(results: RunRecord) -> int:
 def _median_int(values: Sequence[int]) -> int | None:
     values = [v for v in values if v]
     return int(statistics.median_low(values)) if values else None
-
-
-def _pool_memory(row: Row, ok: Sequence[RunRecord]) -> None:
-    """Memory of every repeat: per device the median of the repeats' use, the row's figures the median of
-    the repeats' largest (and smallest) device, with min-max over repeats as the spread."""
-    balances = [imbalance.analyze(r) for r in ok]
-    runs = [b for b in balances if b.devices]
-    row.sources = sorted({r.memory.source or "none" for r in ok})
-    row.memory_source = row.sources[0] if len(row.sources) == 1 else "+".join(row.sources)
-    if not runs:
-        return
-    per_device: dict[str, list[float]] = {}
-    pids: dict[str, set[int]] = {}
-    for balance in runs:
-        for d in balance.devices:
-            per_device.setdefault(d["device"], []).append(d["used_mib"])
-            pids.setdefault(d["device"], set()).update(d["pids"])
-    row.memory_per_device = [{"device": device, "used_mib": statistics.median(used), "pids": sorted(pids[device])}
-                             for device, used in per_device.items()]
-    maxima = [max(d["used_mib"] for d in b.devices) for b in runs]
-    row.mem_max_mib = statistics.median(maxima)
-    row.mem_min_mib = statistics.median(min(d["used_mib"] for d in b.devices) for b in runs)
-    if len(maxima) >= 2:
-        row.mem_max_lo, row.mem_max_hi = min(maxima), max(maxima)
-    excess = [b.base_excess_pct for b in runs if b.base_excess_pct is not None]
-    row.mem_imbalance_pct = statistics.median(excess) if excess else None
 
 
 def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
@@ -488,6 +448,8 @@ def apply_intervals(rows: Sequence[Row], planned: int | None = None) -> Fit:
         row.spread_known = level.known
         if time_level is not None:
             row.s_per_20, row.s_per_20_lo, row.s_per_20_hi = time_level.point, time_level.lo, time_level.hi
+    for row in rows:
+        measured_beside_predicted(row)
     last = max((r % SWEEP_STRIDE for row in rows for r in fit.rounds(row.label)), default=None)
     if last is not None and last >= 2:
         for row in rows:

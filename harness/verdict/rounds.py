@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.results import judged_throughput
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import Standing, standing
 from harness.verdict.rule import MIN_ROUNDS, Design, Judgement, interval_text
@@ -87,12 +88,13 @@ def round_overrides(combination: list[str], index: int, number: int, subdir_temp
 
 
 def observations(index: int, number: int, result: dict[str, Any] | None) -> list[Observation]:
-    """A run that measured a throughput on a quiet machine; a busy one is kept out (it would mislead)."""
-    if not result or result.get("status") != "ok" or not result.get("throughput_img_s"):
+    """A run that measured a throughput on a quiet machine, as the report judges it (judged_throughput); a busy
+    one is kept out (it would mislead)."""
+    if not result:
         return []
-    if (result.get("machine") or {}).get("busy"):
-        return []
-    return [Observation(index, number, float(result["throughput_img_s"]))]
+    value = judged_throughput(result.get("status"), result.get("throughput_img_s"),
+                              bool((result.get("machine") or {}).get("busy")))
+    return [] if value is None else [Observation(index, number, value)]
 
 
 def plan_rounds(budget_s: float, elapsed_s: float, round_s: float) -> int:

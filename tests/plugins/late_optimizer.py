@@ -4,10 +4,14 @@ class and yaml (`_target_: plugins.late_optimizer.LateOptimizer`): tests/test_st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
 from amp import Amp
+from harness.core.traffic import Traffic
 from strategies.base import AmpRule, Strategy
 
 
@@ -35,8 +39,15 @@ class LateOptimizer(Strategy):
         super().__init__()
         self.scale = scale
 
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:  # required: one process sends nothing
+        return Traffic()
+
     def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
         return Reparametrized(model)  # before the optimizer: the copies train
+
+    def wrap(self, model: nn.Module) -> nn.Module:  # required: no wrapper here
+        return model
 
 
 class EarlyOptimizer(LateOptimizer):

@@ -1,0 +1,50 @@
+"""The one answer to "can this combination run, and how?": a `RunPlan`, built here and nowhere else.
+
+Every caller asks this function: the pre-flight checks of a command line (harness.cli), the runner, the
+torchrun worker, `plan=true` and the report's projection on a preset (harness.launch.on_preset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import get_class
+
+from amp import plugin_class, resolve
+from harness.core.config import RunConfig
+from harness.core.errors import ConfigError, Incompatible
+from harness.launch.placement import Hardware, TorchrunWorld, place
+from harness.rank.run_plan import RunPlan
+
+
+def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None = None, in_sweep: bool = False,
+             torchrun: TorchrunWorld | None = None, installed_here: bool = True) -> RunPlan:
+    """Place the run, resolve its amp level and say whether it runs. Raises ConfigError for bad input and
+    Incompatible for a combination that cannot run correctly; a combination with nothing to measure here, or
+    whose optional package is missing (checked only where `installed_here`: not for a preset), comes back
+    with its reason.
+
+    One-process strategies run inside the parent for a single run. In sweeps, and for every repeat, each run
+    gets a fresh process, so no run inherits the memory, threads or CUDA context of the one before."""
+    strategy_cls = get_class(cfg.strategy["_target_"])
+    launched = strategy_cls.one_process_per_device or in_sweep or (cfg.repeat or 1) > 1
+    placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
+                      strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
+    amp = resolve(cfg.amp, placement.accelerator)
+    if placement.local_batch % cfg.grad_accum:
+        raise ConfigError("grad_accum", cfg.grad_accum, f"a divisor of each process's batch of {placement.local_batch} "
+                          f"(batch_size {cfg.batch_size} over {placement.world_size} process(es))")
+    strategy_cls.check_compatible(placement, amp)
+    strategy_cls.check_run(cfg, placement, amp)
+    if placement.accelerator == "cuda" and launched and torchrun is None \
+            and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
+        raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
+                           "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
+    amp_cls = plugin_class(cfg.amp_plugin)
+    skip = strategy_cls.skip_reason(placement, amp) or amp_cls.skip_reason(amp, placement.accelerator)
+    missing = (strategy_cls.unavailable_reason() or amp_cls.unavailable_reason(amp, placement.accelerator)) \
+        if installed_here else None
+    return RunPlan(config=cfg, resolved=dict(resolved or {}), strategy_cls=strategy_cls, placement=placement, amp=amp,
+                   launched=launched or torchrun is not None,
+                   skip=skip, unavailable=missing)

@@ -1,0 +1,52 @@
+"""Optional capabilities of a strategy, as small mixins (Lightning's backward-sync control and sharding are
+the model): a strategy has one by inheriting it, and the rank asks `isinstance`, never a strategy's name. A
+strategy without one is run as if the capability had nothing to do (no sync to skip, nothing sharded,
+nothing compiled inside the windows)."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class GradientSyncControl(ABC):
+    """grad_accum: gradients accumulate locally and are communicated once per optimizer step."""
+
+    @abstractmethod
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Entered around every micro-batch but the last of a step."""
+
+
+class ShardedParameters(ABC):
+    """Each rank holds a shard of the parameters, gathered a unit at a time (FSDP2)."""
+
+    @abstractmethod
+    def unit_names(self, model: nn.Module) -> list[str]:
+        """The modules whose parameters are gathered one at a time (the planner traces their peaks)."""
+
+    @abstractmethod
+    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The trained parameters gathered whole (every rank must call it), as Strategy.full_parameters says."""
+
+
+class CompilesInWindows(ABC):
+    """Graphs compiled while the first iterations run (XLA): their time is reported apart."""
+
+    @abstractmethod
+    def compile_seconds(self) -> float | None:
+        """Seconds this rank spent compiling, read after the timed loop; None: nothing compiled."""
+
+
+def no_sync_for(strategy: object, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """The strategy's gradient-sync skip around a micro-batch, or nothing where it has none."""
+    if isinstance(strategy, GradientSyncControl):
+        return strategy.no_sync(model)
+    return contextlib.nullcontext()
+
+
+def compile_seconds_of(strategy: object) -> float | None:
+    return strategy.compile_seconds() if isinstance(strategy, CompilesInWindows) else None
