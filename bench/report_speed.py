@@ -101,18 +101,18 @@ def stages(folder: Path, out: Path) -> dict[str, float]:
     times["read files"] = time.perf_counter() - t
     t = time.perf_counter()
     rows, base = report.build_rows(found)
-    decision = report.decide(rows)
+    findings = report.of_rows(rows, base, skipped)
     times["rows"] = time.perf_counter() - t
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    (out / "report.md").write_text(report.to_markdown(rows, base, skipped, decision))
+    (out / "report.md").write_text(report.to_markdown(findings))
     report.write_csv(rows, out / "report.csv")
     times["md+csv"] = time.perf_counter() - t
     t = time.perf_counter()
     pngs = report.write_plots(rows, out)
     times["plots"] = time.perf_counter() - t
     t = time.perf_counter()
-    (out / "index.html").write_text(report.to_html(rows, base, pngs, skipped, decision))
+    (out / "index.html").write_text(report.to_html(findings, pngs))
     times["html"] = time.perf_counter() - t
     return times
 

@@ -76,7 +76,7 @@ def test_failed_and_skipped_rows_keep_their_reason(sweep):
     assert by["dp O0"].status == "skipped" and "CUDA" in by["dp O0"].reason
     assert by["ddp O1"].status == "failed" and "rank 1" in by["ddp O1"].reason
     assert by["ddp O1"].throughput is None and by["ddp O1"].speedup is None
-    md = report.to_markdown(rows, "single O0", [], report.decide(rows))
+    md = report.to_markdown(report.of_rows(rows, "single O0"))
     assert "skipped: strategy=dp: needs two or more CUDA GPUs" in md
     assert "failed: rank 1 (pid 7): RuntimeError: boom" in md
 
@@ -215,7 +215,7 @@ def test_no_win_where_the_spread_is_unknown(tmp_path):
     rows = list(rows_of(tmp_path).values())
     assert not any(r.spread_known for r in rows) and report.decide(rows).winners == {}
     assert "spread unknown" in report.decide(rows).reproducibility
-    assert "1.000 (spread unknown)" in report.to_markdown(rows, None, [], report.decide(rows))
+    assert "1.000 (spread unknown)" in report.to_markdown(report.of_rows(rows, None))
 
 
 def memory_results(amp, maxima, pids=(100, 101)):
@@ -337,7 +337,7 @@ def test_the_terminal_table_fits_80_columns_and_groups_reasons(sweep):
     write(sweep, "4_apex_ddp_O0", results("apex_ddp", "O0", ["cpu"], [], status="skipped",
                                             error="strategy=dp: needs two or more CUDA GPUs"))
     rows, base = report.build_rows(report.find_results([sweep])[0])
-    text = report.terminal_table(rows, base, report.decide(rows), width=80)
+    text = report.terminal_table(report.of_rows(rows, base), width=80)
     verdict, tables = text.split("\nDid not run here:")[0].split("\n", 1)
     assert verdict.startswith("Verdict: ")  # first, before the tables
     assert max(len(line) for line in tables.splitlines()) <= 80
@@ -462,7 +462,7 @@ def _outputs(sweep):
         csv_header = next(csv.reader(handle))
     page = (sweep / "index.html").read_text()
     html_headers = [re.findall(r"<th[^>]*>([^<]*)</th>", table) for table in page.split("<table>")[1:]]
-    terminal = report.terminal_table(rows, base, report.decide(rows), width=200)
+    terminal = report.terminal_table(report.of_rows(rows, base), width=200)
     return rows, md_headers, csv_header, html_headers, terminal
 
 

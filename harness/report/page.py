@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.parity import report as parity
 from harness.report import columns
 from harness.report.decision import Decision
+from harness.report.findings import Report
 from harness.report.rows import PER, Context, Row
 
 STYLE = """
@@ -111,10 +112,12 @@ def _notes(rows: Sequence[Row], section: str, baseline: str | None, decision: De
     return ""
 
 
-def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], skipped: Sequence[str],
-            decision: Decision, ctx: Context | None = None, extra: str = "") -> str:
+def to_html(report: Report, pngs: Sequence[Path] = (), scaling: Path | None = None) -> str:
     """The page in the order a reader asks: the verdict, then a section per question (its table, what the
-    figures mean, its plots), then what did not run, in one list grouped by reason."""
+    figures mean, its plots), the projection when one was asked for (`scaling`: its plot), then what did not
+    run, in one list grouped by reason."""
+    rows, baseline, decision, skipped, ctx = (report.rows, report.baseline, report.decision, report.skipped_files,
+                                              report.context)
     won = decision.winners
     plots: dict[str, list[str]] = {}
     for png in pngs:
@@ -128,8 +131,10 @@ def to_html(rows: Sequence[Row], baseline: str | None, pngs: Sequence[Path], ski
         sections.append(f'<section id="{key}"><h2>{html.escape(heading)}</h2>'
                         + (_table(rows, shown, body, won) if shown else "") + _notes(rows, key, baseline, decision)
                         + (f'<div class="figures">{"".join(figures)}</div>' if figures else "") + "</section>")
-    if extra:  # a section made elsewhere (the projection)
-        sections.append(extra)
+    if report.projected:
+        from harness.report import projection
+
+        sections.append(projection.html_section(report.projected, embedded(scaling) if scaling else ""))
     missing = columns.not_run(rows)
     if missing:
         items = "".join(f"<li><strong>{html.escape(status)}</strong>: {html.escape(reason)} — "

@@ -10,7 +10,8 @@ from pathlib import Path
 from harness.parity import report as parity
 from harness.report import columns
 from harness.report.columns import BREAKDOWN_HEAD
-from harness.report.decision import WIN_WORDS, Decision
+from harness.report.decision import WIN_WORDS
+from harness.report.findings import Report
 from harness.report.rows import PER, Row
 
 
@@ -58,8 +59,9 @@ SECTION_NOTES = {
 }
 
 
-def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str], decision: Decision) -> str:
+def to_markdown(report: Report) -> str:
     """The page's order in Markdown: the verdict, a table per question, what did not run."""
+    rows, baseline, decision, skipped = report.rows, report.baseline, report.decision, report.skipped_files
     lines = ["# Strategies side by side", "", f"**Verdict:** {decision.verdict}", ""]
     for section, heading in columns.SECTIONS:
         shown, body = columns.section_table(rows, section)
@@ -86,10 +88,15 @@ def to_markdown(rows: Sequence[Row], baseline: str | None, skipped: Sequence[str
                                                     for status, reason, labels in missing], ""]
     if skipped:
         lines += ["Unreadable results files (skipped):", *[f"- {s}" for s in skipped]]
-    return "\n".join(lines).rstrip() + "\n"
+    text = "\n".join(lines).rstrip() + "\n"
+    if report.projected:
+        from harness.report import projection
+
+        text += "\n" + projection.markdown(report.projected)
+    return text
 
 
-def terminal_table(rows: Sequence[Row], baseline: str | None, decision: Decision, width: int | None = None) -> str:
+def terminal_table(report: Report, width: int | None = None) -> str:
     """The terminal's short form, in the page's order and within 80 columns: the verdict, then a table per
     question (speed, memory) with the figures a reader compares first, what did not run (one line per
     reason), how reproducible the figures are. Everything else is in report.md and index.html."""
@@ -97,6 +104,7 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, decision: Decision
 
     from harness.launch.console import render
 
+    rows, baseline, decision = report.rows, report.baseline, report.decision
     won = decision.winners
     parts = [f"Verdict: {decision.verdict}"]
     titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
@@ -126,4 +134,8 @@ def terminal_table(rows: Sequence[Row], baseline: str | None, decision: Decision
     said = parity.notes(rows)
     if said:
         parts += ["Numerical parity:", *said]
+    if report.projected:
+        from harness.report import projection
+
+        parts.append(projection.terminal(report.projected))
     return "\n".join(parts)

@@ -1,0 +1,54 @@
+"""What a report says, computed once from the records: the rows, the baseline, the verdict and winners
+(harness.report.decision), the context a reader trusts the figures by, and the projections asked for. The
+outputs (report.md, report.csv, report.json, index.html, the terminal) only format a `Report`; none of them
+decides anything again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.report.decision import Decision, decide
+from harness.report.rows import Context, Row, build_rows, context, find_results
+from harness.verdict.sweep_plan import read_plan
+
+
+@dataclass
+class Report:
+    rows: list[Row]
+    baseline: str | None
+    decision: Decision
+    context: Context | None = None
+    skipped_files: list[str] = field(default_factory=list)
+    projected: list[dict[str, Any]] = field(default_factory=list)  # rows projected onto presets (--project)
+    outputs: list[Path] = field(default_factory=list)  # the files written from it
+
+    def as_json(self) -> dict[str, Any]:
+        """report.json."""
+        return {"baseline": self.baseline, "skipped_files": self.skipped_files, "winners": self.decision.winners,
+                "verdict": self.decision.verdict, "how_reproducible": self.decision.reproducibility,
+                "rows": [asdict(r) for r in self.rows], "projected": self.projected}
+
+
+def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequence[str] = ()) -> Report:
+    """Every results.json under `paths` into one Report. `project`: hardware presets to project every finished
+    row onto (harness.report.projection)."""
+    found, skipped = find_results(paths)
+    plan = read_plan(list(paths))
+    rows, base = build_rows(found, baseline, planned=plan.planned if plan else None)
+    ctx = context(found)
+    decision = decide(rows, plan, ctx.commands[0] if len(ctx.commands) == 1 else None,
+                      [record.overrides for _, record in found])
+    projected: list[dict[str, Any]] = []
+    if project:
+        from harness.report import projection
+
+        projected = projection.project(rows, project)
+    return Report(rows=rows, baseline=base, decision=decision, context=ctx, skipped_files=skipped, projected=projected)
+
+
+def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = ()) -> Report:
+    """A Report of rows already built (tests, the report's own benchmark): decided here, as compute() does."""
+    return Report(rows=rows, baseline=baseline, decision=decide(rows), skipped_files=list(skipped))
