@@ -46,9 +46,14 @@ def sized_for_gpus(root: Any) -> bool:
 def register_resolvers() -> None:
     """`${hw:GPU_VALUE,CPU_VALUE}`: the user's experiment on GPUs (or planned for a GPU preset), a CPU-sized
     workload otherwise.
-    `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (conf/amp/_common.yaml's `_target_`).
-    `${cpu_iterations:PROFILE}`: the CPU default of `iterations`, 40, or 60 with profile=true."""
-    from harness.core.amp_levels import plugin_path
+    `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (amp's `_common`: its `_target_`).
+    `${cpu_iterations:PROFILE}`: the CPU default of `iterations`, 40, or 60 with profile=true.
+    And the defaults, written once in harness/core/config.py and amp_levels.py, as the nodes conf/ composes:
+    `harness_defaults` (conf/config.yaml's first) and `amp/_common` (what every amp level starts from)."""
+    from hydra.core.config_store import ConfigStore
+
+    from harness.core.amp_levels import amp_defaults, plugin_path
+    from harness.core.config import run_defaults
 
     if not OmegaConf.has_resolver("hw"):
         OmegaConf.register_new_resolver("hw", lambda gpu, cpu, *, _root_: gpu if sized_for_gpus(_root_) else cpu)
@@ -56,6 +61,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("amp_plugin", plugin_path)
     if not OmegaConf.has_resolver("cpu_iterations"):  # a profiled window needs a steady window beside it
         OmegaConf.register_new_resolver("cpu_iterations", lambda profile: 60 if profile else 40)
+    store = ConfigStore.instance()
+    store.store(name="harness_defaults", node=run_defaults())
+    store.store(group="amp", name="_common", node=amp_defaults())
 
 
 @contextmanager

@@ -107,6 +107,7 @@ def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:
         "data": {"name": "synthetic", "image_size": 8, "num_classes": 10},
         "gpus": None, "nprocs": 2, "batch_size": 12, "iterations": 40, "log_every": 20,
         "warmup_windows": 1, "seed": 0, "plan": {"calibration": "model", "predict": False},  # as the session's runs
+        "launcher": {"name": "elastic", "start_method": "forkserver"},  # conf/launcher/elastic.yaml
     }
     cfg.update(values)
     cfg["amp"] = {"_target_": plugin_path(cfg["amp"].get("impl", "native")), **cfg["amp"]}

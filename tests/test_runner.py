@@ -177,3 +177,22 @@ def test_the_records_are_read_only_once_every_started_rank_has_ended(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_phases_add_up_to_the_runs_wall_time_when_different_ranks_are_slow_at_different_stages():
+    """Hand-worked: rank 0 is slow to import (2 -> 5), rank 1 slow to join and build (4 -> 6.5 -> 9). Each phase
+    runs from the last rank's previous stamp to the last rank's own, so they add up to the 23 s the run took
+    (the slowest rank's span per phase, as before, counted imports 3 s and the process group 2.5 s: 26 s in all)."""
+    from harness.core.rank_record import RankTimes
+    from harness.launch.runner import phases
+
+    records = [RankRecord(rank=0, first_iter_time=8.0, ended_at=21.0,
+                          times=RankTimes(process_started=2.0, entered=5.0, group_ready=6.0, built=7.0, loop_ended=20.0)),
+               RankRecord(rank=1, first_iter_time=9.5, ended_at=21.5,
+                          times=RankTimes(process_started=3.0, entered=4.0, group_ready=6.5, built=9.0, loop_ended=19.0))]
+    got = phases(0.0, 1.0, 22.0, 23.0, records, launched=True, compile_seconds=None)
+    assert got == {"prepare": 1.0, "process_start": 2.0, "imports": 2.0, "process_group": 1.5, "build": 2.5,
+                   "to_first_iteration": 0.5, "windows": 10.5, "after_loop": 1.5, "teardown": 0.5, "results": 1.0}
+    assert sum(got.values()) == pytest.approx(23.0)
+    compiled = phases(0.0, 1.0, 22.0, 23.0, records, launched=True, compile_seconds=0.25)
+    assert compiled["to_first_iteration"] == 0.25  # compile time is its own figure, out of start-up

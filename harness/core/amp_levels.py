@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.defaults import from_env, hydra_defaults
 from harness.core.errors import ConfigError
 
 LEVELS = ("O0", "O1", "O2", "O3")
@@ -23,14 +24,18 @@ CPU_HALF_MODES = ("auto", "native", "emulated")
 
 @dataclass(frozen=True)
 class AmpConfig:
+    """What every amp level shares; each conf/amp/O*.yaml sets only `level` (the node the levels start from is
+    `amp_defaults()`, composed as conf/amp's `_common`)."""
+
     level: str
-    impl: str = "native"
-    dtype: str = "auto"
-    loss_scale: str | float = "auto"
+    impl: str = "native"  # native: amp.native.NativeAmp, torch.autocast and GradScaler; apex: NVIDIA apex <= 25.05
+    dtype: str = "auto"  # float16 | bfloat16 | auto (float16 on CUDA, bfloat16 on CPU)
+    loss_scale: str | float = "auto"  # dynamic | a number | auto (the level's own; none for bfloat16)
     keep_batchnorm_fp32: bool | str = "auto"
     master_weights: bool | str = "auto"
     allow_emulated: bool = False  # time half precision on a CPU without native kernels for it anyway
-    cpu_half: str = "auto"  # one of CPU_HALF_MODES
+    # one of CPU_HALF_MODES; HARNESS_CPU_HALF sets it for a whole session
+    cpu_half: str = from_env("HARNESS_CPU_HALF", "auto")
 
     def __post_init__(self) -> None:
         _one_of("amp.level", self.level, LEVELS)
@@ -106,3 +111,9 @@ def plugin_path(impl: str) -> str:
 def _one_of(key: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
         raise ConfigError(key, value, "one of " + ", ".join(str(a) for a in allowed))
+
+
+def amp_defaults() -> dict[str, Any]:
+    """conf/amp's `_common`, which every level starts from: AmpConfig's defaults and the plugin class `impl`
+    picks (`_target_`, resolved by harness.compose's `amp_plugin`)."""
+    return {"_target_": "${amp_plugin:${.impl}}", **hydra_defaults(AmpConfig, skip=("level",))}

@@ -1,5 +1,10 @@
 """Typed records for one run, built from the composed config, and every check on its values.
 
+Each default is written here once: `hydra_defaults()` turns these records' defaults into the node Hydra composes
+first (`harness_defaults` in Hydra's ConfigStore, registered by harness.compose), so conf/config.yaml holds
+only Hydra's own settings and conf/<group>/ the choices. A default that depends on the machine or on the
+environment is written with `on_hardware` or `from_env`: the Python value beside the `${...}` Hydra resolves.
+
 Nothing here needs hardware: `RunConfig.from_dict` refuses an unknown key, a value of the wrong type or
 out of range, in one line naming the key, the value and what is allowed (ConfigError). Plugin sections
 (strategy, model, optim, amp) are checked against their plugin's own signature (harness.core.options). Where
@@ -8,6 +13,7 @@ the run can go on this machine is decided after, by harness.launch.placement.pla
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.amp_levels import LEVELS, AmpConfig
+from harness.core.defaults import from_env, hydra_defaults, on_hardware
 from harness.core.errors import ConfigError, unknown_key
 from harness.core.options import check_plugin, check_record
 
@@ -27,6 +34,8 @@ OVERSUBSCRIBE_FACTOR = 4  # nprocs beyond this many per core is refused as a typ
 
 
 DATA_SOURCES = ("synthetic", "loader")
+
+
 
 
 @dataclass(frozen=True)
@@ -54,14 +63,17 @@ DATA_ONLY = {"synthetic": ("pool",), "loader": ("root", "size", "num_workers", "
 
 @dataclass(frozen=True)
 class MemoryConfig:
+    """Per-GPU memory and its PIDs (NVML), or each worker's resident memory on CPU (psutil), sampled while the
+    run goes."""
+
     enabled: bool = True
     interval_ms: float = 100
 
 
 @dataclass(frozen=True)
 class DistConfig:
-    timeout_s: float = 60
-    start_timeout_s: float = 120
+    timeout_s: float = 60  # collective timeout: a dead peer surfaces within this bound
+    start_timeout_s: float = 120  # the workers' rendezvous
 
 
 @dataclass(frozen=True)
@@ -69,23 +81,26 @@ class TimingConfig:
     """`iterations=auto`: time windows until the steady-state median is known to `precision_pct` (the 95 %
     confidence interval's half-width, relative to the median), or until `max_seconds` in the loop."""
 
-    precision_pct: float = 2.0
-    max_seconds: float = 120.0
-    budget_s: float = 170.0  # a racing sweep's rounds (harness.verdict): planned after the second to fit it
+    precision_pct: float = 2.0  # half-width of the median's 95 % confidence interval, in % of the median
+    max_seconds: float = on_hardware(300.0, 120.0)
+    # a racing sweep's rounds (harness.verdict, docs/verdict.md): planned after the second to fit it, each
+    # started only if it fits
+    budget_s: float = on_hardware(3600.0, 170.0)
     busy_share: float = 0.2  # of the cores, taken by other processes during a run's windows: the run is busy
 
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    """How worker processes are started (both give the same workers the same trainer)."""
+    """How worker processes are started (both give the same workers the same trainer): a choice of
+    conf/launcher/, which holds each one's start method."""
 
-    name: str = "elastic"
-    start_method: str = "spawn"
+    name: str
+    start_method: str
 
 
 @dataclass(frozen=True)
 class ReportConfig:
-    baseline: str | None = None  # strategy:amp
+    baseline: str | None = None  # speedups against this strategy:amp row (default: single:O0, else the first)
 
 
 @dataclass(frozen=True)
@@ -127,23 +142,29 @@ class PlanConfig:
     memory is skipped unless `enforce` is false."""
 
     enabled: bool = False
-    hardware: str = "local"
+    hardware: str = "local"  # a preset of conf/plan/hardware/: local (this machine, measured), h100x8, ...
     enforce: bool = True
-    predict: bool = True  # every run predicted on this machine before it starts (false: none, and nothing skipped)
-    calibration: str = "strategy"  # this machine's compute: through the strategy (a child process) or the bare model
+    # every run predicted on this machine before it starts (false: none, and nothing skipped)
+    predict: bool = from_env("HARNESS_PLAN_PREDICT", True)
+    # this machine's compute, measured through the strategy in a process group of one (a child process), or
+    # `model`: the bare model, in-process
+    calibration: str = from_env("HARNESS_PLAN_CALIBRATION", "strategy")
 
 
 @dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
 
-    kind: str | None = None
+    kind: str | None = None  # null (off) | raise | exit | oom
     rank: int = 0
     at_iter: int = 1
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run's config. The fields up to `launcher` are the choices of conf/<group>/ (no default here); every
+    other default is this record's, and Hydra composes it from here (hydra_defaults)."""
+
     strategy_name: str  # the conf/strategy/ choice (passed in: a derived value, not a config key)
     strategy: Mapping[str, Any]  # the strategy plugin's options, `_target_` included
     amp: AmpConfig
@@ -151,13 +172,16 @@ class RunConfig:
     model: Mapping[str, Any]
     optim: Mapping[str, Any]  # `_target_` + `_partial_`: called with the parameters to train
     data: DataConfig
-    gpus: tuple[int, ...] | None
-    nprocs: int
-    batch_size: int
-    iterations: int | None  # None: iterations=auto (see TimingConfig)
-    log_every: int
-    warmup_windows: int
-    seed: int
+    launcher: LauncherConfig
+    gpus: tuple[int, ...] | None = None  # CUDA ids, e.g. [0,1,3]; null = every visible GPU (CPU if none); [] = CPU
+    nprocs: int = 2  # worker processes on CPU (one per GPU on GPUs)
+    batch_size: int = on_hardware(128, 32)  # the GLOBAL batch; DDP ranks get batch_size / world_size each
+    # None: iterations=auto (see TimingConfig). CPU: 40 (60 with profile=true), so the default sweep's rounds
+    # fit in three minutes
+    iterations: int | None = on_hardware(100, 40, hydra="${hw:100,${cpu_iterations:${profile}}}")
+    log_every: int = 20
+    warmup_windows: int = 1
+    seed: int = 0
     repeat: int | None = None  # a sweep's rounds (None: racing decides); a single run: this many times
     round: int | None = None  # set by the sweep: which of its rounds this run is
     compile: bool = False  # torch.compile the model (compilation timed apart, before the clock)
@@ -165,7 +189,6 @@ class RunConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
@@ -183,13 +206,14 @@ class RunConfig:
         unknown = sorted(set(cfg) - TOP_LEVEL_KEYS)
         if unknown:
             raise ConfigError(unknown[0], cfg[unknown[0]], unknown_key(unknown[0], TOP_LEVEL_KEYS))
+        cfg = {**TOP_LEVEL_DEFAULTS, **cfg}  # a config composed without Hydra (tests, benchmarks) gets the same
         check_plugin("strategy", cfg["strategy"])
         check_plugin("model", cfg["model"], provided=("num_classes",))
         check_plugin("optim", cfg["optim"])
         amp_section = dict(cfg["amp"])
         amp_plugin = amp_section.pop("_target_", None)
         if not isinstance(amp_plugin, str):
-            raise ConfigError("amp._target_", amp_plugin, "the amp plugin class (conf/amp/_common.yaml)")
+            raise ConfigError("amp._target_", amp_plugin, "the amp plugin class (amp._target_, from amp.impl)")
         amp = AmpConfig(**check_record("amp", amp_section, AmpConfig))
 
         data = check_data(cfg["data"], cfg["batch_size"])
@@ -204,7 +228,7 @@ class RunConfig:
         if isinstance(cfg["warmup_windows"], bool) or not isinstance(cfg["warmup_windows"], int) \
                 or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
-        profile = cfg.get("profile", False)
+        profile = cfg["profile"]
         if not isinstance(profile, bool):
             raise ConfigError("profile", profile, "true or false")
         if profile and cfg["warmup_windows"] < 1:
@@ -236,10 +260,12 @@ class RunConfig:
         if memory.interval_ms <= 0:
             raise ConfigError("memory.interval_ms", memory.interval_ms, "a number of milliseconds > 0")
         dist = check_dist(cfg.get("dist") or {})
-        seed = cfg.get("seed", 0)
+        seed = cfg["seed"]
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError("seed", seed, "an integer")
-        launcher = LauncherConfig(**check_record("launcher", cfg.get("launcher") or {}, LauncherConfig))
+        if not isinstance(cfg.get("launcher"), Mapping):
+            raise ConfigError("launcher", cfg.get("launcher"), "a choice of conf/launcher/ (elastic, spawn)")
+        launcher = LauncherConfig(**check_record("launcher", cfg["launcher"], LauncherConfig))
         _one_of("launcher.name", launcher.name, LAUNCHERS)
         _one_of("launcher.start_method", launcher.start_method, START_METHODS)
         fault = FaultConfig(**check_record("fault", cfg.get("fault") or {}, FaultConfig))
@@ -256,10 +282,10 @@ class RunConfig:
         if isinstance(verdict.margin, bool) or not isinstance(verdict.margin, int | float) \
                 or not 0 < verdict.margin < 1:
             raise ConfigError("verdict.margin", verdict.margin, "a share > 0 and < 1 (0.05: equivalent within 5 %)")
-        compile_ = cfg.get("compile", False)
+        compile_ = cfg["compile"]
         if not isinstance(compile_, bool):
             raise ConfigError("compile", compile_, "true or false")
-        grad_accum = cfg.get("grad_accum", 1)
+        grad_accum = cfg["grad_accum"]
         _positive_int("grad_accum", grad_accum)
         plan = check_plan(cfg.get("plan"))
 
@@ -277,6 +303,16 @@ TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
                             "fault", "launcher", "timing", "report", "verdict", "parity", "compile", "grad_accum",
                             "profile", "plan"})
+# the top-level keys' Python defaults (sections build their own from their records)
+TOP_LEVEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)
+                      if f.default is not dataclasses.MISSING and f.name in TOP_LEVEL_KEYS}
+CHOICES = ("strategy_name", "strategy", "amp", "amp_plugin", "model", "optim", "data", "launcher")
+
+
+def run_defaults() -> dict[str, Any]:
+    """The node Hydra composes before the groups' choices: every default of a run (conf/config.yaml's
+    `harness_defaults`)."""
+    return hydra_defaults(RunConfig, skip=CHOICES)
 
 
 def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:

@@ -194,26 +194,30 @@ def prediction_error(peak_mib: float, s_per_iteration: float | None, results: di
 
 def phases(started: float, launching: float, returned: float, finished: float, records: list[RankRecord],
            launched: bool, compile_seconds: float | None) -> dict[str, float]:
-    """Where the run's wall time went (results.json's `phases`, in PHASES' order): the launcher's stamps and
-    each rank's (the slowest rank's span for each phase). Only phases every rank stamped are given."""
+    """Where the run's wall time went (results.json's `phases`, in PHASES' order), from the launcher's stamps and
+    each rank's. The run waits for its slowest rank at every stage, so each phase runs from the moment the last
+    rank finished the one before to the moment the last rank finished it: the phases add up to the run's wall
+    time (a rank slow to import and another slow to build are not counted twice). Only phases every rank
+    stamped are given."""
     stamps = [r.times for r in records]
     if not stamps or not all(s.loop_ended for s in stamps):
         return {}
 
-    def span(first: str, last: str) -> float:
-        return max(getattr(s, last) - getattr(s, first) for s in stamps)
+    def last(stage: str) -> float:
+        return max(getattr(s, stage) or 0.0 for s in stamps)
 
-    firsts = [r.first_iter_time or 0.0 for r in records]
+    first_iteration = max(r.first_iter_time or 0.0 for r in records)
     ended = max(r.ended_at or 0.0 for r in records)
-    loop_ended = max(s.loop_ended or 0.0 for s in stamps)
-    result = {"prepare": launching - started}
+    edges = [("prepare", launching)]
     if launched:
-        result |= {"process_start": max(s.process_started or 0.0 for s in stamps) - launching,
-                   "imports": span("process_started", "entered")}
-    result |= {"process_group": span("entered", "group_ready"), "build": span("group_ready", "built"),
-               "to_first_iteration": max(firsts) - max(s.built or 0.0 for s in stamps) - (compile_seconds or 0.0),
-               "windows": loop_ended - max(firsts), "after_loop": ended - loop_ended,
-               "teardown": returned - ended, "results": finished - returned}
+        edges += [("process_start", last("process_started")), ("imports", last("entered"))]
+    edges += [("process_group", last("group_ready")), ("build", last("built")),
+              ("to_first_iteration", first_iteration), ("windows", last("loop_ended")), ("after_loop", ended),
+              ("teardown", returned), ("results", finished)]
+    result, previous = {}, started
+    for name, edge in edges:
+        result[name] = edge - previous - (compile_seconds or 0.0 if name == "to_first_iteration" else 0.0)
+        previous = max(previous, edge)
     return {k: round(max(v, 0.0), 4) for k, v in result.items()}
 
 
