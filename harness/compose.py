@@ -49,11 +49,12 @@ def register_resolvers() -> None:
     `${amp_plugin:IMPL}`: the amp plugin class for `amp.impl` (amp's `_common`: its `_target_`).
     `${cpu_iterations:PROFILE}`: the CPU default of `iterations`, 40, or 60 with profile=true.
     And the defaults, written once in harness/core/config.py and amp_levels.py, as the nodes conf/ composes:
-    `harness_defaults` (conf/config.yaml's first) and `amp/_common` (what every amp level starts from)."""
+    `harness_defaults` (conf/config.yaml's first), `amp/_common` (what every amp level starts from) and
+    `data/_<source>` (each data source's keys)."""
     from hydra.core.config_store import ConfigStore
 
     from harness.core.amp_levels import amp_defaults, plugin_path
-    from harness.core.config import run_defaults
+    from harness.core.config import DATA_SOURCES, data_defaults, run_defaults
 
     if not OmegaConf.has_resolver("hw"):
         OmegaConf.register_new_resolver("hw", lambda gpu, cpu, *, _root_: gpu if sized_for_gpus(_root_) else cpu)
@@ -64,6 +65,8 @@ def register_resolvers() -> None:
     store = ConfigStore.instance()
     store.store(name="harness_defaults", node=run_defaults())
     store.store(group="amp", name="_common", node=amp_defaults())
+    for source in DATA_SOURCES:
+        store.store(group="data", name=f"_{source}", node=data_defaults(source))
 
 
 @contextmanager
@@ -247,9 +250,21 @@ def _group_options(group: str) -> list[str]:
 
 
 def _yaml_keys(group: str, option: str) -> list[str]:
-    """The keys conf/<group>/<option>.yaml sets itself (enough to say which choice a key belongs to)."""
+    """The keys conf/<group>/<option>.yaml sets, itself or through the defaults it names from the ConfigStore
+    (`data/_loader`): enough to say which choice a key belongs to."""
+    from hydra.core.config_store import ConfigStore
+
     loaded = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
-    return [str(k) for k in loaded if k not in ("defaults", "_target_")] if isinstance(loaded, DictConfig) else []
+    if not isinstance(loaded, DictConfig):
+        return []
+    keys = [str(k) for k in loaded if k not in ("defaults", "_target_")]
+    for entry in loaded.get("defaults") or []:
+        if isinstance(entry, str) and entry.startswith("_"):
+            try:
+                keys += [str(k) for k in ConfigStore.instance().load(f"{group}/{entry}.yaml").node]
+            except Exception:  # noqa: BLE001 (a yaml file of the group, not a stored node: its own keys only)
+                continue
+    return sorted(set(keys) - {"_target_"})
 
 
 @functools.cache

@@ -40,25 +40,35 @@ DATA_SOURCES = ("synthetic", "loader")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """`synthetic`: a pool of batches made once on the device (`pool`). `loader`: a DataLoader decoding and
-    transforming images on the CPU every step (torchvision FakeData, or an ImageFolder at `root`)."""
+    """`synthetic`: a pool of random global batches made once on the device, cycled: input loading never limits
+    the measurement, and every strategy trains on the same data (each rank on its shard of every batch).
+    `loader`: a real input pipeline, a DataLoader decoding and transforming images on the CPU every step (PIL
+    images through RandomResizedCrop / ToTensor / Normalize), sharded per rank by DistributedSampler; each
+    window records how long the loop waited for it (data_wait_s). Each source's keys are `data_defaults(name)`,
+    which conf/data/<name>.yaml composes."""
 
     name: str
-    image_size: int
-    num_classes: int
+    image_size: int = on_hardware(224, 32)
+    num_classes: int = on_hardware(1000, 10)
     pool: int = 8  # synthetic: distinct global batches, cycled
-    root: str | None = None  # loader: an ImageFolder; null = torchvision FakeData
-    size: int = 2048  # loader, FakeData: images in an epoch
-    num_workers: int = 2
-    pin_memory: bool = False
-    prefetch_factor: int = 2
-    persistent_workers: bool = True
+    root: str | None = None  # loader: a folder of class sub-folders (torchvision ImageFolder); null = FakeData
+    size: int = 2048  # loader, FakeData: images in an epoch (each rank reads its share of every epoch)
+    num_workers: int = 2  # loader processes per rank (0: load in the training process itself)
+    pin_memory: bool = on_hardware(True, False)
+    prefetch_factor: int = 2  # batches each worker loads ahead (with num_workers > 0)
+    persistent_workers: bool = True  # keep the workers between epochs (with num_workers > 0)
     item_delay_ms: float = 0.0  # loader, debugging aid: sleep this long per image (a slow disk or decoder)
 
 
 # keys that mean something to one source only: given to the other, they would be silently ignored
 DATA_ONLY = {"synthetic": ("pool",), "loader": ("root", "size", "num_workers", "pin_memory", "prefetch_factor",
                                                  "persistent_workers", "item_delay_ms")}
+
+
+def data_defaults(source: str) -> dict[str, Any]:
+    """A data source's keys and their defaults (conf/data/<source>.yaml composes them as `_<source>`)."""
+    node = hydra_defaults(DataConfig)
+    return {"name": source, **{k: node[k] for k in ("image_size", "num_classes", *DATA_ONLY[source])}}
 
 
 @dataclass(frozen=True)
