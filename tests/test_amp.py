@@ -375,6 +375,9 @@ def _ddp_o2_rank(rank: int, world_size: int, store_path: str, out_dir: str) -> N
             "max_master_diff": max(float((g - masters).abs().max()) for g in gathered_masters),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+        del ddp  # DDP's reducer gone and both ranks past their last collective before the group is torn down:
+        dist.barrier()  # a rank that exited first once aborted its neighbour ("terminate called without an active
+        # exception", SIGABRT) in a full suite run
     finally:
         dist.destroy_process_group()
 
