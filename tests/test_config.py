@@ -161,3 +161,22 @@ def test_unknown_top_level_key_names_the_closest():
     with pytest.raises(ConfigError) as info:
         RunConfig.from_dict({**compose_dict(), "stratgy": "ddp"}, "single")
     assert info.value.key == "stratgy" and "did you mean strategy?" in str(info.value)
+
+
+@pytest.mark.parametrize(("section", "value", "line"), [
+    ("launcher", {"name": "nope", "start_method": "spawn"}, "launcher.name=nope is not allowed: one of elastic, spawn"),
+    ("launcher", {"name": "spawn", "start_method": "x"}, "launcher.start_method=x is not allowed: one of spawn, fork, "
+                                                         "forkserver"),
+    ("fault", {"kind": "boom"}, "fault.kind=boom is not allowed: one of raise, exit, oom or null"),
+    ("parity", {"reference": "x"}, "parity.reference=x is not allowed: one of O0, same_amp"),
+    ("plan", {"calibration": "x"}, "plan.calibration=x is not allowed: one of strategy, model"),
+    ("data", {"name": "x", "image_size": 8, "num_classes": 10}, "data.name=x is not allowed: one of synthetic, loader"),
+])
+def test_allowed_values_are_the_fields_literal_types(section, value, line):
+    """One place says what a key allows: its field's Literal type, which the record check reads (no tuple beside
+    it to keep in step)."""
+    from conftest import config_dict
+
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(config_dict("single", **{section: value}), "single")
+    assert str(info.value) == line

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from harness.core.amp_levels import LEVELS, AmpConfig
 from harness.core.defaults import from_env, hydra_defaults, on_hardware
@@ -27,13 +27,17 @@ from harness.core.errors import ConfigError, unknown_key
 from harness.core.options import check_plugin, check_record
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-FAULT_KINDS = ("raise", "exit", "oom")
-LAUNCHERS = ("elastic", "spawn")
-START_METHODS = ("spawn", "fork", "forkserver")
+# Allowed values are the fields' Literal types: check_record refuses anything else ("one of ..."), naming the key
+FaultKind = Literal["raise", "exit", "oom"]
+LauncherName = Literal["elastic", "spawn"]
+StartMethod = Literal["spawn", "fork", "forkserver"]
+DataSource = Literal["synthetic", "loader"]
+ParityReference = Literal["O0", "same_amp"]
+Calibration = Literal["strategy", "model"]
 OVERSUBSCRIBE_FACTOR = 4  # nprocs beyond this many per core is refused as a typo, not a benchmark
 
 
-DATA_SOURCES = ("synthetic", "loader")
+DATA_SOURCES: tuple[str, ...] = get_args(DataSource)
 
 
 
@@ -47,7 +51,7 @@ class DataConfig:
     window records how long the loop waited for it (data_wait_s). Each source's keys are `data_defaults(name)`,
     which conf/data/<name>.yaml composes."""
 
-    name: str
+    name: DataSource
     image_size: int = on_hardware(224, 32)
     num_classes: int = on_hardware(1000, 10)
     pool: int = 8  # synthetic: distinct global batches, cycled
@@ -104,8 +108,8 @@ class LauncherConfig:
     """How worker processes are started (both give the same workers the same trainer): a choice of
     conf/launcher/, which holds each one's start method."""
 
-    name: str
-    start_method: str
+    name: LauncherName
+    start_method: StartMethod
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,6 @@ def check_baseline_form(key: str, value: str) -> None:
         raise ConfigError(key, value, f"strategy:amp, e.g. single:O0 or ddp (amp one of {', '.join(LEVELS)})")
 
 
-PARITY_REFERENCES = ("O0", "same_amp")
-CALIBRATIONS = ("strategy", "model")
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class ParityConfig:
     run's own amp level). `parity=true` on the command line is short for `parity.enabled=true`."""
 
     enabled: bool = False
-    reference: str = "O0"
+    reference: ParityReference = "O0"
 
 
 @dataclass(frozen=True)
@@ -158,14 +160,14 @@ class PlanConfig:
     predict: bool = from_env("HARNESS_PLAN_PREDICT", True)
     # this machine's compute, measured through the strategy in a process group of one (a child process), or
     # `model`: the bare model, in-process
-    calibration: str = from_env("HARNESS_PLAN_CALIBRATION", "strategy")
+    calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy")
 
 
 @dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
 
-    kind: str | None = None  # null (off) | raise | exit | oom
+    kind: FaultKind | None = None  # null: off
     rank: int = 0
     at_iter: int = 1
 
@@ -276,11 +278,8 @@ class RunConfig:
         if not isinstance(cfg.get("launcher"), Mapping):
             raise ConfigError("launcher", cfg.get("launcher"), "a choice of conf/launcher/ (elastic, spawn)")
         launcher = LauncherConfig(**check_record("launcher", cfg["launcher"], LauncherConfig))
-        _one_of("launcher.name", launcher.name, LAUNCHERS)
-        _one_of("launcher.start_method", launcher.start_method, START_METHODS)
         fault = FaultConfig(**check_record("fault", cfg.get("fault") or {}, FaultConfig))
         if fault.kind is not None:
-            _one_of("fault.kind", fault.kind, FAULT_KINDS)
             if fault.rank < 0:
                 raise ConfigError("fault.rank", fault.rank, "a rank >= 0")
             if fault.at_iter < 1 or (iterations is not None and fault.at_iter > iterations):
@@ -327,7 +326,6 @@ def run_defaults() -> dict[str, Any]:
 
 def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
     data = DataConfig(**check_record("data", section, DataConfig))
-    _one_of("data.name", data.name, DATA_SOURCES)
     for name, keys in DATA_ONLY.items():
         stray = [k for k in keys if k in section and name != data.name]
         if stray:
@@ -378,7 +376,6 @@ def check_parity(section: Any) -> ParityConfig:
     if not isinstance(section, Mapping):
         raise ConfigError("parity", section, "true, false, or the section (parity.enabled, parity.reference)")
     parity = ParityConfig(**check_record("parity", section, ParityConfig))
-    _one_of("parity.reference", parity.reference, PARITY_REFERENCES)
     return parity
 
 
@@ -392,7 +389,6 @@ def check_plan(section: Any) -> PlanConfig:
     if not isinstance(section, Mapping):
         raise ConfigError("plan", section, "true, false, or the section (plan.enabled, plan.hardware, plan.enforce)")
     plan = PlanConfig(**check_record("plan", section, PlanConfig))
-    _one_of("plan.calibration", plan.calibration, CALIBRATIONS)
     if not plan.hardware or not str(plan.hardware).replace("-", "").replace("_", "").isalnum():
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
                           "digits, - and _)")
@@ -405,11 +401,6 @@ def check_dist(section: Mapping[str, Any]) -> DistConfig:
         if not getattr(dist, key) > 0:
             raise ConfigError(f"dist.{key}", getattr(dist, key), "a number of seconds > 0")
     return dist
-
-
-def _one_of(key: str, value: object, allowed: Sequence[object]) -> None:
-    if value not in allowed:
-        raise ConfigError(key, value, "one of " + ", ".join(str(a) for a in allowed))
 
 
 def _positive_int(key: str, value: object) -> None:
