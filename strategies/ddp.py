@@ -83,9 +83,10 @@ class TorchDDP(ProcessGroupStrategy, GradientSyncControl):
         """Buckets all-reduced as backward fills them (overlapped); the buckets are a second copy of the
         gradients unless gradient_as_bucket_view; a compression hook adds a half copy of one bucket. Without a
         hook, one bucket's all-reduce result is held apart from the bucket while it is written back: measured
-        on gloo (tiny_cnn, 2 ranks, two iterations), the peak held one bucket more (+6,248 B: its 1,562
-        gradients) in 4 of 20 trials, with or without gradient_as_bucket_view; a run's peak is its iterations'
-        largest, so it is counted."""
+        on gloo with harness.memory.tensor_peak.TensorPeak around two iterations of DDP(TinyCNN(10, norm="none"))
+        on 2 ranks, 10 fresh models per rank, the peak held one bucket more (+6,248 B: its 1,562 gradients) in 4
+        of 20 rank-trials, with or without gradient_as_bucket_view (2-core Xeon, torch 2.14.1); a run's peak is
+        its iterations' largest, so it is counted."""
         o = cls.options_of(options)
         hook = o["comm_hook"]
         sent = Collective("all_reduce", "powersgd", "backward", powersgd_rank=o["powersgd_rank"]) \

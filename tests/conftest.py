@@ -135,7 +135,7 @@ def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> Any:
 
     cfg = config_dict(name, **values)
     decided = run_plan(RunConfig.from_dict(cfg, name), Hardware(visible_gpus=(), cores=1), resolved=cfg)
-    return RankSpec(plan=decided, record_dir=str(record_dir), run_started=time.time())
+    return RankSpec(plan=decided, record_dir=str(record_dir))
 
 
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----

@@ -83,8 +83,7 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     record_dir = run_dir / "ranks"
     launched = decided.launched
     spec = RankSpec(plan=decided, record_dir=str(record_dir), parameters_path=str(run_dir / PARAMETERS_NAME),
-                    log_file=str(run_dir / "run.log") if launched else None, run_started=started,
-                    repeat_label=repeat_label,
+                    log_file=str(run_dir / "run.log") if launched else None, repeat_label=repeat_label,
                     launcher=LauncherIdentity(os.getpid(), psutil.Process().create_time()) if launched else None)
     launcher_pid = os.getpid()
     source, warning = open_source(placement.accelerator, placement.gpus, launcher_pid, placement.gpu_tokens) \

@@ -47,10 +47,6 @@ class RunPlan:
         return f"strategy={self.config.strategy_name}: {reason}" if reason else None
 
     @property
-    def strategy_name(self) -> str:
-        return self.config.strategy_name
-
-    @property
     def label(self) -> str:
         return f"{self.config.strategy_name} {self.config.amp.level}"
 
@@ -83,6 +79,5 @@ class RankSpec:
     record_dir: str
     parameters_path: str | None = None
     log_file: str | None = None
-    run_started: float | None = None
     repeat_label: str = ""
     launcher: LauncherIdentity | None = None  # set when the ranks are processes of their own
