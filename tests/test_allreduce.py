@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import SHARED_GROUP, TINY, amp_plugin, describe, prepare, run_cli
+from conftest import SHARED_GROUP, TINY, amp_plugin, describe, leave_at_once, prepare, run_cli
 
 from amp import Amp
 from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
@@ -57,8 +57,10 @@ def _rank_main(rank: int, port: int) -> None:
                 strategy = first if (bucket, level) == (False, "O0") else ManualAllReduce(bucket)
                 strategy._ops = first._ops  # the process group is shared; each scenario hooks its own model
                 _check_scenario(strategy, rank, resolve(AmpConfig(level=level), "cpu"))
+        dist.barrier()  # both ranks past their last collective before either tears the group down
     finally:
         first.teardown()
+    leave_at_once()  # a rank that exited through the interpreter's shutdown once aborted (SIGABRT) in CI
 
 
 def _build(spec: AmpSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Amp]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import amp_plugin, prepare, sgd, tiny_batch
+from conftest import amp_plugin, leave_at_once, prepare, sgd, tiny_batch
 from torch import nn
 
 from amp import Amp, plugin_class
@@ -380,6 +380,7 @@ def _ddp_o2_rank(rank: int, world_size: int, store_path: str, out_dir: str) -> N
         # exception", SIGABRT) in a full suite run
     finally:
         dist.destroy_process_group()
+    leave_at_once()
 
 
 @pytest.mark.slow

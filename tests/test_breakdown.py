@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import leave_at_once
 
 from harness.core.rank_record import RankRecord
 from harness.core.timing import Window
@@ -190,6 +191,7 @@ def _wait_in_a_scope(rank: int, port: int, trace: str) -> None:
         dist.all_reduce(x)
     dist.barrier()
     dist.destroy_process_group()
+    leave_at_once()
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import CLI_TIMEOUT_S, TINY, describe, prepare, run_cli, run_config
+from conftest import CLI_TIMEOUT_S, TINY, describe, leave_at_once, prepare, run_cli, run_config
 from torch import nn
 
 from amp import OptimizerSpec, resolve
@@ -96,15 +95,6 @@ def rank_main(rank: int, out: str) -> None:
             strategy.teardown()
     leave_at_once()
 
-
-def leave_at_once() -> None:
-    """A worker done, its results saved, leaves without the interpreter's shutdown, where about one in ten
-    aborted after everything had passed ("terminate called without an active exception", a C++ thread still
-    joinable as torch's libraries were unloaded; once "Resource deadlock avoided"), failing the test on
-    nothing it checks."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def free_port() -> int:
