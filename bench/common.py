@@ -467,10 +467,11 @@ def compose_config(overrides: Sequence[str]) -> Any:
 
 def execute_in_process(composed: Any, run_dir: Path) -> dict[str, Any]:
     """harness.launch.runner.execute, as run.py's task calls it for one run (its log lines go nowhere here)."""
+    from harness.launch.decide import plan_from_dict
     from harness.launch.runner import execute
 
-    results = execute(composed.config, composed.strategy_name, fresh(run_dir), in_sweep=False,
-                      overrides=list(composed.overrides))
+    results = execute(plan_from_dict(composed.config, composed.strategy_name, in_sweep=False), fresh(run_dir),
+                      in_sweep=False, overrides=list(composed.overrides)).to_dict()
     if results.get("status") != "ok" or not results.get("throughput_img_s"):
         raise BenchError(f"harness run {' '.join(composed.overrides)}: status {results.get('status')}: "
                          f"{results.get('error')}")

@@ -35,6 +35,7 @@ from typing import Any
 
 import common
 
+from harness.core.results import SCHEMA, MachineLoad, RunRecord  # noqa: E402
 from harness.report.decision import decide  # noqa: E402  (after common set sys.path)
 from harness.report.rows import Row, apply_intervals, build_rows, find_results, row_fit  # noqa: E402
 from harness.verdict.racing import standing  # noqa: E402
@@ -114,11 +115,13 @@ def simulate_new(cell: Cell, rng: random.Random, margin: float = 0.05) -> Outcom
     combos = [[f"combo={i}"] for i in range(k)]
     runs: dict[int, list[tuple[int, float]]] = {}
 
-    def launch(jobs: list[list[str]], first: int) -> list[dict[str, Any]]:
+    def launch(jobs: list[list[str]], first: int) -> list[RunRecord]:
         results = fake.launch(jobs, first)
         for job, result in zip(jobs, results, strict=True):
             runs.setdefault(int(job[0].partition("=")[2]), []).append((result["round"], result["throughput_img_s"]))
-        return results
+        return [RunRecord(schema=SCHEMA, status=r["status"], strategy="s", amp="O0", model="m", round=r["round"],
+                          throughput_img_s=r["throughput_img_s"], machine=MachineLoad(busy=r["machine"]["busy"]))
+                for r in results]  # as the jobs return them (the old rule at OLD_COMMIT read these dicts)
 
     outcome = run_rounds(combos, launch, cell.repeat, cell.budget_s, "${hydra.job.num}", lambda i: f"row{i}",
                          margin=margin, clock=fake.clock)

@@ -9,7 +9,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,6 +26,9 @@ from harness.compose import (
 )
 from harness.core.config import CONF_DIR, RunConfig
 from harness.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ConfigError, Incompatible
+
+if TYPE_CHECKING:
+    from harness.core.results import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -79,29 +82,36 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     unless every one is (e.g. experiment=seed_blog's GPUs on a machine without them): then the first reason.
     What takes more than a moment before the first run (the link's measurement, the predictions) says so as it
     goes, and ends with an estimate of the sweep's time."""
+    import dataclasses
     import time
 
+    from harness.launch import checked
+    from harness.launch.checked import Checked
     from harness.launch.decide import run_plan
     from harness.launch.placement import probe_hardware
     from harness.launch.runner import predict_run
     from harness.planning import check_plan_presets, ensure_link
 
     hw = probe_hardware()
-    plans, refused = [], []
-    for _, one in composed:
+    checked.forget_all()
+    decided: dict[tuple[str, ...], Checked] = {}  # each combination, as its job will find it
+    for combo, one in composed:
         try:
-            plans.append(run_plan(one.run, hw, resolved=one.config, in_sweep=multirun))
+            decided[tuple(combo)] = Checked(one.run, one.config,
+                                            plan=run_plan(one.run, hw, resolved=one.config, in_sweep=multirun))
         except Incompatible as error:
             if not multirun:
                 raise
-            refused.append(error)
-    if refused and not plans:  # a sweep of rows all refused measures nothing: bad input, not a folder of skips
-        raise refused[0]
+            decided[tuple(combo)] = Checked(one.run, one.config, refused=error)
+    plans = [c.plan for c in decided.values() if c.plan is not None]
+    if not plans:  # a sweep of rows all refused measures nothing: bad input, not a folder of skips
+        raise next(c.refused for c in decided.values() if c.refused is not None)
     configs = [one.run for _, one in composed]
     check_plan_presets(configs)
     runnable = [p for p in plans if p.will_run]
-    predicted = [p for p in runnable if p.config.plan.predict]
-    ranks = [p.placement.world_size for p in predicted if p.strategy_cls.one_process_per_device]
+    predicted = [(combo, c) for combo, c in decided.items()
+                 if c.plan is not None and c.plan.will_run and c.config.plan.predict]
+    ranks = [c.plan.placement.world_size for _, c in predicted if c.plan.strategy_cls.one_process_per_device]
     if predicted:
         from harness.core.logs import setup_cli
 
@@ -109,21 +119,24 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
         log.info("before the first run: %d combination%s predicted on this machine (each traced and calibrated once; "
                  "plan.predict=false skips this)", len(predicted), "s" if len(predicted) != 1 else "")
     ensure_link(max(ranks, default=1), hw.has_gpu)
-    # every prediction made now, before any worker or fork server exists: the runs then read them from the
-    # planner's caches, and no calibration is timed beside another process
+    # every prediction made now, before any worker or fork server exists: each run starts from its plan's, and no
+    # calibration is timed beside another process
     seconds: list[float] = []
     started = time.monotonic()
     try:
-        for index, decided in enumerate(predicted, 1):
+        for index, (combo, one) in enumerate(predicted, 1):
             began = time.monotonic()
-            prediction = predict_run(decided, quiet=True)
-            if prediction is not None and prediction.s_per_iteration and decided.config.iterations:
-                seconds.append(prediction.s_per_iteration * decided.config.iterations)
-            log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), decided.label, time.monotonic() - began)
+            plan = one.plan.predicted(predict_run(one.plan, quiet=True))
+            decided[combo] = dataclasses.replace(one, plan=plan)
+            if plan.prediction is not None and plan.prediction.s_per_iteration and plan.config.iterations:
+                seconds.append(plan.prediction.s_per_iteration * plan.config.iterations)
+            log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), plan.label, time.monotonic() - began)
     finally:
         from harness.plan.calibrate import shutdown
 
         shutdown()  # the calibration child holds no device while runs are measured
+    for combo, one in decided.items():
+        checked.remember(combo, one)
     if predicted:
         log.info("predictions took %.0f s. %s", time.monotonic() - started,
                  sweep_estimate(configs[0], len(runnable), seconds, multirun))
@@ -247,11 +260,13 @@ def _is_interpolation(cfg: DictConfig, key: str) -> bool:
     return node is not None and leaf in node and OmegaConf.is_interpolation(node, leaf)
 
 
-def task(cfg: DictConfig) -> dict[str, Any] | None:
+def task(cfg: DictConfig) -> RunRecord | None:
     """One Hydra job = one run. Never raises for a run that failed: a sweep must go on."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from harness.launch import checked
+    from harness.launch.decide import plan_from_dict
     from harness.launch.runner import Unavailable, execute
 
     hydra_cfg = HydraConfig.get()
@@ -266,15 +281,20 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
     # In a sweep the sweeper runs the rounds (every combination once before any runs again): one run per job
     repeat = 1 if in_sweep else int(cfg_dict.get("repeat") or 1)
     all_results = []
+    known = checked.find(overrides, cfg_dict)  # the plan run.py made before Hydra started, in this process
     try:
+        if known is not None and known.refused is not None:
+            raise known.refused
+        plan = known.plan if known is not None and known.plan is not None else \
+            plan_from_dict(cfg_dict, strategy_name, in_sweep=in_sweep)
         for index in range(repeat):
             folder = run_dir if repeat == 1 else run_dir / f"repeat-{index}"
             label = f"repeat {index + 1}/{repeat}" if repeat > 1 else ""
-            all_results.append(execute(cfg_dict, strategy_name, folder, in_sweep=in_sweep, overrides=overrides,
-                                       repeat_label=label))
+            all_results.append(execute(plan, folder, in_sweep=in_sweep, overrides=overrides, repeat_label=label))
     except (ConfigError, Unavailable) as error:
         if in_sweep:
-            return _record_refused(cfg_dict, strategy_name, run_dir, overrides, error)
+            return _record_refused(cfg_dict, strategy_name, run_dir, overrides, error,
+                                   known.config if known is not None else None)
         _remove_if_empty_run(run_dir)
         refuse(error)
     except KeyboardInterrupt:
@@ -286,7 +306,7 @@ def task(cfg: DictConfig) -> dict[str, Any] | None:
 
             report_sweep(Path(hydra_cfg.sweep.dir), cfg_dict.get("report", {}).get("baseline"))
         sys.exit(EXIT_INTERRUPTED)
-    if not in_sweep and any(r["status"] not in ("ok", "skipped") for r in all_results):
+    if not in_sweep and any(r.status not in ("ok", "skipped") for r in all_results):
         sys.exit(EXIT_RUN_FAILED)
     return all_results[-1]
 
@@ -298,18 +318,18 @@ def job_of_its_own() -> bool:
 
 
 def _record_refused(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
-                    error: Exception) -> dict[str, Any]:
+                    error: Exception, config: RunConfig | None) -> RunRecord:
     """In a sweep a combination that cannot run is a row with its reason, not the end of the sweep."""
     from harness.launch.runner import Unavailable
 
     status = "skipped" if isinstance(error, Unavailable | Incompatible) else "failed"
-    return record_not_run(cfg_dict, strategy_name, run_dir, overrides, status, str(error))
+    return record_not_run(cfg_dict, strategy_name, run_dir, overrides, status, str(error), config)
 
 
 def record_not_run(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, overrides: list[str],
-                   status: str, error: str) -> dict[str, Any]:
+                   status: str, error: str, config: RunConfig | None = None) -> RunRecord:
     """results.json for a combination that measured nothing (refused, or its job lost), from its config."""
-    from harness.core.results import RunRecord, write_results
+    from harness.core.results import RunRecord, write_results  # noqa: F811 (the annotation's, imported lazily)
 
     model = cfg_dict["model"].get("name") or str(cfg_dict["model"].get("_target_", "?")).rpartition(".")[2]
     iterations = cfg_dict["iterations"]  # a number, or "auto"/None for iterations=auto
@@ -317,17 +337,17 @@ def record_not_run(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, 
                              "iterations": iterations if isinstance(iterations, int) else None,
                              "iterations_requested": cfg_dict["iterations"], "log_every": cfg_dict["log_every"],
                              "overrides": overrides, "config": cfg_dict}
-    try:  # an Incompatible combination is a valid config: its row is labelled like the runs beside it
-        from harness.launch.runner import variant_fields
+    from harness.launch.runner import variant_fields
 
-        known.update(variant_fields(RunConfig.from_dict(cfg_dict, strategy_name)))
+    try:  # an Incompatible combination is a valid config: its row is labelled like the runs beside it
+        known.update(variant_fields(config or RunConfig.from_dict(cfg_dict, strategy_name)))
     except ConfigError:
         pass
     record = RunRecord.not_run(status=status, error=error, strategy=strategy_name, amp=cfg_dict["amp"]["level"],
                                model=model, **known)
     write_results(run_dir, record)
     log.info("[%s %s] %s: %s", strategy_name, record.amp, status, error)
-    return record.to_dict()
+    return record
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:

@@ -250,21 +250,27 @@ def _group_options(group: str) -> list[str]:
 
 
 def _yaml_keys(group: str, option: str) -> list[str]:
-    """The keys conf/<group>/<option>.yaml sets, itself or through the defaults it names from the ConfigStore
-    (`data/_loader`): enough to say which choice a key belongs to."""
+    """The keys conf/<group>/<option>.yaml sets, itself or through the defaults it names: a node of the
+    ConfigStore (`data/_loader`) or its plugin's signature (`/signature/strategies.ddp.TorchDDP`). Enough to say
+    which choice a key belongs to."""
     from hydra.core.config_store import ConfigStore
+
+    from harness.core.options import SIGNATURE_GROUP, signature_defaults
 
     loaded = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
     if not isinstance(loaded, DictConfig):
         return []
-    keys = [str(k) for k in loaded if k not in ("defaults", "_target_")]
+    keys = [str(k) for k in loaded if k != "defaults"]
     for entry in loaded.get("defaults") or []:
-        if isinstance(entry, str) and entry.startswith("_"):
-            try:
-                keys += [str(k) for k in ConfigStore.instance().load(f"{group}/{entry}.yaml").node]
-            except Exception:  # noqa: BLE001 (a yaml file of the group, not a stored node: its own keys only)
-                continue
-    return sorted(set(keys) - {"_target_"})
+        name = str(entry).partition("@")[0]
+        try:
+            if name.lstrip("/").startswith(f"{SIGNATURE_GROUP}/"):
+                keys += list(signature_defaults(name.lstrip("/").partition("/")[2]))
+            elif name.startswith("_"):
+                keys += [str(k) for k in ConfigStore.instance().load(f"{group}/{name}.yaml").node]
+        except Exception:  # noqa: BLE001 (a plugin that does not import, a yaml of the group: its own keys only)
+            continue
+    return sorted(set(keys) - {"_target_", "_partial_"})
 
 
 @functools.cache

@@ -27,6 +27,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 
 class RoundsSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:  # noqa: UP006
+        from harness.launch.checked import sweep_settings
         from harness.verdict.rounds import combination_names, run_rounds
         from harness.verdict.sweep_plan import SweepPlan
 
@@ -40,8 +41,8 @@ class RoundsSweeper(BasicSweeper):
         returns: List[Any] = []  # noqa: UP006
         size = self.max_batch_size or None
 
-        def launch(jobs: List[List[str]], first: int) -> List[Optional[Dict[str, Any]]]:  # noqa: UP006, UP045
-            values: List[Optional[Dict[str, Any]]] = []  # noqa: UP006, UP045
+        def launch(jobs: List[List[str]], first: int) -> List[Any]:  # noqa: UP006, UP045
+            values: List[Any] = []  # noqa: UP006, UP045
             for start in range(0, len(jobs), size or len(jobs)):
                 chunk = jobs[start:start + (size or len(jobs))]
                 done = self.launcher.launch(chunk, initial_job_idx=first + start)
@@ -54,14 +55,15 @@ class RoundsSweeper(BasicSweeper):
                             if o.partition("=")[0] in ("strategy", "amp")) or " ".join(combinations[index])
 
         template = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]
+        settings = sweep_settings(self.config)  # typed, as checked before the sweep
         plan = SweepPlan(combinations=combinations, names=combination_names(combinations, describe),
-                         repeat=self.config.get("repeat"), budget_s=float(self.config.timing.budget_s),
-                         margin=float(self.config.verdict.margin), command=" ".join(["run.py", "-m", *arguments]))
+                         repeat=settings.repeat, budget_s=settings.timing.budget_s, margin=settings.verdict.margin,
+                         command=" ".join(["run.py", "-m", *arguments]))
 
         def progress(outcome: Any) -> None:
             plan.update(outcome)
             plan.write(sweep_dir)
 
-        run_rounds(combinations, launch, self.config.get("repeat"), float(self.config.timing.budget_s),
-                   str(template), describe, margin=float(self.config.verdict.margin), progress=progress)
+        run_rounds(combinations, launch, settings.repeat, settings.timing.budget_s, str(template), describe,
+                   margin=settings.verdict.margin, progress=progress)
         return returns

@@ -28,7 +28,9 @@ def strategy_classes(conf: Path = REPO / "conf" / "strategy") -> dict[str, type[
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    return {path.stem: get_class(str(OmegaConf.load(path)["_target_"])) for path in sorted(conf.glob("*.yaml"))}
+    from harness.core.options import option_target
+
+    return {path.stem: get_class(str(option_target(OmegaConf.load(path)))) for path in sorted(conf.glob("*.yaml"))}
 
 
 def refusal(cls: type[Strategy], impl: str, dtype: str, level: str) -> AmpRule | None:

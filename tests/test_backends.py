@@ -13,6 +13,7 @@ from hydra.utils import get_class
 
 from harness.compose import compose_one, hydra_context
 from harness.core.errors import Incompatible
+from harness.launch.decide import plan_from_dict
 from harness.launch.decide import run_plan as plan
 from harness.launch.placement import probe_hardware
 from harness.launch.runner import execute
@@ -86,9 +87,9 @@ def test_a_sweep_without_the_package_records_a_skipped_row_with_the_recipe(strat
     if cls.unavailable_reason() is None:
         pytest.skip(f"{strategy} can run here")
     result = composed(f"strategy={strategy}")
-    results = execute(result.config, result.strategy_name, tmp_path / "run", in_sweep=True)
+    results = execute(plan_from_dict(result.config, result.strategy_name, in_sweep=True), tmp_path / "run", in_sweep=True)
     written = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["status"] == written["status"] == "skipped"
+    assert results.status == written["status"] == "skipped"
     assert cls.unavailable_reason() in written["error"] and "docs/backends.md" in written["error"]
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, TINY, describe, run_cli
 
 from harness.compose import compose_one, hydra_context
+from harness.launch.decide import plan_from_dict
 from harness.launch.runner import Unavailable, execute
 from strategies.ignite import INSTALL_HINT, IgniteStrategy
 
@@ -43,13 +44,13 @@ def test_available_when_installed():
 
 def test_single_run_refused_when_missing(ignite_hidden, tmp_path):
     with pytest.raises(Unavailable, match="needs pytorch-ignite"):
-        execute(ignite_config(), "ignite", tmp_path / "run", in_sweep=False)
+        execute(plan_from_dict(ignite_config(), "ignite", in_sweep=False), tmp_path / "run", in_sweep=False)
     assert not (tmp_path / "run" / "results.json").exists()
 
 
 def test_sweep_records_skipped_when_missing(ignite_hidden, tmp_path):
-    results = execute(ignite_config(), "ignite", tmp_path / "run", in_sweep=True)
-    assert results["status"] == "skipped"
+    results = execute(plan_from_dict(ignite_config(), "ignite", in_sweep=True), tmp_path / "run", in_sweep=True)
+    assert results.status == "skipped"
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert written["status"] == "skipped" and written["strategy"] == "ignite"
     assert INSTALL_HINT in written["error"]

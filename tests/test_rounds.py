@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
 
 import pytest
 
+from harness.core.results import SCHEMA, MachineLoad, RunRecord
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import standing
 from harness.verdict.rounds import round_overrides, run_rounds
@@ -33,7 +33,7 @@ class FakeLaunch:
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, jobs: list[list[str]], first: int) -> list[dict[str, Any] | None]:
+    def __call__(self, jobs: list[list[str]], first: int) -> list[RunRecord | None]:
         out = []
         for job in jobs:
             combo = next(i for i, c in enumerate(COMBOS) if job[:len(c)] == c)
@@ -41,8 +41,9 @@ class FakeLaunch:
             self.ran.append((combo, number))
             self.jobs.append(job)
             self.now += self.seconds
-            out.append({"status": self.status.get(combo, "ok"), "throughput_img_s": self.rates[combo][number - 1],
-                        "machine": {"busy": (combo, number) in self.busy}})
+            out.append(RunRecord(schema=SCHEMA, status=self.status.get(combo, "ok"), strategy=f"s{combo}", amp="O0",
+                                 model="m", throughput_img_s=self.rates[combo][number - 1], round=number,
+                                 machine=MachineLoad(busy=(combo, number) in self.busy)))
         return out
 
 
@@ -100,7 +101,7 @@ def test_the_rounds_are_planned_from_the_budget_after_the_second_never_fewer_tha
 
 def test_a_round_that_would_pass_the_budget_is_not_started():
     class Slowing(FakeLaunch):  # the machine slows down: round 3 takes 60 s, where the plan assumed 30
-        def __call__(self, jobs: list[list[str]], first: int) -> list[dict[str, Any] | None]:
+        def __call__(self, jobs: list[list[str]], first: int) -> list[RunRecord | None]:
             self.seconds = 10.0 if len(self.ran) < 6 else 20.0
             return super().__call__(jobs, first)
 

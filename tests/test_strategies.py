@@ -114,14 +114,15 @@ def test_setup_runs_every_phase_once_in_one_order_and_builds_the_optimizer_once(
 
 
 def test_the_optimizer_spec_is_the_configs_class_and_keywords():
-    from conftest import CONF_DIR
-    from omegaconf import OmegaConf
-
     from amp import OptimizerSpec
+    from harness.compose import compose_one, hydra_context
 
-    spec = OptimizerSpec.from_config(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "optim" / "adamw.yaml")))
+    with hydra_context():
+        spec = OptimizerSpec.from_config(compose_one(["optim=adamw"]).config["optim"])
     assert spec.cls is torch.optim.AdamW
-    assert dict(spec.kwargs) == {"lr": 0.001, "betas": [0.9, 0.999], "weight_decay": 0.01}  # conf/optim/adamw.yaml
+    assert {k: spec.kwargs[k] for k in ("lr", "betas", "weight_decay")} == {"lr": 0.001, "betas": [0.9, 0.999],
+                                                                             "weight_decay": 0.01}  # torch's own
+    assert "_partial_" not in spec.kwargs and "params" not in spec.kwargs
 
 
 def test_zero_shards_the_configured_class_with_its_keywords(monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pydoc
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -20,6 +21,45 @@ from hydra.utils import get_object
 from harness.core.errors import ConfigError, unknown_key
 
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+SIGNATURE_GROUP = "signature"  # conf/<group>/<option>.yaml's `- /signature/<dotted target>@_here_`
+
+
+def signature_defaults(target: str) -> dict[str, Any]:
+    """`_target_` and every keyword argument of the callable it names with its default, as the config node of
+    that plugin (served to Hydra by hydra_plugins/harness_signature_source.py): each plugin option's default is
+    written once, in its own signature, and conf/<group>/<option>.yaml sets only what the harness chooses
+    otherwise. Arguments without a default (the harness's own: a model's num_classes, an optimizer's
+    parameters) and defaults YAML cannot spell are left out."""
+    obj = pydoc.locate(target)  # hydra.utils.get_object would log a many-line error of its own
+    if not callable(obj):
+        raise ImportError(f"no class or function {target} (an importable dotted path is needed)")
+    parameters, _ = _signature(obj)
+    node: dict[str, Any] = {"_target_": target}
+    for name, parameter in parameters.items():
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) \
+                or parameter.default is inspect.Parameter.empty or not _spelled_in_yaml(parameter.default):
+            continue
+        default = parameter.default
+        node[name] = list(default) if isinstance(default, tuple) else default
+    return node
+
+
+def _spelled_in_yaml(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    return isinstance(value, list | tuple) and all(_spelled_in_yaml(v) for v in value)
+
+
+def option_target(option: Mapping[str, Any]) -> str | None:
+    """The plugin a conf/<group>/<option>.yaml names: its `_target_`, or the one its defaults list takes the
+    signature of."""
+    if isinstance(option.get("_target_"), str):
+        return str(option["_target_"])
+    for entry in option.get("defaults") or []:
+        name = str(entry).partition("@")[0].lstrip("/")
+        if name.startswith(f"{SIGNATURE_GROUP}/"):
+            return name.partition("/")[2]
+    return None
 
 
 def check_plugin(prefix: str, section: Mapping[str, Any], provided: tuple[str, ...] = ()) -> Callable[..., Any]:

@@ -321,19 +321,12 @@ class RunRecord:
 
     @property
     def quiet(self) -> bool:
-        """Timed while nothing else took the machine: the only runs the verdict judges."""
-        return judged_throughput(self.status, self.throughput_img_s, bool(self.machine and self.machine.busy)) \
-            is not None
+        """Timed while nothing else took the machine: the only runs the verdict judges, in the report's rows and
+        in a racing sweep's looks (harness.verdict.rounds, which reads the records the jobs return)."""
+        return self.timed and not (self.machine is not None and self.machine.busy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def judged_throughput(status: str | None, throughput: float | None, busy: bool) -> float | None:
-    """The throughput the verdict may judge: a finished run's, measured while the machine was quiet. One answer
-    for the report's rows (RunRecord.quiet) and a racing sweep's looks (harness.verdict.rounds), which reads the
-    runs as the task hands them back."""
-    return float(throughput) if status == "ok" and throughput and not busy else None
 
 
 class SchemaError(ValueError):

@@ -1,7 +1,8 @@
 """The one answer to "can this combination run, and how?": a `RunPlan`, built here and nowhere else.
 
-Every caller asks this function: the pre-flight checks of a command line (harness.cli), the runner, the
-torchrun worker, `plan=true` and the report's projection on a preset (harness.launch.on_preset).
+Every caller asks this function: the pre-flight checks of a command line (harness.cli, which keeps each plan
+for its job: harness.launch.checked), the torchrun worker, `plan=true` and the report's projection on a preset
+(harness.launch.on_preset). A job that was not checked in this process decides its own (`plan_from_dict`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from hydra.utils import get_class
 from amp import plugin_class, resolve
 from harness.core.config import RunConfig
 from harness.core.errors import ConfigError, Incompatible
-from harness.launch.placement import Hardware, TorchrunWorld, place
+from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.rank.run_plan import RunPlan
 
 
@@ -48,3 +49,11 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
     return RunPlan(config=cfg, resolved=dict(resolved or {}), strategy_cls=strategy_cls, placement=placement, amp=amp,
                    launched=launched or torchrun is not None,
                    skip=skip, unavailable=missing)
+
+
+def plan_from_dict(resolved: Mapping[str, Any], strategy_name: str, *, in_sweep: bool,
+                   hw: Hardware | None = None) -> RunPlan:
+    """The plan of a config composed elsewhere (a submitit job's, a test's, a benchmark's): checked and
+    decided here, once."""
+    cfg = RunConfig.from_dict(resolved, strategy_name)
+    return run_plan(cfg, hw or probe_hardware(), resolved=resolved, in_sweep=in_sweep)

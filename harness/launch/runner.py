@@ -26,10 +26,8 @@ from harness.core.results import PARAMETERS_NAME, SCHEMA, RunRecord, environment
 from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
 from harness.core.timing import data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
-from harness.launch.decide import run_plan
 from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.machine_load import LoadReadings, machine_section
-from harness.launch.placement import Hardware, probe_hardware
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.parity.merge import run_parity
@@ -49,17 +47,15 @@ def command_start_time() -> float:
     return psutil.Process().create_time()
 
 
-def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_sweep: bool,
-            overrides: list[str] | None = None, hw: Hardware | None = None, repeat_label: str = "") -> dict[str, Any]:
-    """Run one combination and write its results.json; return the results.
+def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str] | None = None,
+            repeat_label: str = "") -> RunRecord:
+    """Run one combination as planned (harness.launch.decide) and write its results.json; return its record.
 
-    Raises ConfigError (bad input) and, outside sweeps, Unavailable, before anything starts.
+    Raises, outside sweeps, Unavailable before anything starts.
     Raises KeyboardInterrupt after the results are written if the run was interrupted.
     """
     started = time.time()
-    cfg = RunConfig.from_dict(cfg_dict, strategy_name)
-    decided = run_plan(cfg, hw or probe_hardware(), resolved=cfg_dict, in_sweep=in_sweep)
-    placement = decided.placement
+    cfg, placement = decided.config, decided.placement
     base = base_results(decided, overrides)
     if decided.unavailable is not None and decided.skip is None and not in_sweep:
         raise Unavailable(decided.unavailable)
@@ -67,7 +63,11 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     if reason is not None:
         return _not_run(run_dir, base, decided, reason)
 
-    prediction = predict_run(decided) if cfg.plan.predict else None
+    prediction = decided.prediction  # made before the first run (harness.cli.check_runs), else now
+    if prediction is None and cfg.plan.predict:
+        prediction = predict_run(decided)
+    elif prediction is not None:
+        say_predicted(decided.label, prediction)
     from harness.plan.calibrate import shutdown
 
     shutdown()  # a calibration child started for this run ends before its workers start
@@ -136,10 +136,10 @@ def execute(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, in_swee
     if prediction is not None:
         results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
                                                        records)
-    publish(run_dir, results)
+    record = publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
-    return results
+    return record
 
 
 def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
@@ -159,18 +159,22 @@ def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
         log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] not predicted: %s", decided.label, last_line(error))
         return None
     if not quiet:
-        log.info("[%s] predicted: peak %.1f MiB per rank, %.4f s per iteration", decided.label, prediction.peak_mib,
-                 prediction.s_per_iteration)
+        say_predicted(decided.label, prediction)
     return prediction
 
 
-def _not_run(run_dir: Path, base: dict[str, Any], decided: RunPlan, reason: str) -> dict[str, Any]:
+def say_predicted(label: str, prediction: Prediction) -> None:
+    log.info("[%s] predicted: peak %.1f MiB per rank, %.4f s per iteration", label, prediction.peak_mib,
+             prediction.s_per_iteration)
+
+
+def _not_run(run_dir: Path, base: dict[str, Any], decided: RunPlan, reason: str) -> RunRecord:
     """results.json of a combination that measured nothing here, with its reason."""
     known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
     record = RunRecord.not_run(status="skipped", error=reason, **known)
     write_results(run_dir, record)
     log.info("[%s] skipped: %s", decided.label, record.error)
-    return record.to_dict()
+    return record
 
 
 def prediction_error(peak_mib: float, s_per_iteration: float | None, results: dict[str, Any],

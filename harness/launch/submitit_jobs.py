@@ -27,6 +27,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
+from harness.core.results import RunRecord
 from harness.core.stops import last_line
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def lost_jobs_as_rows(record: Callable[[SlurmJob, UncompletedJobError], JobRetur
 
 
 def record_lost(launcher: Any, job: SlurmJob, error: UncompletedJobError,
-                record_not_run: Callable[..., dict[str, Any]]) -> JobReturn:
+                record_not_run: Callable[..., RunRecord]) -> JobReturn:
     """The row of a job that left no result (`launcher`: the sweep's SlurmLauncher): status failed, and why,
     written by `record_not_run` (the command line's, handed down by the launcher plugin: the parent's side
     does not import the command line above it)."""

@@ -49,9 +49,11 @@ def torchrun_strategies() -> list[str]:
     """The conf/strategy/ choices whose class runs one process per device: the ones torchrun can start."""
     from hydra.utils import get_class
 
+    from harness.core.options import option_target
+
     names = []
     for path in sorted((CONF_DIR / "strategy").glob("*.yaml")):
-        target = OmegaConf.load(path).get("_target_")
+        target = option_target(OmegaConf.load(path))
         try:
             if target and get_class(target).one_process_per_device:
                 names.append(path.stem)

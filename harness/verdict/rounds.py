@@ -12,9 +12,8 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from harness.core.results import judged_throughput
+from harness.core.results import RunRecord
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import Standing, standing
 from harness.verdict.rule import MIN_ROUNDS, Design, Judgement, interval_text
@@ -23,7 +22,7 @@ MAX_PLANNED_ROUNDS = 100  # a racing sweep plans no more rounds than this, whate
 
 log = logging.getLogger(__name__)
 
-Launch = Callable[[list[list[str]], int], list[dict[str, Any] | None]]
+Launch = Callable[[list[list[str]], int], list[RunRecord | None]]
 
 
 @dataclass
@@ -87,14 +86,12 @@ def round_overrides(combination: list[str], index: int, number: int, subdir_temp
     return [*combination, *extra]
 
 
-def observations(index: int, number: int, result: dict[str, Any] | None) -> list[Observation]:
-    """A run that measured a throughput on a quiet machine, as the report judges it (judged_throughput); a busy
+def observations(index: int, number: int, result: RunRecord | None) -> list[Observation]:
+    """A run that measured a throughput on a quiet machine, as the report judges it (RunRecord.quiet); a busy
     one is kept out (it would mislead)."""
-    if not result:
+    if result is None or not result.quiet:
         return []
-    value = judged_throughput(result.get("status"), result.get("throughput_img_s"),
-                              bool((result.get("machine") or {}).get("busy")))
-    return [] if value is None else [Observation(index, number, value)]
+    return [Observation(index, number, float(result.throughput_img_s or 0))]
 
 
 def plan_rounds(budget_s: float, elapsed_s: float, round_s: float) -> int:
@@ -135,7 +132,7 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
         ran_ok = []
         for c in contenders:
             found += observations(c, number, results[c])
-            if results[c] and results[c].get("status") == "ok":
+            if results[c] is not None and results[c].status == "ok":
                 ran_ok.append(c)
         round_seconds = clock() - round_started
         outcome.round_seconds.append(round_seconds)
