@@ -23,6 +23,7 @@ from harness.core.amp_levels import AmpConfig
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
+from harness.core.inputs import images
 from harness.core.timing import WindowClock
 from harness.memory.footprint import Footprint, footprint, per_rank
 from harness.rank.data import SyntheticSource, synthetic_batches
@@ -70,7 +71,7 @@ def train_here(strategy: Any, local: int, shard: int, grad_accum: int, optimizer
     torch.manual_seed(0)
     amp = NativeAmp(resolve(AmpConfig("O0"), "cpu"), torch.device("cpu"))
     model, opt = strategy.setup_module(NoNorm(), amp, optimizer)
-    batches = synthetic_batches(2, GLOBAL_BATCH, local, shard, SIZE, 10, torch.device("cpu"), 0)
+    batches = synthetic_batches(2, GLOBAL_BATCH, local, shard, images(SIZE, 10), torch.device("cpu"), 0)
     train(model, opt, amp, SyntheticSource(batches), WindowClock(strategy.synchronize, 0), ITERATIONS, 3, grad_accum=grad_accum,
           no_sync=functools.partial(no_sync_for, strategy, model))
     return model, opt
@@ -276,7 +277,7 @@ def mixed_rank_main(rank: int, out: str) -> None:
             amp = NativeAmp(resolve(level, "cpu"), torch.device("cpu"))
             model, opt = strategy.setup_module(ResidualLike(), amp, sgd)
             dtypes = {n: p.dtype for n, p in model.module.named_parameters()}
-            batches = synthetic_batches(2, GLOBAL_BATCH, GLOBAL_BATCH // WORLD, rank, SIZE, 10, torch.device("cpu"), 0)
+            batches = synthetic_batches(2, GLOBAL_BATCH, GLOBAL_BATCH // WORLD, rank, images(SIZE, 10), torch.device("cpu"), 0)
             train(model, opt, amp, SyntheticSource(batches), WindowClock(strategy.synchronize, 0), 4, 2)
             torch.save({"units": sharded_units(model.module), "dtypes": dtypes, "initial": initial,
                         "params": strategy.full_parameters(model)}, Path(out) / f"{name}{rank}.pt")

@@ -15,6 +15,7 @@ from hydra.utils import get_class
 
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.devices import cpu_half_kernels
+from harness.core.inputs import images as image_inputs
 from harness.core.traffic import Collective, Traffic
 from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
@@ -153,7 +154,7 @@ def test_the_traced_step_matches_the_live_tensor_instrument(model_cfg, levels, k
         spec = dataclasses.replace(resolve(AmpConfig(level=level, dtype="bfloat16", cpu_half=cpu_half), "cpu"),
                                    loss_scale=1.0, allow_emulated=True)
         half = spec.autocast or spec.cast_model
-        predicted = trace_step(model_cfg, 10, spec, optim, 16, 32, aten_convolutions=half and kernels == "aten")
+        predicted = trace_step(model_cfg, image_inputs(32, 10), spec, optim, 16, aten_convolutions=half and kernels == "aten")
         from hydra.utils import instantiate
 
         from amp import OptimizerSpec

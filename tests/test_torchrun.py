@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from harness.core.amp_levels import resolve
+from harness.core.inputs import images
 from harness.core.rank_record import RankRecord
 from harness.launch import torchrun
 from harness.launch.placement import Hardware, TorchrunWorld, place
@@ -268,7 +269,7 @@ def _two_nodes_two_gpus_results(out_dir: Path) -> dict[str, Any]:
                          "sampler": torchrun.node_labelled(_nvml_findings((41, 42)), devices)}
         gathered.append({"record": record, "node": node_info})
     decided = RunPlan(config=cfg, resolved=cfg_dict, strategy_cls=TorchDDP, placement=placement, amp=precision,
-                      launched=True)
+                      launched=True, inputs=images(cfg.data.image_size, cfg.data.num_classes))
     torchrun.write_results(decided, gathered, 0.0, ["strategy=ddp"], out_dir)
     return json.loads((out_dir / "results.json").read_text())
 

@@ -277,7 +277,10 @@ class RunRecord:
     precision: Precision | None = None
     windows: list[WindowRecord] = field(default_factory=list)
     per_rank_windows: dict[str, list[WindowRecord]] = field(default_factory=dict)
-    throughput_img_s: float | None = None
+    throughput_img_s: float | None = None  # samples/s: images, or sequences for a token model
+    sample: str | None = None  # what one sample is: "images", or "tokens" (a sequence of tokens_per_sample)
+    tokens_per_sample: int | None = None
+    throughput_tokens_s: float | None = None  # a token model's: throughput_img_s x tokens_per_sample
     data_wait_share: float | None = None
     profile: Profile | None = None
     gpu_activity: GpuActivity | None = None

@@ -35,9 +35,10 @@ def run_summary(results: RunRecord) -> list[RenderableType]:
     title = (f"{results.strategy} · amp {results.amp} · {results.model} · "
              f"devices {','.join(results.devices)} · global batch {results.global_batch}")
     windows = Table(title=title, title_justify="left")
-    for column in ("iterations", "window s", "cumulative s", "img/s", "loss, rank 0", ""):
+    tokens = results.tokens_per_sample or 0
+    for column in ("iterations", "window s", "cumulative s", "tok/s" if tokens else "img/s", "loss, rank 0", ""):
         windows.add_column(column, justify="right")
-    per_window = (results.global_batch or 0) * (results.log_every or 0)
+    per_window = (results.global_batch or 0) * (results.log_every or 0) * (tokens or 1)
     # the loss the live lines showed: rank 0's (the merged windows hold the mean over ranks, the report's figure)
     rank0 = {w.end_iter: w.loss for w in results.per_rank_windows.get("0", [])}
     for w in results.windows:
@@ -69,7 +70,8 @@ def _who(process: ProcessMemory) -> str:
 def status_line(results: RunRecord) -> str:
     line = f"status {results.status}"
     if results.throughput_img_s and results.status == "ok":
-        line += f" · steady-state {results.throughput_img_s:.1f} img/s"
+        line += f" · steady-state {results.throughput_img_s:.1f} " + (
+            f"sequences/s, {results.throughput_tokens_s:.0f} tokens/s" if results.throughput_tokens_s else "img/s")
     elif results.windows and results.status != "ok":  # the report times finished runs only
         count = len(results.windows)
         line += f" · {count} window{'s' if count > 1 else ''} measured before it stopped, no steady-state figure"

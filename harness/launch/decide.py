@@ -15,6 +15,7 @@ from hydra.utils import get_class
 from amp import plugin_class, resolve
 from harness.core.config import RunConfig
 from harness.core.errors import ConfigError, Incompatible
+from harness.core.inputs import inputs_of
 from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.rank.run_plan import RunPlan
 
@@ -42,12 +43,16 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
             and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
                            "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
+    inputs = inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+    if inputs.kind != "images" and cfg.data.name == "loader":
+        raise ConfigError("data", cfg.data.name, f"synthetic for model={cfg.model_name}, which takes {inputs.kind}: "
+                          "data=loader reads image folders")
     amp_cls = plugin_class(cfg.amp_plugin)
     skip = strategy_cls.skip_reason(placement, amp) or amp_cls.skip_reason(amp, placement.accelerator)
     missing = (strategy_cls.unavailable_reason() or amp_cls.unavailable_reason(amp, placement.accelerator)) \
         if installed_here else None
     return RunPlan(config=cfg, resolved=dict(resolved or {}), strategy_cls=strategy_cls, placement=placement, amp=amp,
-                   launched=launched or torchrun is not None,
+                   launched=launched or torchrun is not None, inputs=inputs,
                    skip=skip, unavailable=missing)
 
 

@@ -392,6 +392,7 @@ def base_results(decided: RunPlan, overrides: list[str] | None) -> dict[str, Any
         "devices": list(placement.devices), "accelerator": placement.accelerator,
         "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
         "local_batch": placement.local_batch, "image_size": cfg.data.image_size,
+        "sample": decided.inputs.kind, "tokens_per_sample": decided.inputs.tokens_per_sample,
         "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
         "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
@@ -475,7 +476,9 @@ def measurements(decided: RunPlan, records: list[RankRecord], started: float, ru
         **done,
         "windows": [w.as_dict() for w in windows],
         "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
-        "throughput_img_s": steady_throughput(windows, cfg.batch_size, cfg.log_every),
+        "throughput_img_s": (samples_s := steady_throughput(windows, cfg.batch_size, cfg.log_every)),
+        "throughput_tokens_s": samples_s * decided.inputs.tokens_per_sample
+        if samples_s is not None and decided.inputs.tokens_per_sample else None,
         "data_wait_share": data_wait_share(windows),
         "profile": profile_section(records, windows, run_dir) if cfg.profile else None,
         "startup_seconds": (max(firsts) - started - (compile_seconds or 0)) if firsts else None,

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
+from harness.core.inputs import Inputs, inputs_of
+from harness.core.inputs import loss as loss_of
 from harness.plan.trace import hashable
 
 WARMUP_STEPS = 2
@@ -129,11 +130,11 @@ def _timed(forward_backward: Callable[[], None], step: Callable[[], None], sync:
     return passes, steps
 
 
-def calibrate(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
-              micro_batch: int, image_size: int, grad_accum: int, threads: int, device: str = "cpu") -> Calibration:
+def calibrate(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
+              micro_batch: int, grad_accum: int, threads: int, device: str = "cpu") -> Calibration:
     """On `device` "cuda" the calibration runs in a spawned child process on the first visible GPU: the parent
     never creates a CUDA context (its workers, forked or not, own the GPUs)."""
-    args = (hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum, threads)
+    args = (hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, threads)
     if device == "cuda":
         return _in_child(*args)
     return _calibrate(*args, "cpu")
@@ -149,8 +150,8 @@ def _in_child(*args: Any) -> Calibration:
 
 
 @functools.lru_cache(maxsize=32)
-def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec,
-               optim: tuple[tuple[str, Any], ...], micro_batch: int, image_size: int, grad_accum: int,
+def _calibrate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
+               optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int,
                threads: int, device_type: str) -> Calibration:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -158,17 +159,16 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: Am
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     try:
         torch.manual_seed(0)
-        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, num_classes=num_classes)
+        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
         plugin = NativeAmp(dataclasses.replace(amp, allow_emulated=True), device)
         model = plugin.cast_module(model.to(device))
         optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
         model = plugin.wrap_module(model).train()
-        images = torch.randn(micro_batch * grad_accum, 3, image_size, image_size, device=device)
-        labels = torch.randint(0, num_classes, (micro_batch * grad_accum,), device=device)
+        images, labels = inputs.example(micro_batch * grad_accum, device)
         def forward_backward() -> None:
             for part, part_labels in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
                 with plugin.forward_context():
-                    loss = F.cross_entropy(model(part), part_labels) / grad_accum
+                    loss = loss_of(model(part), part_labels) / grad_accum
                 plugin.backward(loss)
 
         def step() -> None:
@@ -243,19 +243,18 @@ def _strategy_child(key: bytes) -> Calibration:
     try:
         strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
         torch.manual_seed(cfg.seed)
-        model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
+        inputs = inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+        model = instantiate(cfg.model, **dict(inputs.provided))
         plugin = build_amp(cfg.amp_plugin, spec, strategy.device)
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
         model.train()
-        images = torch.randn(micro_batch * cfg.grad_accum, 3, cfg.data.image_size, cfg.data.image_size,
-                             device=strategy.device)
-        labels = torch.randint(0, cfg.data.num_classes, (micro_batch * cfg.grad_accum,), device=strategy.device)
+        images, labels = inputs.example(micro_batch * cfg.grad_accum, strategy.device)
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
         def forward_backward() -> None:
             for k, (part, part_labels) in enumerate(parts):
                 context = no_sync_for(strategy, model) if k < len(parts) - 1 else contextlib.nullcontext()
                 with context, plugin.forward_context():
-                    loss = F.cross_entropy(model(part), part_labels) / cfg.grad_accum
+                    loss = loss_of(model(part), part_labels) / cfg.grad_accum
                 with context:
                     plugin.backward(loss)
 

@@ -18,6 +18,7 @@ from typing import Any
 from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
+from harness.core.inputs import Inputs, inputs_of
 from harness.core.traffic import Buffer, Collective, Traffic
 from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
 from harness.plan.gpu_model import BAND_Z, load_factors, step_time, straggle
@@ -131,6 +132,11 @@ class Prediction:
                 "assumptions": list(self.assumptions), "calibration": self.calibration}
 
 
+
+def inputs_here(cfg: RunConfig) -> Inputs:
+    """What one sample is for the run's model (harness.core.inputs)."""
+    return inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+
 def _finite(value: float) -> float | None:
     """None for a figure not predicted (NaN: the combination would not fit)."""
     return None if math.isnan(value) else value
@@ -156,8 +162,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     micro = local_batch // cfg.grad_accum
     unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
     kernels = half_kernels(amp, preset)
-    trace = trace_step(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
-                       unit_names, aten_convolutions=kernels == "aten")
+    trace = trace_step(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum, unit_names,
+                       aten_convolutions=kernels == "aten")
     ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
@@ -218,10 +224,10 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     # one rank: FSDP's all-gather of its only shard is the shard itself (no gathered units); its gradients still
     # pass through a reduce-scatter buffer
     buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or b.size != "unit_params")
-    image = 3 * cfg.data.image_size ** 2 * 4 + 8  # fp32 pixels and an int64 label
+    sample = inputs_here(cfg).input_bytes  # fp32 pixels and an int64 label, or token ids and their next ones
     local_batch = cfg.batch_size // n
     kept = cfg.data.pool if cfg.data.name == "synthetic" else 2  # a loader: the batch in use and the next
-    inputs = kept * local_batch * image
+    inputs = kept * local_batch * sample
     overhead = CUDA_ALLOCATOR_OVERHEAD if preset.accelerator == "cuda" else 0.0
 
     def rank(device: str, params: float, grads: float, state: float, acts: float, inputs: float,
@@ -327,7 +333,7 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
                      ) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
     """A preset's compute from the step's operators (harness.plan.gpu_model): nothing is timed here, so this
     machine's load cannot move it."""
-    ops = trace_ops(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum)
+    ops = trace_ops(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum)
     factors = load_factors()
     time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors)
     wait = straggle(ranks, factors)
@@ -353,8 +359,7 @@ def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int)
     """On this machine's own accelerator: its GPU where it has one (a child process), else its CPU."""
     import torch
 
-    return calibrate(cfg.model, cfg.data.num_classes, amp, cfg.optim, micro, cfg.data.image_size, cfg.grad_accum,
-                     threads, "cuda" if torch.cuda.is_available() else "cpu")
+    return calibrate(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum, threads, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float) -> tuple[float, float]:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -37,6 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
+from harness.core.inputs import Inputs, loss
 from harness.plan.gpu_model import StepOps, record_step
 
 
@@ -78,14 +78,14 @@ def _tensors(fake: bool) -> Iterator[torch.device]:
             yield torch.device("meta")
 
 
-def trace_step(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
-               micro_batch: int, image_size: int, grad_accum: int = 1, unit_names: Any = None,
+def trace_step(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
+               micro_batch: int, grad_accum: int = 1, unit_names: Any = None,
                aten_convolutions: bool = False) -> StepTrace:
     """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model.
     `aten_convolutions`: half convolutions take ATen's reference kernels (harness.core.devices.cpu_half_kernels),
     whose buffers are counted."""
-    return _trace(hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum,
-                  unit_names, aten_convolutions)
+    return _trace(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, unit_names,
+                  aten_convolutions)
 
 
 def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -93,23 +93,22 @@ def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
-           micro_batch: int, image_size: int, grad_accum: int, unit_names: Any, aten_convolutions: bool) -> StepTrace:
+def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
+           micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
     from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
 
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device:
         torch.manual_seed(0)
-        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, num_classes=num_classes)
+        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(model)
         units = tuple(sum(_bytes(p) for p in dict(model.named_modules())[name].parameters())
                       for name in (unit_names(model) if unit_names else []))
         optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
         wrapped = plugin.wrap_module(model)
-        images = torch.randn(micro_batch * grad_accum, 3, image_size, image_size)
-        labels = torch.randint(0, num_classes, (micro_batch * grad_accum,))
+        images, labels = inputs.example(micro_batch * grad_accum)
         counter = FlopCounterMode(display=False)
         with counter:  # the first step, untracked: it makes the optimizer state the tracked second step keeps
             _forward_backward(wrapped, plugin, images, labels, grad_accum)
@@ -140,24 +139,23 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpe
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32")
 
 
-def trace_ops(model_cfg: Mapping[str, Any], num_classes: int, amp: AmpSpec, optim: Mapping[str, Any],
-              micro_batch: int, image_size: int, grad_accum: int = 1) -> StepOps:
+def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
+              micro_batch: int, grad_accum: int = 1) -> StepOps:
     """One rank's step as operators (harness.plan.gpu_model), for a GPU: the optimizer's multi-tensor (foreach)
     kernels, as torch takes them on CUDA by default."""
-    return _trace_ops(hashable(model_cfg), num_classes, amp, hashable(optim), micro_batch, image_size, grad_accum)
+    return _trace_ops(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum)
 
 
 @functools.lru_cache(maxsize=64)
-def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], num_classes: int, amp: AmpSpec,
-               optim: tuple[tuple[str, Any], ...], micro_batch: int, image_size: int, grad_accum: int) -> StepOps:
+def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
+               optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int) -> StepOps:
     def build() -> nn.Module:
-        return instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, num_classes=num_classes)
+        return instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
 
     def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(micro_batch * grad_accum, 3, image_size, image_size, device=device),
-                torch.randint(0, num_classes, (micro_batch * grad_accum,), device=device))
+        return inputs.example(micro_batch * grad_accum, device)
 
-    return workload_ops(build, batch, F.cross_entropy, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
+    return workload_ops(build, batch, loss, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
                         micro_batch * grad_accum)
 
 
@@ -181,7 +179,7 @@ def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device],
 
 
 def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,
-                      grad_accum: int, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
+                      grad_accum: int, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = loss) -> None:
     for images_part, labels_part in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
         with plugin.forward_context():
             loss = loss_fn(model(images_part), labels_part) / grad_accum

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from harness.core.config import DataConfig
+from harness.core.inputs import Inputs
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -47,18 +48,13 @@ class BatchSource(Protocol):
     def close(self) -> None: ...
 
 
-def synthetic_batches(pool: int, global_batch: int, local_batch: int, shard: int, image_size: int,
-                      num_classes: int, device: torch.device, seed: int) -> list[Batch]:
-    generator = torch.Generator().manual_seed(seed)
-    patterns = torch.randn(num_classes, 3, image_size, image_size, generator=generator)
+def synthetic_batches(pool: int, global_batch: int, local_batch: int, shard: int, inputs: Inputs,
+                      device: torch.device, seed: int) -> list[Batch]:
+    """`pool` global batches the model can learn from (harness.core.inputs), drawn from `seed` on the CPU; this
+    process keeps its shard of each, on its device."""
     start = shard * local_batch
-    batches = []
-    for _ in range(pool):
-        labels = torch.randint(0, num_classes, (global_batch,), generator=generator)
-        images = patterns[labels] + torch.randn(global_batch, 3, image_size, image_size, generator=generator)
-        batches.append((images[start:start + local_batch].to(device, copy=True),
-                        labels[start:start + local_batch].to(device, copy=True)))
-    return batches
+    return [(x[start:start + local_batch].to(device, copy=True), y[start:start + local_batch].to(device, copy=True))
+            for x, y in inputs.batches(pool, global_batch, torch.Generator().manual_seed(seed))]
 
 
 class SyntheticSource:
@@ -240,13 +236,13 @@ class LoaderSource:
         self._loader = None  # type: ignore[assignment]
 
 
-def batch_source(data: DataConfig, global_batch: int, shards: int, shard: int, device: torch.device,
-                 seed: int, pid_dir: Path | None = None) -> BatchSource:
+def batch_source(data: DataConfig, inputs: Inputs, global_batch: int, shards: int, shard: int,
+                 device: torch.device, seed: int, pid_dir: Path | None = None) -> BatchSource:
     """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch);
-    DataLoader workers note their PIDs in `pid_dir`."""
+    DataLoader workers note their PIDs in `pid_dir`. data=loader reads images (a token model is refused it
+    before anything starts: harness.launch.decide)."""
     local_batch = global_batch // shards
     if data.name == "loader":
         loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed, pid_dir)
         return LoaderSource(loader, sampler, device, pid_dir)
-    return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, data.image_size,
-                                             data.num_classes, device, seed))
+    return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, inputs, device, seed))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
+from harness.core.inputs import Inputs
 
 if TYPE_CHECKING:
     from harness.plan.predict import Prediction
@@ -32,6 +33,7 @@ class RunPlan:
     placement: Placement
     amp: AmpSpec
     launched: bool  # ranks run in child processes (False: inside the parent)
+    inputs: Inputs  # what one sample is for this model (images, or token sequences)
     skip: str | None = None
     unavailable: str | None = None
     prediction: Prediction | None = None

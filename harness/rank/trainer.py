@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from amp import Amp
+from harness.core.inputs import loss as loss_of
 from harness.core.timing import Window, WindowClock
 from harness.rank.data import BatchSource
 
@@ -44,7 +44,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
         if grad_accum == 1:
             images, labels = batches.next()
             with amp.forward_context():
-                loss = F.cross_entropy(model(images), labels)
+                loss = loss_of(model(images), labels)
             amp.backward(loss)
         else:
             loss = accumulate(model, amp, split(batches.next(), grad_accum), no_sync)
@@ -74,7 +74,7 @@ def accumulate(model: nn.Module, amp: Amp, micro: Sequence[Batch], no_sync: NoSy
     for k, (images, labels) in enumerate(micro):
         with no_sync() if k < last else _NO_CONTEXT:
             with amp.forward_context():
-                loss = F.cross_entropy(model(images), labels) / len(micro)
+                loss = loss_of(model(images), labels) / len(micro)
             amp.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
@@ -95,7 +95,7 @@ def compile_pass(model: nn.Module, amp: Amp, optimizer: torch.optim.Optimizer, b
         accumulate(model, amp, split(batch, grad_accum), no_sync)
     else:
         with amp.forward_context():
-            loss = F.cross_entropy(model(batch[0]), batch[1])
+            loss = loss_of(model(batch[0]), batch[1])
         amp.backward(loss)
     after_backward(optimizer)
     amp.zero_grad(optimizer)

@@ -82,15 +82,19 @@ def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[
     return fire
 
 
-def progress_logger(label: str, global_batch: int, log_every: int, iterations: int | None) -> Callable[[Window], None]:
-    """One line per window, logged after the window closed (the clock has been read)."""
+def progress_logger(label: str, global_batch: int, log_every: int, iterations: int | None,
+                    tokens_per_sample: int | None = None) -> Callable[[Window], None]:
+    """One line per window, logged after the window closed (the clock has been read): images/s, or a token
+    model's tokens/s."""
+    unit = "tok/s" if tokens_per_sample else "img/s"
+
     def show(w: Window) -> None:
-        rate = global_batch * log_every / w.seconds if w.seconds > 0 else float("nan")
+        rate = global_batch * log_every * (tokens_per_sample or 1) / w.seconds if w.seconds > 0 else float("nan")
         tag = "  (warm-up)" if w.warmup else "  (profiled)" if w.profiled else ""
         if w.data_wait_s is not None and w.seconds > 0 and w.data_wait_s >= 0.01 * w.seconds:
             tag = f"  data wait {100 * w.data_wait_s / w.seconds:.0f} %{tag}"
-        log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f img/s  loss (rank 0) %.4f%s", label, w.end_iter,
-                 iterations or "auto", w.seconds, w.cumulative_seconds, rate, w.loss, tag)
+        log.info("[%s] iter %5d/%s  window %8.3f s  total %8.3f s  %9.1f %s  loss (rank 0) %.4f%s", label, w.end_iter,
+                 iterations or "auto", w.seconds, w.cumulative_seconds, rate, unit, w.loss, tag)
 
     return show
 
@@ -139,12 +143,12 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         record.backend = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
-        model = instantiate(cfg.model, num_classes=cfg.data.num_classes)
+        model = instantiate(cfg.model, **dict(plan.inputs.provided))
         amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
-        batches = batch_source(cfg.data, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
+        batches = batch_source(cfg.data, plan.inputs, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
                                pid_dir=record_dir / f"data-pids-rank{rank}")
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(no_sync_for, strategy, model)
@@ -177,7 +181,8 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
             AutoStop(cfg.timing.precision_pct, cfg.timing.max_seconds, strategy.max_over_ranks)
         losses: list[torch.Tensor] | None = [] if cfg.parity.enabled else None
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
-              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations),
+              on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations,
+                                        plan.inputs.tokens_per_sample),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
         loop_ended = time.time()
         if probe is not None and record.tensor_peak_mib is None:

@@ -74,6 +74,22 @@ def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") 
     return f" [{fmt(lo, digits)}–{fmt(hi, digits)}{suffix}]" if lo is not None and hi is not None else ""
 
 
+def _with_tokens(rows: Sequence[Row]) -> bool:
+    return any(r.tokens_per_sample for r in rows)
+
+
+def _times_tokens(r: Row, samples_s: float | None) -> float | None:
+    """A token model's samples/s as tokens/s (its interval scales alike: the sequence length is fixed)."""
+    return samples_s * r.tokens_per_sample if samples_s is not None and r.tokens_per_sample else None
+
+
+def _tokens_s(r: Row) -> str:
+    if not r.tokens_per_sample:
+        return "—"
+    return fmt(_times_tokens(r, r.throughput), 0) + _interval_or_unknown(r, _times_tokens(r, r.throughput_lo),
+                                                                         _times_tokens(r, r.throughput_hi), 0)
+
+
 def _interval_or_unknown(r: Row, lo: float | None, hi: float | None, digits: int) -> str:
     """The 95 % interval from the runs; why there is none; `busy` when every run was taken on a busy machine."""
     if r.throughput is None:
@@ -178,6 +194,11 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                csv=(("img_s", lambda r: r.throughput), ("img_s_lo", lambda r: r.throughput_lo),
                     ("img_s_hi", lambda r: r.throughput_hi)),
                terminal="img/s", terminal_cell=lambda r: fmt(r.throughput, 1) + _plus_minus(r), star="throughput"),
+        Column("tok/s [95 %]", _tokens_s, shown=_with_tokens,
+               csv=(("tokens_s", lambda r: _times_tokens(r, r.throughput)),
+                    ("tokens_s_lo", lambda r: _times_tokens(r, r.throughput_lo)),
+                    ("tokens_s_hi", lambda r: _times_tokens(r, r.throughput_hi))),
+               terminal="tok/s", terminal_cell=lambda r: fmt(_times_tokens(r, r.throughput), 0)),
         Column("speedup [95 %]", _speedup,
                csv=(("speedup", lambda r: r.speedup), ("speedup_lo", lambda r: r.speedup_lo),
                     ("speedup_hi", lambda r: r.speedup_hi)),

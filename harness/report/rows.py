@@ -42,6 +42,7 @@ class Row:
     runs: int
     ok_runs: int
     s_per_20: float | None = None  # each run's median steady window, per PER iterations; geometric mean over runs
+    tokens_per_sample: int | None = None  # a token model's sequence length (tokens/s = samples/s x this)
     s_per_20_lo: float | None = None  # its 95 % interval, from the runs (harness.verdict.intervals)
     s_per_20_hi: float | None = None
     s_per_20_p10: float | None = None  # p10-p90 of the steady windows, all runs pooled (within a process)
@@ -141,6 +142,7 @@ class Combination:
     variant: str  # the strategy's own short word on its options, compile, grad_accum: always in the label
     options: tuple[str, ...]  # the strategy's and the model's options: in the label when peers differ in them
     settings: tuple[tuple[str, str], ...]  # the rest of the resolved config (`optim.lr`, `data.name`, ...)
+    tokens_per_sample: int | None = None  # a token model's sequence length: part of the work, as the image size
 
     @classmethod
     def of(cls, results: RunRecord) -> Combination:
@@ -149,7 +151,8 @@ class Combination:
                    precision.dtype if precision else None, results.model, tuple(results.devices),
                    results.global_batch, results.image_size,
                    results.iterations_requested if results.iterations_requested is not None else results.iterations,
-                   results.launcher, results.variant, _options(results), _settings(results.config))
+                   results.launcher, results.variant, _options(results), _settings(results.config),
+                   results.tokens_per_sample)
 
     def peer_of(self, other: Combination) -> bool:
         """The same strategy at the same amp level: what labels tell apart."""
@@ -158,8 +161,10 @@ class Combination:
     def same_work(self, other: Combination) -> bool:
         """The same model, batch and image size at the same amp level (implementation and dtype): what a
         multi-device row's efficiency is measured against, whatever the strategy and devices."""
-        return ((self.amp, self.impl, self.dtype, self.model, self.global_batch, self.image_size)
-                == (other.amp, other.impl, other.dtype, other.model, other.global_batch, other.image_size))
+        return ((self.amp, self.impl, self.dtype, self.model, self.global_batch, self.image_size,
+                 self.tokens_per_sample)
+                == (other.amp, other.impl, other.dtype, other.model, other.global_batch, other.image_size,
+                    other.tokens_per_sample))
 
 
 # The fields a label may name when a row's peers differ in them, with the word it uses.
@@ -305,6 +310,7 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.losses = [(it, statistics.median(v)) for it, v in sorted(losses.items())]
     row.final_loss = row.losses[-1][1] if row.losses else None
 
+    row.tokens_per_sample = next((r.tokens_per_sample for r in ok if r.tokens_per_sample), None)
     timed = [r for r in ok if r.timed]
     row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
     quiet = [r for r in timed if r.quiet]

@@ -110,7 +110,7 @@ def terminal_table(report: Report, width: int | None = None) -> str:
     titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
     for section, title in titles.items():
         shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None
-                 and c.section in ("all", section)]
+                 and c.section in ("all", section) and c.shown(rows)]
         ran = columns.ran(rows)
         if len(shown) < 2 or not ran:
             continue
