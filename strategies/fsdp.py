@@ -136,8 +136,10 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
         return model
 
     def unit_names(self, model: nn.Module) -> list[str]:
-        """`blocks` as given, or (null) every child of the model's top-level Sequential containers that holds
-        parameters: a torchvision ResNet's residual blocks (layer1.0, ...), tiny_cnn's layers."""
+        """`blocks` as given; or (null) the blocks the model names itself (`block_names()`: a transformer's
+        layers, harness/core/inputs.py's contract); or every child of the model's top-level Sequential and
+        ModuleList containers that holds parameters: a torchvision ResNet's residual blocks (layer1.0, ...),
+        tiny_cnn's layers."""
         modules = dict(model.named_modules())
         if self.blocks is not None:
             unknown = [b for b in self.blocks if b not in modules or b == ""]
@@ -145,6 +147,9 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
                 raise ValueError(f"strategy.blocks: {unknown[0]} is not a submodule of the model; e.g. "
                                  + ", ".join(n for n, _ in model.named_children()))
             return list(self.blocks)
+        declared = getattr(model, "block_names", None)
+        if callable(declared):
+            return list(declared())
         return [f"{name}.{child}" for name, container in model.named_children()
                 if isinstance(container, nn.Sequential | nn.ModuleList)
                 for child, module in container.named_children() if any(True for _ in module.parameters())]

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.core.config import DataConfig
 from harness.core.inputs import REPEAT_NEXT, images, inputs_of, loss, tokens
 
 
@@ -50,5 +51,6 @@ def test_what_a_sample_counts_as():
 
 
 def test_a_model_says_what_it_takes_or_takes_images():
-    assert inputs_of({"_target_": "harness.rank.models.TinyCNN"}, 8, 10) == images(8, 10)
-    assert inputs_of({"_target_": "harness.rank.gpt.GPT", "seq_len": 32}, 8, 10) == tokens(32, 256)  # GPT's vocab
+    data = DataConfig(name="synthetic", image_size=8, num_classes=10)
+    assert inputs_of({"_target_": "harness.rank.models.TinyCNN"}, data) == images(8, 10)
+    assert inputs_of({"_target_": "harness.rank.gpt.GPT", "seq_len": 32}, data) == tokens(32, 256)  # GPT's vocab

@@ -31,7 +31,8 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FaultKind = Literal["raise", "exit", "oom"]
 LauncherName = Literal["elastic", "spawn"]
 StartMethod = Literal["spawn", "fork", "forkserver"]
-DataSource = Literal["synthetic", "loader"]
+DataSource = Literal["synthetic", "loader", "custom"]
+SampleKind = Literal["images", "tokens", "samples"]
 ParityReference = Literal["O0", "same_amp"]
 Calibration = Literal["strategy", "model"]
 OVERSUBSCRIBE_FACTOR = 4  # nprocs beyond this many per core is refused as a typo, not a benchmark
@@ -62,17 +63,25 @@ class DataConfig:
     prefetch_factor: int = 2  # batches each worker loads ahead (with num_workers > 0)
     persistent_workers: bool = True  # keep the workers between epochs (with num_workers > 0)
     item_delay_ms: float = 0.0  # loader, debugging aid: sleep this long per image (a slow disk or decoder)
+    # custom: the user's batch factory, `_target_` in the config: (n, generator) -> (inputs, targets) on the CPU
+    target: str | None = None
+    sample: SampleKind = "samples"  # custom: what one sample counts as (throughput per sample, tokens/s for tokens)
+    tokens_per_sample: int | None = None  # custom, sample=tokens: the tokens in one sample
 
 
 # keys that mean something to one source only: given to the other, they would be silently ignored
 DATA_ONLY = {"synthetic": ("pool",), "loader": ("root", "size", "num_workers", "pin_memory", "prefetch_factor",
-                                                 "persistent_workers", "item_delay_ms")}
+                                                 "persistent_workers", "item_delay_ms"),
+             "custom": ("pool", "target", "sample", "tokens_per_sample")}
+TARGET_KEY = "_target_"  # data=custom's batch factory, as the config spells it (DataConfig.target)
 
 
 def data_defaults(source: str) -> dict[str, Any]:
-    """A data source's keys and their defaults (conf/data/<source>.yaml composes them as `_<source>`)."""
+    """A data source's keys and their defaults (conf/data/<source>.yaml composes them as `_<source>`); data=custom's
+    `_target_` is the user's to give (`???`: Hydra refuses a run without it)."""
     node = hydra_defaults(DataConfig)
-    return {"name": source, **{k: node[k] for k in ("image_size", "num_classes", *DATA_ONLY[source])}}
+    keys = {k: node[k] for k in ("image_size", "num_classes", *DATA_ONLY[source]) if k != "target"}
+    return {"name": source, **keys, **({TARGET_KEY: "???"} if source == "custom" else {})}
 
 
 @dataclass(frozen=True)
@@ -325,9 +334,14 @@ def run_defaults() -> dict[str, Any]:
 
 
 def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
+    section = dict(section)
+    if TARGET_KEY in section:
+        section["target"] = section.pop(TARGET_KEY)
     data = DataConfig(**check_record("data", section, DataConfig))
+    if data.name == "custom":
+        check_batch_factory(data)
     for name, keys in DATA_ONLY.items():
-        stray = [k for k in keys if k in section and name != data.name]
+        stray = [k for k in keys if k in section and name != data.name and k not in DATA_ONLY[data.name]]
         if stray:
             raise ConfigError(f"data.{stray[0]}", section[stray[0]], f"a key of data={name} only (this run has "
                               f"data={data.name})")
@@ -344,6 +358,21 @@ def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
         raise ConfigError("data.size", data.size, f"at least batch_size ({batch_size}) images: an epoch must hold "
                           "one global batch")
     return data
+
+
+def check_batch_factory(data: DataConfig) -> None:
+    """data=custom: `_target_` names a function the harness can import; tokens/s needs the tokens in a sample."""
+    import pydoc
+
+    if not data.target or not callable(pydoc.locate(data.target)):
+        raise ConfigError("data._target_", data.target, "the dotted path of an importable batch factory, "
+                          "(n, generator) -> (inputs, targets), e.g. examples.custom_workload.batches "
+                          "(docs/workloads.md)")
+    if (data.sample == "tokens") != (data.tokens_per_sample is not None):
+        raise ConfigError("data.tokens_per_sample", data.tokens_per_sample, "the tokens in one sample with "
+                          "data.sample=tokens, and null otherwise")
+    if data.tokens_per_sample is not None:
+        _positive_int("data.tokens_per_sample", data.tokens_per_sample)
 
 
 def check_gpus(gpus: Any) -> tuple[int, ...] | None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from harness.core.config import DataConfig
 from harness.core.options import HYDRA_KEYS
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -26,27 +27,55 @@ REPEAT_NEXT = 0.8  # synthetic tokens: the share that follow the fixed next-toke
 @dataclass(frozen=True)
 class Inputs:
     """`kind` images: (3, size, size) float inputs, one class id per sample. `kind` tokens: `shape[0]` token ids
-    in, the next token of each position out. `provided`: the keywords the harness passes the model factory."""
+    in, the next token of each position out. `factory` (data=custom): the user's function (n, generator) ->
+    (inputs, targets) makes every batch instead, `kind` says what a sample counts as and `tokens` how many tokens
+    one holds. `provided`: the keywords the harness passes the model factory."""
 
-    kind: Literal["images", "tokens"]
-    shape: tuple[int, ...]
-    classes: int  # targets are ids below this: the classes, or the vocabulary
+    kind: Literal["images", "tokens", "samples"]
+    shape: tuple[int, ...] = ()
+    classes: int = 0  # targets are ids below this: the classes, or the vocabulary
     provided: tuple[tuple[str, Any], ...] = ()  # hashable: the planner caches traces by it
+    factory: str | None = None  # data=custom: the dotted path of the user's batch function
+    tokens: int | None = None  # data=custom with sample=tokens: the tokens in one sample
 
     @property
     def tokens_per_sample(self) -> int | None:
         """A sequence's length, for tokens/s; None for images."""
+        if self.factory is not None:
+            return self.tokens
         return self.shape[0] if self.kind == "tokens" else None
+
+    @property
+    def image_size(self) -> int | None:
+        """The side of the images the model is fed (its own, for a model that says so); None for other samples."""
+        return self.shape[-1] if self.kind == "images" and self.factory is None else None
 
     @property
     def input_bytes(self) -> int:
         """One sample's input and target as the device holds them (fp32 pixels, int64 ids)."""
+        if self.factory is not None:
+            return sum(t.numel() * t.element_size() for t in self._draw(1, torch.Generator().manual_seed(0)))
         if self.kind == "tokens":
             return 2 * self.shape[0] * 8
         return 4 * self.shape[0] * self.shape[1] * self.shape[2] + 8
 
+    def _draw(self, n: int, generator: torch.Generator) -> Batch:
+        """One batch from the user's factory, checked: the harness relies on a pair of tensors of n samples."""
+        import pydoc
+
+        drawn = pydoc.locate(str(self.factory))(n, generator)  # type: ignore[misc]
+        if not (isinstance(drawn, tuple | list) and len(drawn) == 2 and all(isinstance(t, torch.Tensor)
+                                                                              for t in drawn)
+                and all(t.shape[:1] == (n,) for t in drawn)):
+            raise ValueError(f"data._target_={self.factory} returned {type(drawn).__name__}: a pair of tensors "
+                             f"(inputs, targets), each with the {n} samples asked for in its first dimension, is needed")
+        return drawn[0], drawn[1]
+
     def example(self, n: int, device: torch.device | str | None = None) -> Batch:
         """`n` random samples: what the planner traces and calibrates a step with (values do not matter)."""
+        if self.factory is not None:
+            x, y = self._draw(n, torch.Generator().manual_seed(0))
+            return x.to(device), y.to(device)
         if self.kind == "tokens":
             return (torch.randint(0, self.classes, (n, *self.shape), device=device),
                     torch.randint(0, self.classes, (n, *self.shape), device=device))
@@ -55,7 +84,10 @@ class Inputs:
     def batches(self, count: int, n: int, generator: torch.Generator) -> list[Batch]:
         """`count` learnable batches of `n` samples, drawn from `generator` on the CPU: images are their class's
         fixed random pattern plus noise; token sequences follow a fixed random next-token table
-        (REPEAT_NEXT of the time) and are otherwise random, so the loss falls as on real data."""
+        (REPEAT_NEXT of the time) and are otherwise random, so the loss falls as on real data. data=custom: what
+        the user's factory draws from `generator`."""
+        if self.factory is not None:
+            return [self._draw(n, generator) for _ in range(count)]
         if self.kind == "tokens":
             table = torch.randint(0, self.classes, (self.classes,), generator=generator)
             out = []
@@ -85,16 +117,27 @@ def tokens(seq_len: int, vocab_size: int) -> Inputs:
     return Inputs("tokens", (seq_len,), vocab_size)
 
 
-def inputs_of(model: Mapping[str, Any], image_size: int, num_classes: int) -> Inputs:
-    """What the model of `model` (its config section) takes: what its `_target_`'s `inputs` class method says,
-    else images (`data.image_size`, `data.num_classes`)."""
-    from hydra.utils import get_object
+def inputs_of(model: Mapping[str, Any], data: DataConfig) -> Inputs:
+    """What one sample is for this model on this data: the user's batches (data=custom); else what the model's
+    `_target_` says with its `inputs(options, data)` (a class method, or an attribute of a factory function);
+    else images of `data.image_size` and `data.num_classes` classes."""
+    import pydoc
 
-    declare = getattr(get_object(str(model["_target_"])), "inputs", None)
+    if data.name == "custom":
+        return Inputs(data.sample, factory=data.target, tokens=data.tokens_per_sample)
+    declare = getattr(pydoc.locate(str(model["_target_"])), "inputs", None)
     if callable(declare):
-        options = {k: v for k, v in model.items() if k not in HYDRA_KEYS}
-        return declare(options, image_size=image_size, num_classes=num_classes)
-    return images(image_size, num_classes)
+        return declare({k: v for k, v in model.items() if k not in HYDRA_KEYS}, data)
+    return images(data.image_size, data.num_classes)
+
+
+def bound_options(factory: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A model factory's options as given, the rest at its signature's defaults: what `inputs` reads."""
+    import inspect
+
+    bound = inspect.signature(factory).bind_partial(**options)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,6 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from hydra.utils import get_object
-
 from harness.core.errors import ConfigError, unknown_key
 
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -69,9 +67,13 @@ def check_plugin(prefix: str, section: Mapping[str, Any], provided: tuple[str, .
     if not isinstance(target, str):
         raise ConfigError(f"{prefix}._target_", target, "a dotted path to a class or function")
     try:
-        obj = get_object(target)
-    except Exception as error:  # noqa: BLE001 (import errors of every kind: say which)
-        raise ConfigError(f"{prefix}._target_", target, f"an importable class or function ({error})") from error
+        obj = pydoc.locate(target)  # hydra.utils.get_object would log a many-line error of its own
+    except Exception as error:  # noqa: BLE001 (the module itself fails to import: say how, in one line)
+        raise ConfigError(f"{prefix}._target_", target, "an importable class or function (importing it raised "
+                          f"{' '.join(str(error).split())})") from error
+    if obj is None or not callable(obj):
+        raise ConfigError(f"{prefix}._target_", target, "an importable class or function" + (
+            " (no module or attribute of that name)" if obj is None else f" (it is a {type(obj).__name__})"))
     parameters, hints = _signature(obj)
     if section.get("_partial_"):  # the first argument comes at the call (an optimizer's params)
         provided = (*provided, next(iter(parameters), ""))

@@ -31,12 +31,17 @@ def render(*renderables: RenderableType, width: int | None = None) -> str:
     return console.file.getvalue().rstrip("\n")  # type: ignore[attr-defined]
 
 
+def rate_unit(sample: str | None, tokens_per_sample: int | None) -> str:
+    """img/s for images, tok/s for token sequences, samples/s for a workload of one's own."""
+    return "tok/s" if tokens_per_sample else "samples/s" if sample == "samples" else "img/s"
+
+
 def run_summary(results: RunRecord) -> list[RenderableType]:
     title = (f"{results.strategy} · amp {results.amp} · {results.model} · "
              f"devices {','.join(results.devices)} · global batch {results.global_batch}")
     windows = Table(title=title, title_justify="left")
     tokens = results.tokens_per_sample or 0
-    for column in ("iterations", "window s", "cumulative s", "tok/s" if tokens else "img/s", "loss, rank 0", ""):
+    for column in ("iterations", "window s", "cumulative s", rate_unit(results.sample, tokens), "loss, rank 0", ""):
         windows.add_column(column, justify="right")
     per_window = (results.global_batch or 0) * (results.log_every or 0) * (tokens or 1)
     # the loss the live lines showed: rank 0's (the merged windows hold the mean over ranks, the report's figure)
@@ -71,7 +76,8 @@ def status_line(results: RunRecord) -> str:
     line = f"status {results.status}"
     if results.throughput_img_s and results.status == "ok":
         line += f" · steady-state {results.throughput_img_s:.1f} " + (
-            f"sequences/s, {results.throughput_tokens_s:.0f} tokens/s" if results.throughput_tokens_s else "img/s")
+            f"sequences/s, {results.throughput_tokens_s:.0f} tokens/s" if results.throughput_tokens_s
+            else rate_unit(results.sample, 0))
     elif results.windows and results.status != "ok":  # the report times finished runs only
         count = len(results.windows)
         line += f" · {count} window{'s' if count > 1 else ''} measured before it stopped, no steady-state figure"

@@ -16,6 +16,7 @@ from amp import plugin_class, resolve
 from harness.core.config import RunConfig
 from harness.core.errors import ConfigError, Incompatible
 from harness.core.inputs import inputs_of
+from harness.launch.model_check import check_model
 from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.rank.run_plan import RunPlan
 
@@ -43,7 +44,8 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
             and cfg.launcher.name == "spawn" and cfg.launcher.start_method == "fork":
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
                            "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
-    inputs = inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+    inputs = inputs_of(cfg.model, cfg.data)
+    check_model(cfg.model, inputs, cfg.data.image_size)
     if inputs.kind != "images" and cfg.data.name == "loader":
         raise ConfigError("data", cfg.data.name, f"synthetic for model={cfg.model_name}, which takes {inputs.kind}: "
                           "data=loader reads image folders")

@@ -391,7 +391,7 @@ def base_results(decided: RunPlan, overrides: list[str] | None) -> dict[str, Any
         "launcher": f"{cfg.launcher.name}/{cfg.launcher.start_method}",
         "devices": list(placement.devices), "accelerator": placement.accelerator,
         "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
-        "local_batch": placement.local_batch, "image_size": cfg.data.image_size,
+        "local_batch": placement.local_batch, "image_size": decided.inputs.image_size,
         "sample": decided.inputs.kind, "tokens_per_sample": decided.inputs.tokens_per_sample,
         "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
         "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,

@@ -243,7 +243,7 @@ def _strategy_child(key: bytes) -> Calibration:
     try:
         strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
         torch.manual_seed(cfg.seed)
-        inputs = inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+        inputs = inputs_of(cfg.model, cfg.data)
         model = instantiate(cfg.model, **dict(inputs.provided))
         plugin = build_amp(cfg.amp_plugin, spec, strategy.device)
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))

@@ -135,7 +135,7 @@ class Prediction:
 
 def inputs_here(cfg: RunConfig) -> Inputs:
     """What one sample is for the run's model (harness.core.inputs)."""
-    return inputs_of(cfg.model, cfg.data.image_size, cfg.data.num_classes)
+    return inputs_of(cfg.model, cfg.data)
 
 def _finite(value: float) -> float | None:
     """None for a figure not predicted (NaN: the combination would not fit)."""

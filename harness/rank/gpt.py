@@ -9,7 +9,6 @@ next tokens."""
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -19,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
-from harness.core.inputs import Inputs, tokens
+from harness.core.config import DataConfig
+from harness.core.errors import ConfigError
+from harness.core.inputs import Inputs, bound_options, tokens
 
 Shape = Literal["gpt2", "llama"]
 
@@ -88,12 +89,12 @@ class GPT(nn.Module):
         for key, value in (("layers", layers), ("width", width), ("heads", heads), ("vocab_size", vocab_size),
                            ("seq_len", seq_len)):
             if value < 1:
-                raise ValueError(f"model.{key}={value} is not allowed: an integer >= 1")
+                raise ConfigError(f"model.{key}", value, "an integer >= 1")
         if width % heads or (width // heads) % 2:
-            raise ValueError(f"model.width={width} is not allowed: a multiple of 2 x model.heads ({heads}), so that "
-                             "each head has an even width")
+            raise ConfigError("model.width", width, f"a multiple of 2 x model.heads ({heads}), so that each head has "
+                              "an even width")
         if shape not in ("gpt2", "llama"):
-            raise ValueError(f"model.shape={shape} is not allowed: gpt2 or llama")
+            raise ConfigError("model.shape", shape, "gpt2 or llama")
         self.seq_len, self.checkpoint = seq_len, checkpoint
         self.embedding = nn.Embedding(vocab_size, width)
         self.positions = nn.Embedding(seq_len, width) if shape == "gpt2" else None
@@ -108,11 +109,14 @@ class GPT(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     @classmethod
-    def inputs(cls, options: Mapping[str, Any], image_size: int, num_classes: int) -> Inputs:
+    def inputs(cls, options: Mapping[str, Any], data: DataConfig) -> Inputs:
         """Sequences of `seq_len` token ids below `vocab_size` (the options as given, else the defaults above)."""
-        bound = inspect.signature(cls).bind_partial(**options)
-        bound.apply_defaults()
-        return tokens(int(bound.arguments["seq_len"]), int(bound.arguments["vocab_size"]))
+        bound = bound_options(cls, options)
+        return tokens(int(bound["seq_len"]), int(bound["vocab_size"]))
+
+    def block_names(self) -> list[str]:
+        """The transformer blocks: the units FSDP2 shards one by one."""
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]

@@ -1,10 +1,18 @@
-"""Models by name: any torchvision classification model is one yaml away, plus a tiny CNN for tests."""
+"""Models by name: any torchvision classification model is one yaml away, a vision transformer at a size of one's
+own, and a tiny CNN for tests (the language model is harness/rank/gpt.py)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import difflib
+import functools
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from torch import nn
+
+from harness.core.config import DataConfig
+from harness.core.errors import ConfigError
+from harness.core.inputs import Inputs, bound_options, images
 
 
 def torchvision_model(name: str, num_classes: int) -> nn.Module:
@@ -14,8 +22,9 @@ def torchvision_model(name: str, num_classes: int) -> nn.Module:
 
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
-        raise ValueError(f"model.name={name} is not a torchvision classification model; e.g. "
-                         + ", ".join(n for n in available if n.startswith("resnet")))
+        close = difflib.get_close_matches(name, available, n=3)
+        raise ConfigError("model.name", name, "a torchvision classification model, e.g. "
+                          + ", ".join(close or [n for n in available if n.startswith("resnet")]))
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 
@@ -43,3 +52,32 @@ class TinyCNN(nn.Module):
 
     def forward(self, x):  # noqa: ANN001, ANN201
         return self.classifier(self.features(x))
+
+
+def vit(num_classes: int, image_size: int = 32, patch_size: int = 8, layers: int = 2, heads: int = 4,
+        width: int = 64, mlp_width: int = 128, name: str = "vit") -> nn.Module:
+    """torchvision's VisionTransformer at a size of one's own, trained at its own input size (`image_size`: the
+    batches are made at it, whatever data.image_size says). torchvision's vit_b_16 is image_size=224,
+    patch_size=16, layers=12, heads=12, width=768, mlp_width=3072. Its encoder layers are its blocks."""
+    return _vit_class()(image_size=image_size, patch_size=patch_size, num_layers=layers, num_heads=heads,
+                        hidden_dim=width, mlp_dim=mlp_width, num_classes=num_classes)
+
+
+def _vit_inputs(options: Mapping[str, Any], data: DataConfig) -> Inputs:
+    """Images at the model's own `image_size` (harness/core/inputs.py's contract)."""
+    return images(int(bound_options(vit, options)["image_size"]), data.num_classes)
+
+
+vit.inputs = _vit_inputs  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _vit_class() -> type[nn.Module]:
+    """Made on first use: torchvision takes a second and a half to import."""
+    from torchvision.models import VisionTransformer
+
+    class ViT(VisionTransformer):
+        def block_names(self) -> list[str]:
+            return [f"encoder.layers.{name}" for name, _ in self.encoder.layers.named_children()]
+
+    return ViT

@@ -83,10 +83,10 @@ def fault_injector(fault: FaultConfig, rank: int, accelerator: str) -> Callable[
 
 
 def progress_logger(label: str, global_batch: int, log_every: int, iterations: int | None,
-                    tokens_per_sample: int | None = None) -> Callable[[Window], None]:
-    """One line per window, logged after the window closed (the clock has been read): images/s, or a token
-    model's tokens/s."""
-    unit = "tok/s" if tokens_per_sample else "img/s"
+                    tokens_per_sample: int | None = None, unit: str = "img/s") -> Callable[[Window], None]:
+    """One line per window, logged after the window closed (the clock has been read): samples/s in `unit`, or a
+    token model's tokens/s."""
+    unit = "tok/s" if tokens_per_sample else unit
 
     def show(w: Window) -> None:
         rate = global_batch * log_every * (tokens_per_sample or 1) / w.seconds if w.seconds > 0 else float("nan")
@@ -182,7 +182,8 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         losses: list[torch.Tensor] | None = [] if cfg.parity.enabled else None
         train(model, optimizer, amp, batches, clock, cfg.iterations, cfg.log_every, before_step=before_step,
               on_window=progress_logger(label, cfg.batch_size, cfg.log_every, cfg.iterations,
-                                        plan.inputs.tokens_per_sample),
+                                        plan.inputs.tokens_per_sample,
+                                        "samples/s" if plan.inputs.kind == "samples" else "img/s"),
               decide=at_edges(profiler, auto), grad_accum=cfg.grad_accum, no_sync=no_sync, losses=losses)
         loop_ended = time.time()
         if probe is not None and record.tensor_peak_mib is None:

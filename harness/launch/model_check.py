@@ -1,0 +1,76 @@
+"""The run's model built and fed two samples on the meta device, in the launching process, before any worker
+starts: a factory that does not build, returns something other than a module, or a model the batch does not fit
+(`model.name=vit_b_16` at 32 px) is refused in one line naming the key, not found by every rank after start-up.
+The meta device holds no memory and computes nothing: this takes well under a second for a ResNet-101."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+
+from harness.core.errors import ConfigError
+from harness.core.inputs import Inputs, loss
+from harness.core.stops import last_line
+
+log = logging.getLogger(__name__)
+
+
+def check_model(model: Mapping[str, Any], inputs: Inputs, image_size: int) -> None:
+    """Raises ConfigError naming `model._target_` (it does not build a module), the key its own factory named,
+    or the input the model does not take (`data.image_size`, `data._target_`)."""
+    _check(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in model.items())), inputs, image_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) -> None:
+    options = {k: list(v) if isinstance(v, tuple) else v for k, v in model}
+    target = options.get("_target_")
+    try:
+        with torch.device("meta"):
+            built = instantiate(options, **dict(inputs.provided))
+    except Exception as error:  # noqa: BLE001 (any factory's own error: named in one line)
+        if isinstance(_root(error), ConfigError):  # the factory named the key itself (model.name=vit_b_17)
+            raise _root(error) from error
+        cause = _own_words(error)
+        raise ConfigError("model._target_", target, f"a factory that builds a model from the options given "
+                          f"({cause})") from error
+    if not isinstance(built, nn.Module):
+        raise ConfigError("model._target_", target, f"a class or function that returns a torch.nn.Module (it "
+                          f"returned {type(built).__name__})")
+    try:
+        x, y = inputs.example(2, "meta")
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError("data._target_", inputs.factory, f"a batch factory that draws (inputs, targets) "
+                          f"({_own_words(error)})") from error
+    try:
+        with torch.no_grad():
+            loss(built.train()(x), y)
+    except NotImplementedError as error:  # an operator without a meta kernel: nothing can be said here
+        log.debug("model check skipped: %s", last_line(error))
+    except Exception as error:  # noqa: BLE001
+        key, value = (("data._target_", inputs.factory) if inputs.factory else
+                      ("data.image_size", image_size) if inputs.kind == "images" else ("model", target))
+        raise ConfigError(key, value, f"a batch {options.get('name') or target} takes: a step on inputs of shape "
+                          f"{tuple(x.shape)} with targets {tuple(y.shape)} fails ({_own_words(error)})") from error
+
+
+def _root(error: BaseException) -> BaseException:
+    """The factory's own error inside Hydra's InstantiationException."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _own_words(error: BaseException) -> str:
+    """The error's first line as its author wrote it."""
+    cause = _root(error)
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"

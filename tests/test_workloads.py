@@ -1,0 +1,77 @@
+"""Workloads other than the built-in CNNs: the user's own model and batches (examples/custom_workload.py), the
+vision transformer at its own size, and every bad input about them refused in the parent (harness/launch/
+model_check.py): one line naming the key, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import describe, run_cli
+
+from examples.custom_workload import CLASSES, FEATURES, batches, build
+from harness.core.config import DataConfig
+from harness.core.inputs import inputs_of
+from harness.launch.model_check import check_model
+
+CUSTOM = ("model=custom", "model._target_=examples.custom_workload.build", "data=custom",
+          "data._target_=examples.custom_workload.batches")
+
+
+def test_the_examples_batches_are_drawn_from_the_generator_and_learnable():
+    x, y = batches(64, torch.Generator().manual_seed(0))
+    assert x.shape == (64, FEATURES) and y.shape == (64,) and int(y.max()) < CLASSES
+    again, _ = batches(64, torch.Generator().manual_seed(0))
+    assert torch.equal(x, again)
+    assert build(width=16, depth=3).block_names() == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_custom_data_is_what_the_users_factory_draws():
+    data = DataConfig(name="custom", target="examples.custom_workload.batches")
+    inputs = inputs_of({"_target_": "examples.custom_workload.build"}, data)
+    assert inputs.kind == "samples" and inputs.tokens_per_sample is None and not inputs.provided
+    assert inputs.input_bytes == FEATURES * 4 + 8  # one sample: fp32 features and an int64 label
+    (x, y), = inputs.batches(1, 5, torch.Generator().manual_seed(0))
+    assert torch.equal(x, batches(5, torch.Generator().manual_seed(0))[0])
+    check_model({"_target_": "examples.custom_workload.build"}, inputs, 32)  # builds and fits: no error
+
+
+@pytest.mark.parametrize(("overrides", "key", "words"), [
+    (("model=custom", "model._target_=nope.build"), "model._target_", "importable"),
+    (("model=custom", "model._target_=examples.custom_workload.FEATURES"), "model._target_", "importable"),
+    (("model=custom", "model._target_=builtins.dict"), "model._target_", "torch.nn.Module (it returned dict)"),
+    (("model=resnet18", "model.name=vit_b_17"), "model.name", "vit_b_16"),
+    (("model=resnet18", "model.name=vit_b_16"), "data.image_size", "Expected 224 but got 32"),
+    ((*CUSTOM[:3], "data._target_=nope.batches"), "data._target_", "importable batch factory"),
+    ((*CUSTOM[:3], "data._target_=torch.randn"), "data._target_", "a batch factory"),
+    ((*CUSTOM[:3], "data._target_=builtins.slice"), "data._target_", "returned slice: a pair of tensors"),
+    (("model=tiny_cnn", "+model.num_classes=8", "data=custom", "data._target_=examples.custom_workload.batches"),
+     "data._target_", "fails"),  # a CNN fed feature vectors
+    (("model=gpt", "model.width=18"), "model.width", "multiple of 2 x model.heads"),
+])
+def test_a_model_or_batch_that_cannot_work_is_refused_before_anything_starts(overrides, key, words, tmp_path):
+    proc, results = run_cli(*overrides, tmp_path=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and results is None and len(lines) == 1, describe(proc)
+    assert lines[0].startswith(f"error: {key}=") and words in lines[0], describe(proc)
+    assert not any(tmp_path.rglob("results.json")) and not any(tmp_path.rglob(".hydra"))
+
+
+@pytest.mark.slow
+def test_the_users_model_and_batches_run_sharded_per_block(tmp_path):
+    proc, results = run_cli(*CUSTOM, "strategy=fsdp", "nprocs=2", "batch_size=16", "iterations=40",
+                            tmp_path=tmp_path)
+    assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
+    assert results["sample"] == "samples" and results["image_size"] is None and "samples/s" in proc.stdout
+    losses = [w["loss"] for w in results["windows"]]
+    assert losses[-1] < losses[0]  # the example's classes can be learnt
+    assert json.dumps(results["config"]["data"]).count("examples.custom_workload.batches") == 1
+
+
+@pytest.mark.slow
+def test_a_vision_transformer_trains_at_its_own_size(tmp_path):
+    proc, results = run_cli("model=vit", "model.image_size=16", "model.patch_size=4", "batch_size=8",
+                            "iterations=40", "data.image_size=99", tmp_path=tmp_path)
+    assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
+    assert results["image_size"] == 16  # the model's, not data.image_size
