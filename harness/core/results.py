@@ -91,8 +91,10 @@ class PredictionRecord:
     world_size: int
     memory: list[dict[str, Any]] = field(default_factory=list)
     time: dict[str, float | None] = field(default_factory=dict)
-    flops_per_iteration: int | None = None
+    flops_per_iteration: int | None = None  # torch's FLOP counter over one traced step, every rank's batch
     misfit: str | None = None
+    peak_tflops: float | None = None  # one device's (CPU: one process's) peak in the run's compute dtype
+    peak_source: str = ""
     peak_mib_band: list[float | None] = field(default_factory=list)  # where 90 % of the truths fall
     s_per_iteration_band: list[float | None] = field(default_factory=list)
     throughput_band: list[float | None] = field(default_factory=list)
@@ -281,6 +283,8 @@ class RunRecord:
     sample: str | None = None  # what one sample is: "images", or "tokens" (a sequence of tokens_per_sample)
     tokens_per_sample: int | None = None
     throughput_tokens_s: float | None = None  # a token model's: throughput_img_s x tokens_per_sample
+    # model FLOPs utilisation: the traced step's FLOPs per measured second over the devices' peak (prediction's)
+    mfu: float | None = None
     data_wait_share: float | None = None
     profile: Profile | None = None
     gpu_activity: GpuActivity | None = None

@@ -136,6 +136,8 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
     if prediction is not None:
         results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
                                                        records)
+        results["mfu"] = model_flops_utilisation(prediction.flops_per_iteration, prediction.peak_tflops,
+                                                 results["throughput_img_s"], cfg.batch_size, decided.device_ranks)
     record = publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
@@ -161,6 +163,15 @@ def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
     if not quiet:
         say_predicted(decided.label, prediction)
     return prediction
+
+
+def model_flops_utilisation(flops_per_iteration: int | None, peak_tflops: float | None,
+                            throughput: float | None, global_batch: int, devices: int) -> float | None:
+    """The FLOPs one iteration does (torch's FLOP counter over the traced step, every rank's batch) at the measured
+    pace, over what the devices could do at their peak in the dtype the run computes in."""
+    if not (flops_per_iteration and peak_tflops and throughput and devices):
+        return None
+    return flops_per_iteration * (throughput / global_batch) / (devices * peak_tflops * 1e12)
 
 
 def say_predicted(label: str, prediction: Prediction) -> None:

@@ -72,6 +72,8 @@ class Prediction:
     time_band: tuple[float, float] = (1.0, 1.0)  # multipliers of s_per_iteration: where 90 % of the truths fall
     band_source: str = ""
     busy: str | None = None  # why this machine's calibration cannot be trusted (it was busy), or None
+    peak_tflops: float | None = None  # one device's (CPU: one process's) peak in the dtype the run computes in
+    peak_source: str = ""  # where that peak comes from: this machine's measured GEMM rate, or a datasheet
 
     @property
     def peak_mib(self) -> float:
@@ -124,6 +126,7 @@ class Prediction:
                                                     ("comm_s", self.comm_s), ("exposed_comm_s", self.exposed_comm_s),
                                                     ("overlapped_comm_s", self.overlapped_comm_s))},
                 "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(),
+                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source,
                 "peak_mib_band": [self.peak_mib * b for b in memory_band()],
                 "s_per_iteration_band": [_finite(self.s_per_iteration * b) for b in self.time_band],
                 "throughput_band": [_finite(self.global_batch / (self.s_per_iteration * b)) if self.s_per_iteration
@@ -200,7 +203,9 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                       flops_per_iteration=trace.flops * n * replicas, global_batch=cfg.batch_size,
                       assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()},
                       time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
-                      busy=busy)
+                      busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
+                      peak_source=f"{preset.name}: " + ("this machine's measured GEMM rate" if preset.accelerator == "cpu"
+                                                         and preset.name == "local" else "datasheet") + f", {amp.dtype}")
 
 
 class NotPredictable(ValueError):

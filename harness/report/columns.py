@@ -229,6 +229,8 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column("startup s", lambda r: fmt(r.startup_s, 1), csv=(("startup_s", lambda r: r.startup_s),),
                section="time"),
         Column("compile s", lambda r: fmt(r.compile_s, 1), csv=(("compile_s", lambda r: r.compile_s),), section="time"),
+        Column("MFU", lambda r: fmt(r.mfu and 100 * r.mfu, 1, "%"), csv=(("mfu", lambda r: r.mfu),), section="time",
+               shown=lambda rows: any(r.mfu is not None for r in rows)),
         Column("data wait", lambda r: pct(r.data_wait_share), csv=(("data_wait_share", lambda r: r.data_wait_share),),
                section="time"),
         Column(f"profiled: {BREAKDOWN_HEAD}", breakdown_cell, section="time",

@@ -120,7 +120,7 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
                      else _nothing_timed(rows))
     else:
         best = by_label[str(state.leader)]
-        figure = f"{best.throughput:.1f} img/s{_interval(best.throughput_lo, best.throughput_hi)}"
+        figure = _figure(best)
         m = state.margin
         if len(ok) == 1:
             parts.append(f"Only {best.label} was timed: {figure}.")
@@ -163,6 +163,17 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
         parts.append(said)
     return " ".join(parts)
 
+
+
+def _figure(best: Row) -> str:
+    """`1199.2 img/s [95 % ...]`; a token model's in tokens/s; a workload of one's own in samples/s."""
+    tokens = best.tokens_per_sample
+    if tokens:
+        return (f"{best.throughput * tokens:.0f} tokens/s"
+                + _interval(best.throughput_lo and best.throughput_lo * tokens,
+                            best.throughput_hi and best.throughput_hi * tokens, digits=0))
+    unit = "samples/s" if best.model_sample == "samples" else "img/s"
+    return f"{best.throughput:.1f} {unit}{_interval(best.throughput_lo, best.throughput_hi)}"
 
 def _no_spread(plan: SweepPlan | None, rows: Sequence[Row]) -> str:
     """Why every row has one run, in the terms of what was typed."""

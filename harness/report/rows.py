@@ -43,6 +43,8 @@ class Row:
     ok_runs: int
     s_per_20: float | None = None  # each run's median steady window, per PER iterations; geometric mean over runs
     tokens_per_sample: int | None = None  # a token model's sequence length (tokens/s = samples/s x this)
+    mfu: float | None = None  # model FLOPs utilisation, median over the runs that have one (predicted runs)
+    model_sample: str | None = None  # what one sample is: images, tokens, samples (a workload of one's own)
     s_per_20_lo: float | None = None  # its 95 % interval, from the runs (harness.verdict.intervals)
     s_per_20_hi: float | None = None
     s_per_20_p10: float | None = None  # p10-p90 of the steady windows, all runs pooled (within a process)
@@ -311,6 +313,8 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.final_loss = row.losses[-1][1] if row.losses else None
 
     row.tokens_per_sample = next((r.tokens_per_sample for r in ok if r.tokens_per_sample), None)
+    row.mfu = _median_of([r.mfu for r in ok if r.mfu is not None])
+    row.model_sample = next((r.sample for r in ok if r.sample), None)
     timed = [r for r in ok if r.timed]
     row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
     quiet = [r for r in timed if r.quiet]
