@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import describe, run_cli
+from conftest import describe, rank_spec, run_cli
 
-from harness.core.inputs import loss
+from harness import cli
+from harness.core.amp_levels import AmpConfig, resolve
+from harness.core.inputs import loss, tokens
+from harness.plan.trace import trace_step
 from harness.rank.gpt import GPT
+from harness.rank.worker import run_rank
 
 SMALL = dict(layers=2, width=16, heads=2, vocab_size=32, seq_len=8)
 
@@ -55,23 +59,26 @@ def test_model_gpt_runs_under_fsdp_and_reports_tokens_per_second(tmp_path):
     assert "tokens/s" in proc.stdout
 
 
-def test_data_loader_is_refused_for_a_token_model(tmp_path):
-    proc, results = run_cli("model=gpt", "data=loader", tmp_path=tmp_path)
-    assert proc.returncode == 2 and results is None, describe(proc)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "data=loader" in lines[0] and "synthetic" in lines[0], describe(proc)
+def test_data_loader_is_refused_for_a_token_model(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.precheck(["model=gpt", "data=loader"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == cli.EXIT_BAD_INPUT and len(lines) == 1, lines
+    assert lines[0].startswith("error: data=loader is not allowed: synthetic for model=gpt"), lines
 
 
 @pytest.mark.slow
 def test_checkpointing_lowers_the_measured_and_the_predicted_peak(tmp_path):
-    """Measured on this machine (the live-tensor peak of the rank's first iterations), not read from the config:
-    4 blocks whose activations outweigh the parameters, kept whole or recomputed."""
-    peaks = {}
-    for checkpoint in ("false", "true"):
-        proc, results = run_cli("model=gpt", f"model.checkpoint={checkpoint}", "model.layers=4", "model.seq_len=128",
-                                "batch_size=16", "iterations=40", "plan.predict=true", tmp_path=tmp_path / checkpoint)
-        assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
-        peaks[checkpoint] = (results["prediction_error"]["measured_peak_mib"], results["prediction"]["peak_mib"])
-    (measured_off, predicted_off), (measured_on, predicted_on) = peaks["false"], peaks["true"]
-    assert measured_on < 0.6 * measured_off, peaks  # 41 MiB -> 14 MiB here on the day it was written
-    assert predicted_on < 0.6 * predicted_off, peaks
+    """Measured on this machine (the live-tensor peak of a rank's first iterations, run here), not read from the config:
+    4 blocks whose activations outweigh the parameters, kept whole or recomputed; and the planner's traced peak."""
+    size = {"layers": 4, "seq_len": 128}
+    measured, predicted = {}, {}
+    for checkpoint in (False, True):
+        model = {"_target_": "harness.rank.gpt.GPT", **size, "checkpoint": checkpoint}
+        record = run_rank(rank_spec(tmp_path / str(checkpoint), model=model, batch_size=16))
+        assert record.ok, record.error
+        measured[checkpoint] = record.tensor_peak_mib
+        predicted[checkpoint] = trace_step(model, tokens(128, 256), resolve(AmpConfig(level="O0"), "cpu"),
+                                           {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}, 16).peak
+    assert measured[True] < 0.6 * measured[False], measured  # 41 MiB -> 14 MiB here on the day it was written
+    assert predicted[True] < 0.6 * predicted[False], predicted

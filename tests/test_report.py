@@ -321,7 +321,7 @@ def test_index_html_says_when_what_and_how_and_holds_every_row(sweep):
 
     parsed = Cells()
     parsed.feed(page)
-    assert parsed.meta == ["when", "runs", "machine", "versions", "command", "harness commit"]
+    assert parsed.meta == ["when", "runs", "machine", "versions", "kernels", "command", "harness commit"]
     for fact in ("AMD EPYC (AVX2), no GPU", "torch 2.14.1", "python run.py -m strategy=single,ddp", "abc1234"):
         assert fact in page
     ran = [r for r in out.rows if r.ok_runs]

@@ -172,6 +172,24 @@ class PlanConfig:
     calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy")
 
 
+MatmulPrecision = Literal["highest", "high", "medium"]
+
+
+@dataclass(frozen=True)
+class KernelsConfig:
+    """How the device picks its kernels, as training scripts set it; every run records what torch had
+    (results.json `kernels`) and the report names it. `cudnn_benchmark`: cuDNN times its convolution algorithms on
+    the first shapes and keeps the fastest (NVIDIA DeepLearningExamples' ResNet-50 sets it; no effect on CPU).
+    `channels_last`: convolutional models and their image batches in NHWC (the layout tensor cores and cuDNN's
+    fastest kernels take; DeepLearningExamples trains ResNet-50 so with AMP), on GPUs by default. `matmul_precision`:
+    torch.set_float32_matmul_precision, torch's default `highest` (no TF32 for float32 matmuls; cuDNN convolutions
+    use TF32 by default either way); `high` lets float32 matmuls use TF32 on Ampere and later."""
+
+    cudnn_benchmark: bool = True
+    channels_last: bool = on_hardware(True, False)
+    matmul_precision: MatmulPrecision = "highest"
+
+
 @dataclass(frozen=True)
 class FaultConfig:
     """Debugging aid: make `rank` fail at iteration `at_iter` (kind null = off)."""
@@ -215,6 +233,7 @@ class RunConfig:
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
     profile: bool = False  # torch.profiler over the first window after warm-up (excluded from steady figures)
 
     @property
@@ -306,6 +325,7 @@ class RunConfig:
         grad_accum = cfg["grad_accum"]
         _positive_int("grad_accum", grad_accum)
         plan = check_plan(cfg.get("plan"))
+        kernels = KernelsConfig(**check_record("kernels", cfg.get("kernels") or {}, KernelsConfig))
 
         return cls(
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
@@ -313,14 +333,14 @@ class RunConfig:
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, verdict=verdict, parity=parity,
-            compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan,
+            compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan, kernels=kernels,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
                             "fault", "launcher", "timing", "report", "verdict", "parity", "compile", "grad_accum",
-                            "profile", "plan"})
+                            "profile", "plan", "kernels"})
 # the top-level keys' Python defaults (sections build their own from their records)
 TOP_LEVEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)
                       if f.default is not dataclasses.MISSING and f.name in TOP_LEVEL_KEYS}

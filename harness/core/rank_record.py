@@ -54,6 +54,7 @@ class RankRecord:
     memory_theory: dict[str, Any] | None = None  # harness.memory.footprint's
     parity: dict[str, Any] | None = None  # harness.parity.rank's
     profile: dict[str, Any] | None = None  # harness.profile's
+    kernels: dict[str, Any] | None = None  # what torch had while the rank trained (KernelsConfig, read back)
 
     @property
     def ok(self) -> bool:

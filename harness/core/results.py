@@ -250,6 +250,21 @@ class MachineLoad:
 
 
 @dataclass
+class KernelsRecord:
+    """What torch had while the run trained (KernelsConfig, read back in rank 0)."""
+
+    __pydantic_config__ = _FORBID
+    cudnn_benchmark: bool
+    matmul_precision: str  # torch.get_float32_matmul_precision(): highest = no TF32 for float32 matmuls
+    channels_last: bool  # the model's convolution weights (and its image batches) in NHWC
+
+    def words(self) -> str:
+        return (f"cudnn.benchmark {'on' if self.cudnn_benchmark else 'off'}, "
+                f"channels_last {'on' if self.channels_last else 'off'}, float32 matmul precision "
+                f"{self.matmul_precision}" + (" (no TF32)" if self.matmul_precision == "highest" else ""))
+
+
+@dataclass
 class RunRecord:
     """One combination's results.json."""
 
@@ -285,6 +300,7 @@ class RunRecord:
     throughput_tokens_s: float | None = None  # a token model's: throughput_img_s x tokens_per_sample
     # model FLOPs utilisation: the traced step's FLOPs per measured second over the devices' peak (prediction's)
     mfu: float | None = None
+    kernels: KernelsRecord | None = None  # cudnn.benchmark, channels_last, float32 matmul precision as run
     data_wait_share: float | None = None
     profile: Profile | None = None
     gpu_activity: GpuActivity | None = None

@@ -496,6 +496,7 @@ def measurements(decided: RunPlan, records: list[RankRecord], started: float, ru
         "command_startup_seconds": (max(firsts) - command_start_time() - (compile_seconds or 0)) if firsts else None,
         "compile_seconds": compile_seconds if compile_seconds is not None else (max(in_windows) if in_windows else None),
         "memory_theory": theory,
+        "kernels": next((r.kernels for r in records if r.rank == 0 and r.kernels), None),
         "precision": precision,
         "parity": run_parity(cfg, decided.placement, records),
         "ranks": [r.summary() for r in records],

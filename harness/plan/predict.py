@@ -204,8 +204,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                       assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()},
                       time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
                       busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
-                      peak_source=f"{preset.name}: " + ("this machine's measured GEMM rate" if preset.accelerator == "cpu"
-                                                         and preset.name == "local" else "datasheet") + f", {amp.dtype}")
+                      peak_source=f"{preset.name}: " + ("this machine's measured GEMM rate" if preset.name == "local"
+                                                         else "the preset's datasheet figure") + f", {amp.dtype}")
 
 
 class NotPredictable(ValueError):

@@ -49,12 +49,22 @@ class BatchSource(Protocol):
 
 
 def synthetic_batches(pool: int, global_batch: int, local_batch: int, shard: int, inputs: Inputs,
-                      device: torch.device, seed: int) -> list[Batch]:
+                      device: torch.device, seed: int,
+                      memory_format: torch.memory_format = torch.contiguous_format) -> list[Batch]:
     """`pool` global batches the model can learn from (harness.core.inputs), drawn from `seed` on the CPU; this
-    process keeps its shard of each, on its device."""
+    process keeps its shard of each, on its device (images in `memory_format`: channels_last when asked)."""
     start = shard * local_batch
-    return [(x[start:start + local_batch].to(device, copy=True), y[start:start + local_batch].to(device, copy=True))
+    return [(_placed(x[start:start + local_batch], device, memory_format, copy=True),
+             y[start:start + local_batch].to(device, copy=True))
             for x, y in inputs.batches(pool, global_batch, torch.Generator().manual_seed(seed))]
+
+
+def _placed(x: torch.Tensor, device: torch.device, memory_format: torch.memory_format, **how: Any) -> torch.Tensor:
+    """On the device, a batch of images (4-d) in `memory_format` when that is channels_last; any other input, or
+    layout, as it is. `how`: the copy's own options (copy, non_blocking)."""
+    if memory_format is torch.channels_last and x.dim() == 4:
+        return x.to(device, memory_format=memory_format, **how)
+    return x.to(device, **how)
 
 
 class SyntheticSource:
@@ -186,8 +196,10 @@ class LoaderSource:
     """Batches from a DataLoader, moved to the device; a new epoch (reshuffled) whenever one ends."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, sampler: EpochTagged,
-                 device: torch.device, pid_dir: Path | None = None) -> None:
+                 device: torch.device, pid_dir: Path | None = None,
+                 memory_format: torch.memory_format = torch.contiguous_format) -> None:
         self._loader, self._sampler, self._device, self._pid_dir = loader, sampler, device, pid_dir
+        self._memory_format = memory_format
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         self._epoch = 0
         self._iterator: Any = iter(loader)  # workers start now, before the clock
@@ -222,7 +234,7 @@ class LoaderSource:
 
     def _to_device(self, batch: Batch) -> Batch:
         images, labels = batch
-        return (images.to(self._device, non_blocking=self._non_blocking),
+        return (_placed(images, self._device, self._memory_format, non_blocking=self._non_blocking),
                 labels.to(self._device, non_blocking=self._non_blocking))
 
     def worker_pids(self) -> list[int]:
@@ -237,12 +249,14 @@ class LoaderSource:
 
 
 def batch_source(data: DataConfig, inputs: Inputs, global_batch: int, shards: int, shard: int,
-                 device: torch.device, seed: int, pid_dir: Path | None = None) -> BatchSource:
+                 device: torch.device, seed: int, pid_dir: Path | None = None,
+                 memory_format: torch.memory_format = torch.contiguous_format) -> BatchSource:
     """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch);
     DataLoader workers note their PIDs in `pid_dir`. data=loader reads images (a token model is refused it
     before anything starts: harness.launch.decide)."""
     local_batch = global_batch // shards
     if data.name == "loader":
         loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed, pid_dir)
-        return LoaderSource(loader, sampler, device, pid_dir)
-    return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, inputs, device, seed))
+        return LoaderSource(loader, sampler, device, pid_dir, memory_format)
+    return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, inputs, device, seed,
+                                             memory_format))

@@ -44,6 +44,7 @@ from harness.memory.tensor_peak import TensorPeak
 from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges
+from harness.rank import kernels
 from harness.rank.data import BatchSource, batch_source
 from harness.rank.run_plan import RankSpec
 from harness.rank.trainer import compile_pass, train
@@ -143,13 +144,16 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         record.backend = dist.get_backend() if dist.is_initialized() else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
-        model = instantiate(cfg.model, **dict(plan.inputs.provided))
+        kernels.apply(cfg.kernels)
+        layout = kernels.memory_format(cfg.kernels, plan.inputs)
+        model = instantiate(cfg.model, **dict(plan.inputs.provided)).to(memory_format=layout)
+        record.kernels = kernels.in_effect(model)  # before a wrapper shards the weights
         amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
         batches = batch_source(cfg.data, plan.inputs, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
-                               pid_dir=record_dir / f"data-pids-rank{rank}")
+                               pid_dir=record_dir / f"data-pids-rank{rank}", memory_format=layout)
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
         no_sync = functools.partial(no_sync_for, strategy, model)
         record.times.built = time.time()

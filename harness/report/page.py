@@ -147,6 +147,7 @@ def to_html(report: Report, pngs: Sequence[Path] = (), scaling: Path | None = No
     meta = ""
     if ctx is not None:
         items = [("when", _when(ctx)), ("runs", str(ctx.runs)), ("machine", ctx.machine), ("versions", ctx.versions),
+                 ("kernels", ctx.kernels),
                  ("command", "<br>".join(f"<code>{html.escape(c)}</code>" for c in ctx.commands) or "unknown"),
                  ("harness commit", ", ".join(ctx.commits) or "unknown")]
         meta = '<dl class="meta">' + "".join(

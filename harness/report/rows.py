@@ -513,6 +513,7 @@ class Context:
     versions: str
     commands: list[str]
     commits: list[str]
+    kernels: str = ""  # cudnn.benchmark, channels_last, matmul precision as the runs had them
 
 
 def context(found: Sequence[tuple[Path, RunRecord]]) -> Context:
@@ -534,4 +535,5 @@ def context(found: Sequence[tuple[Path, RunRecord]]) -> Context:
     return Context(runs=len(found), first_started=min(started) if started else None,
                    last_finished=max(finished) if finished else None, machine=machine, versions=versions,
                    commands=sorted({e.command for e in envs if e.command}),
-                   commits=sorted({e.harness_commit for e in envs if e.harness_commit}))
+                   commits=sorted({e.harness_commit for e in envs if e.harness_commit}),
+                   kernels="; ".join(sorted({r.kernels.words() for _, r in found if r.kernels})) or "not recorded")

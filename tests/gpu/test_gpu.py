@@ -78,6 +78,26 @@ def test_o3_float16_with_dynamic_scaling(tmp_path, record_property):
     record_property("skipped steps", r["precision"]["skipped_steps"])
 
 
+def test_kernel_choices_reach_cuda_and_channels_last_is_timed_beside_nchw(tmp_path, record_property):
+    """kernels.*: the GPU defaults (cudnn.benchmark on, NHWC) and their opposite, side by side at O1; TF32 matmuls."""
+    nhwc = ok(*run("strategy=single", "amp=O1", *WORK, tmp_path=tmp_path / "nhwc"))
+    nchw = ok(*run("strategy=single", "amp=O1", "kernels.channels_last=false", "kernels.cudnn_benchmark=false",
+                   "kernels.matmul_precision=high", *WORK, tmp_path=tmp_path / "nchw"))
+    assert nhwc["kernels"] == {"cudnn_benchmark": True, "channels_last": True, "matmul_precision": "highest"}
+    assert nchw["kernels"] == {"cudnn_benchmark": False, "channels_last": False, "matmul_precision": "high"}
+    record_property("img/s NHWC + cudnn.benchmark", nhwc["throughput_img_s"])
+    record_property("img/s NCHW, no benchmark", nchw["throughput_img_s"])
+
+
+def test_a_language_model_reports_tokens_and_mfu_on_a_gpu(tmp_path, record_property):
+    r = ok(*run("strategy=single", "amp=O1", "model=gpt", "model.layers=4", "model.width=256", "model.heads=4",
+                "model.seq_len=256", "batch_size=16", "iterations=60", "plan.predict=true", tmp_path=tmp_path))
+    assert r["throughput_tokens_s"] == pytest.approx(r["throughput_img_s"] * 256)
+    assert r["mfu"] is not None and 0 < r["mfu"] < 1, r["prediction"]
+    record_property("tokens/s", r["throughput_tokens_s"])
+    record_property("MFU", r["mfu"])
+
+
 # ---- strategies on one GPU ---------------------------------------------------------------------------
 
 def test_ddp_world_size_1_on_nccl(tmp_path, record_property):
