@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from harness.launch.machine_load import BUSY_SHARE, LoadReadings, machine_section
+from harness.launch.machine_load import BUSY_SHARE, MIN_JUDGED_S, LoadReadings, machine_section
 
 
 def test_others_cpu_time_is_the_machines_busy_time_less_the_runs_inside_the_windows_by_hand():
@@ -34,6 +34,10 @@ def test_others_cpu_time_is_the_machines_busy_time_less_the_runs_inside_the_wind
     # a window outside the readings: unknown, not 0, and not busy
     unknown = machine_section(readings, [(99.0, 101.0)], cores=2, load_before=None)
     assert unknown["others_cpu_s"] is None and unknown["busy"] is False
+    # the same busy stretch seen through windows of 0.9 s in all (< MIN_JUDGED_S): counted, but too short to judge
+    short = machine_section(readings, [(104.0, 104.9)], cores=2, load_before=None)
+    assert short["others_cpu_s"] == pytest.approx(1.08) and short["windows_s"] == pytest.approx(0.9)
+    assert 1.08 / 0.9 >= BUSY_SHARE * 2 and short["busy"] is False and MIN_JUDGED_S == 1.0
 
 
 def test_another_pids_gpu_use_makes_the_run_busy_too():

@@ -18,6 +18,10 @@ import psutil
 from harness.launch.activity import counter_at
 
 BUSY_SHARE = 0.2  # of all cores, taken by other processes during the steady windows (timing.busy_share)
+# Steady windows shorter than this in all tell nothing about others' share: CPU-time counters tick every 10 ms and
+# are read every 0.1 s (runner.LOAD_INTERVAL_S), so a 20-ms window's share is the tick's noise. Seen: a tiny MLP
+# whose 20 iterations took 22 ms was called busy at "0.5 of 2 cores" on an idle machine.
+MIN_JUDGED_S = 1.0
 BUSY_GPU_PCT = 10.0  # another PID's SM utilisation on the run's GPUs
 
 
@@ -95,7 +99,7 @@ def machine_section(readings: Sequence[tuple[float, float, float]], spans: Seque
                                "windows_s": round(seconds, 3) if known else None,
                                "others_gpu_util_pct": others_gpu_pct, "busy": False, "reason": None}
     reasons = []
-    if known and busy_share < 1 and others / seconds >= busy_share * cores:
+    if known and seconds >= MIN_JUDGED_S and busy_share < 1 and others / seconds >= busy_share * cores:
         reasons.append(f"other processes used {others / seconds:.1f} of {cores} cores during its windows")
     if others_gpu_pct is not None and others_gpu_pct >= BUSY_GPU_PCT:
         reasons.append(f"another process used {others_gpu_pct:.0f} % of a GPU's SMs")
