@@ -30,7 +30,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("s/20 not scaled by log_every", "harness/report/rows.py",
      "steady = [w.seconds * PER / (r.log_every or 1)", "steady = [w.seconds"),
     ("img/s and speedup columns swapped", "harness/report/columns.py",
-     'Column("img/s [95 %]", lambda r: fmt(r.throughput, 1)', 'Column("img/s [95 %]", lambda r: fmt(r.speedup, 2)'),
+     'Column(f"{_rate(rows)} [95 %]", lambda r: fmt(r.throughput, 1)', 'Column(f"{_rate(rows)} [95 %]", lambda r: fmt(r.speedup, 2)'),
     ("a win the verdict did not decide", "harness/report/decision.py",
      'if state.decided == "winner":\n        result["throughput"]',
      'if state.leader is not None:\n        result["throughput"]'),

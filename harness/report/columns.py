@@ -74,6 +74,11 @@ def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") 
     return f" [{fmt(lo, digits)}–{fmt(hi, digits)}{suffix}]" if lo is not None and hi is not None else ""
 
 
+def _rate(rows: Sequence[Row]) -> str:
+    """What the throughput counts: images, unless a row's samples are sequences or a workload of one's own."""
+    return "img/s" if all(r.model_sample in (None, "images") for r in rows) else "samples/s"
+
+
 def _with_tokens(rows: Sequence[Row]) -> bool:
     return any(r.tokens_per_sample for r in rows)
 
@@ -189,11 +194,11 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                     ("s_per_20_window_p90", lambda r: r.s_per_20_p90)),
                terminal=f"s/{PER} it", terminal_cell=lambda r: fmt(r.s_per_20, 3), star="s_per_20"),
         *_cumulative(rows),
-        Column("img/s [95 %]", lambda r: fmt(r.throughput, 1) + _interval_or_unknown(r, r.throughput_lo,
-                                                                                     r.throughput_hi, 1),
+        Column(f"{_rate(rows)} [95 %]", lambda r: fmt(r.throughput, 1) + _interval_or_unknown(r, r.throughput_lo,
+                                                                                            r.throughput_hi, 1),
                csv=(("img_s", lambda r: r.throughput), ("img_s_lo", lambda r: r.throughput_lo),
                     ("img_s_hi", lambda r: r.throughput_hi)),
-               terminal="img/s", terminal_cell=lambda r: fmt(r.throughput, 1) + _plus_minus(r), star="throughput"),
+               terminal=_rate(rows), terminal_cell=lambda r: fmt(r.throughput, 1) + _plus_minus(r), star="throughput"),
         Column("tok/s [95 %]", _tokens_s, shown=_with_tokens,
                csv=(("tokens_s", lambda r: _times_tokens(r, r.throughput)),
                     ("tokens_s_lo", lambda r: _times_tokens(r, r.throughput_lo)),
