@@ -76,6 +76,9 @@ BENCHES = (
     Bench("projection", "How right the GPU projections are",
           "the GPU operator model against published training results (leave-one-out), and a preset prediction "
           "quiet and loaded", "median |error| ≤ 15 %, every case within ±30 %; loaded within 10 %"),
+    Bench("prediction_llm", "How right the predictions are for a language model",
+          "bench/prediction.py's cases on a GPT-shaped model, activation checkpointing off and on",
+          "memory within 10 %, time within 15 %, per case"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

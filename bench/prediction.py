@@ -41,11 +41,24 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args(parser, argv)
     # iterations per model: enough steady windows (20 iterations each) that a case's time is not one window's
     models = {"tiny_cnn": ["model=tiny_cnn", "iterations=400"], "resnet18": ["model=resnet18", "iterations=100"]}
+    quick = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}
+    settings, tables, lines = run_cases(args, models, quick, "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x "
+                                        "tiny_cnn, resnet18 x 1 and 2 processes")
+    if args.write_results:
+        common.write_results("prediction", common.results_page("prediction", settings, tables, lines),
+                             args.results_dir)
+    return 0
+
+
+def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dict[str, list[str]],
+              described: str) -> tuple[dict, list, list[str]]:
+    """Every case of `models` (each a model's overrides) predicted, then run and measured; --quick: `quick`'s, one
+    process, O0. The settings, the table and the summary lines of a results page."""
     common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16", "plan.predict=true"]
     if args.quick:  # seconds: the tiny model, two cases
-        models = {"tiny_cnn": ["model=tiny_cnn", "iterations=40", "batch_size=8"]}  # and no multi-process sweep
+        models = quick  # and no multi-process sweep
         common_overrides = ["repeat=1", "amp=O0", "plan.predict=true"]
-    settings = {"cases": "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x tiny_cnn, resnet18 x 1 and 2 processes",
+    settings = {"cases": described,
                 "overrides": " ".join(common_overrides) + "; " + "; ".join(" ".join(m) for m in models.values()),
                 "cores": common.cores(), "OMP_NUM_THREADS": "pinned to the cores (common.pinned_env)"}
     common.print_settings("Predictions against measurements", settings)
@@ -61,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
                 common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi")
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
-    for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"])):
-        label = f"{r['model']} {r['strategy']} {r['amp']}"
+    for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"], r["variant"],
+                                            json.dumps(r["config"]["model"], sort_keys=True))):
+        checkpoint = " checkpoint" if r["config"]["model"].get("checkpoint") else ""
+        label = f"{r['model']} {r['strategy']} {r['amp']}{checkpoint}"
         p, e = r.get("prediction"), r.get("prediction_error")
         if r["status"] != "ok" or not p or not e:
             table.add(label, r.get("world_size"), "-", "-", "-", "-", "-", "-", f"{r['status']}: {r.get('error')}")
@@ -88,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{summary(time_errors)} (goal 15 % per case).",
              f"- Beyond a goal: {', '.join(beyond) if beyond else 'none'}."]
     print("\n".join(lines), flush=True)
-    if args.write_results:
-        common.write_results("prediction", common.results_page("prediction", settings, [table], lines),
-                             args.results_dir)
-    return 0
+    return settings, [table], lines
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ SCRIPTS = {
     "profile_cost.py": ["== tiny_cnn, DDP 2 workers: profile=true against profile=false"],
     "verdicts.py": ["== verdicts against known truths"],
     "prediction.py": ["== predicted against measured, per case"],
+    "prediction_llm.py": ["== predicted against measured, per case"],
     "projection.py": ["== each published result, predicted by factors fitted without it",
                       "== the same prediction, quiet and loaded"],
 }

@@ -1,0 +1,35 @@
+"""How right the predictions are for a language model: bench/prediction.py's cases on model=gpt (4 blocks of
+width 64, sequences of 128, global batch 16), activation checkpointing off and on.
+
+    python bench/prediction_llm.py [--write-results]
+
+Cases: single, ddp, zero, fsdp and allreduce x O0 and O1 (bfloat16) x model.checkpoint false, true x 1 and 2
+processes (single: one). Errors and goals as bench/prediction.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import common
+from prediction import run_cases
+
+GPT = ["model=gpt", "model.layers=4", "model.seq_len=128", "batch_size=16", "model.checkpoint=false,true"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args = common.parse_args(parser, argv)
+    settings, tables, lines = run_cases(args, {"gpt": [*GPT, "iterations=100"]},
+                                        {"gpt": ["model=gpt", "iterations=40", "batch_size=8"]},
+                                        "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x gpt with checkpointing "
+                                        "off and on x 1 and 2 processes")
+    if args.write_results:
+        common.write_results("prediction_llm", common.results_page("prediction_llm", settings, tables, lines),
+                             args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
