@@ -60,7 +60,7 @@ def test_a_sweep_parses_and_plans_each_combination_once(tmp_path):
     combinations is checked (RunConfig.from_dict) and planned (run_plan) once, before Hydra starts; each job runs
     its plan, and the sweep's rounds read the typed budget from them."""
     proc = subprocess.run([sys.executable, "-c", COUNTING, str(ROOT / "run.py"), "-m", "strategy=single", "amp=O0,O1",
-                           *TINY, ONE_ROUND, "plan.predict=false", "timing.budget_s=77",
+                           *TINY, ONE_ROUND, "iterations=20", "log_every=10", "plan.predict=false", "timing.budget_s=77",
                            f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, describe(proc)

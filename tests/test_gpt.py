@@ -75,7 +75,8 @@ def test_checkpointing_lowers_the_measured_and_the_predicted_peak(tmp_path):
     measured, predicted = {}, {}
     for checkpoint in (False, True):
         model = {"_target_": "harness.rank.gpt.GPT", **size, "checkpoint": checkpoint}
-        record = run_rank(rank_spec(tmp_path / str(checkpoint), model=model, batch_size=16))
+        record = run_rank(rank_spec(tmp_path / str(checkpoint), model=model, batch_size=16, iterations=20,
+                                    log_every=10))
         assert record.ok, record.error
         measured[checkpoint] = record.tensor_peak_mib
         predicted[checkpoint] = trace_step(model, tokens(128, 256), resolve(AmpConfig(level="O0"), "cpu"),

@@ -8,12 +8,12 @@ import json
 
 import pytest
 import torch
-from conftest import describe, run_cli
+from conftest import describe, rank_spec, run_cli
 
 from examples.custom_workload import CLASSES, FEATURES, batches, build
 from harness import cli
 from harness.core.config import DataConfig
-from harness.core.inputs import inputs_of
+from harness.core.inputs import images, inputs_of
 from harness.launch.model_check import check_model
 
 CUSTOM = ("model=custom", "model._target_=examples.custom_workload.build", "data=custom",
@@ -71,9 +71,8 @@ def test_the_users_model_and_batches_run_sharded_per_block(tmp_path):
     assert json.dumps(results["config"]["data"]).count("examples.custom_workload.batches") == 1
 
 
-@pytest.mark.slow
-def test_a_vision_transformer_trains_at_its_own_size(tmp_path):
-    proc, results = run_cli("model=vit", "model.image_size=16", "model.patch_size=4", "batch_size=8",
-                            "iterations=40", "data.image_size=99", tmp_path=tmp_path)
-    assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
-    assert results["image_size"] == 16  # the model's, not data.image_size
+def test_a_vision_transformer_is_fed_images_of_its_own_size(tmp_path):
+    """model=vit's image_size, not data.image_size, makes its batches and is what results.json records."""
+    spec = rank_spec(tmp_path, model={"_target_": "harness.rank.models.vit", "image_size": 16, "patch_size": 4},
+                     data={"name": "synthetic", "image_size": 99, "num_classes": 10})
+    assert spec.plan.inputs == images(16, 10) and spec.plan.inputs.image_size == 16
