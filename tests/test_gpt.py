@@ -52,7 +52,7 @@ def test_a_shape_that_cannot_be_built_is_named(options, key):
 @pytest.mark.slow
 def test_model_gpt_runs_under_fsdp_and_reports_tokens_per_second(tmp_path):
     proc, results = run_cli("model=gpt", "strategy=fsdp", "nprocs=2", "batch_size=8", "model.seq_len=16",
-                            "model.width=32", "iterations=40", tmp_path=tmp_path)
+                            "model.width=32", "iterations=20", "log_every=10", tmp_path=tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert results["status"] == "ok" and results["sample"] == "tokens" and results["tokens_per_sample"] == 16
     assert results["throughput_tokens_s"] == pytest.approx(results["throughput_img_s"] * 16)  # sequences x 16

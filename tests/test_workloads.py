@@ -62,7 +62,7 @@ def test_a_model_or_batch_that_cannot_work_is_refused_before_anything_starts(ove
 
 @pytest.mark.slow
 def test_the_users_model_and_batches_run_sharded_per_block(tmp_path):
-    proc, results = run_cli(*CUSTOM, "strategy=fsdp", "nprocs=2", "batch_size=16", "iterations=40",
+    proc, results = run_cli(*CUSTOM, "strategy=fsdp", "nprocs=2", "batch_size=16", "iterations=40", "log_every=10",
                             tmp_path=tmp_path)
     assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
     assert results["sample"] == "samples" and results["image_size"] is None and "samples/s" in proc.stdout
