@@ -70,6 +70,16 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
         self._precision = ShardedPrecision()
 
     @classmethod
+    def model_notes(cls, options: Mapping[str, Any], model: nn.Module) -> tuple[str, ...]:
+        """A model with no blocks is sharded at the root alone: every rank gathers every parameter at once, and
+        the run says so."""
+        if cls(**cls.options_of(options)).unit_names(model):
+            return ()
+        return ("strategy=fsdp: the model names no blocks (block_names()) and has no top-level Sequential or "
+                "ModuleList, so it is sharded as one unit at the root: each rank gathers all its parameters at once; "
+                "strategy.blocks=[...] names the submodules to shard",)
+
+    @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         super().check_run(cfg, placement, amp)
         if cls.options_of(cfg.strategy)["comm_hook"] == "powersgd":

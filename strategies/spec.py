@@ -9,12 +9,15 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import Incompatible
+
+if TYPE_CHECKING:
+    from torch import nn
 from harness.core.traffic import Traffic
 
 
@@ -91,6 +94,12 @@ class StrategySpec(ABC):
         approximation...), for numerical parity, which then reports the row's drift instead of judging it
         against float32 rounding; None when the options compute the exact update."""
         return None
+
+    @classmethod
+    def model_notes(cls, options: Mapping[str, Any], model: nn.Module) -> tuple[str, ...]:
+        """What the run's notes should say about this model under these options, seen before launch on the model
+        built on the meta device (e.g. FSDP2 finding no blocks to shard)."""
+        return ()
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -12,9 +12,12 @@ from conftest import describe, rank_spec, run_cli
 
 from examples.custom_workload import CLASSES, FEATURES, batches, build
 from harness import cli
+from harness.compose import compose_one, hydra_context
 from harness.core.config import DataConfig
 from harness.core.inputs import images, inputs_of
+from harness.launch.decide import run_plan
 from harness.launch.model_check import check_model
+from harness.launch.placement import probe_hardware
 
 CUSTOM = ("model=custom", "model._target_=examples.custom_workload.build", "data=custom",
           "data._target_=examples.custom_workload.batches")
@@ -76,3 +79,17 @@ def test_a_vision_transformer_is_fed_images_of_its_own_size(tmp_path):
     spec = rank_spec(tmp_path, model={"_target_": "harness.rank.models.vit", "image_size": 16, "patch_size": 4},
                      data={"name": "synthetic", "image_size": 99, "num_classes": 10})
     assert spec.plan.inputs == images(16, 10) and spec.plan.inputs.image_size == 16
+
+
+@pytest.mark.parametrize(("strategy", "target", "noted"), [("fsdp", "torch.nn.Linear", True),
+                                                          ("fsdp", "examples.custom_workload.build", False),
+                                                          ("ddp", "torch.nn.Linear", False)])
+def test_fsdp_says_so_when_the_model_has_no_blocks_to_shard(strategy, target, noted):
+    """Never sharded at the root in silence: the run's notes (results.json `notes`, the terminal) say it."""
+    options = ["+model.in_features=32", "+model.out_features=8"] if target == "torch.nn.Linear" else []
+    with hydra_context():
+        composed = compose_one([f"strategy={strategy}", "model=custom", f"model._target_={target}", *options,
+                                *CUSTOM[2:]])
+    plan = run_plan(composed.run, probe_hardware(), resolved=composed.config)
+    notes = [n for n in plan.placement.notes if "names no blocks" in n]
+    assert bool(notes) is noted, plan.placement.notes

@@ -7,6 +7,7 @@ for its job: harness.launch.checked), the torchrun worker, `plan=true` and the r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +46,9 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
                            "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
     inputs = inputs_of(cfg.model, cfg.data)
-    check_model(cfg.model, inputs, cfg.data.image_size)
+    notes = strategy_cls.model_notes(cfg.strategy, check_model(cfg.model, inputs, cfg.data.image_size))
+    if notes:
+        placement = dataclasses.replace(placement, notes=(*placement.notes, *notes))
     if inputs.kind != "images" and cfg.data.name == "loader":
         raise ConfigError("data", cfg.data.name, f"synthetic for model={cfg.model_name}, which takes {inputs.kind}: "
                           "data=loader reads image folders")

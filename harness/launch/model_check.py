@@ -21,14 +21,16 @@ from harness.core.stops import last_line
 log = logging.getLogger(__name__)
 
 
-def check_model(model: Mapping[str, Any], inputs: Inputs, image_size: int) -> None:
-    """Raises ConfigError naming `model._target_` (it does not build a module), the key its own factory named,
-    or the input the model does not take (`data.image_size`, `data._target_`)."""
-    _check(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in model.items())), inputs, image_size)
+def check_model(model: Mapping[str, Any], inputs: Inputs, image_size: int) -> nn.Module:
+    """The model as built on the meta device (what a strategy may look at before launch: its blocks). Raises
+    ConfigError naming `model._target_` (it does not build a module), the key its own factory named, or the input
+    the model does not take (`data.image_size`, `data._target_`)."""
+    return _check(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in model.items())), inputs,
+                  image_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) -> None:
+def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) -> nn.Module:
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in model}
     target = options.get("_target_")
     try:
@@ -60,6 +62,7 @@ def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) 
                       ("data.image_size", image_size) if inputs.kind == "images" else ("model", target))
         raise ConfigError(key, value, f"a batch {options.get('name') or target} takes: a step on inputs of shape "
                           f"{tuple(x.shape)} with targets {tuple(y.shape)} fails ({_own_words(error)})") from error
+    return built
 
 
 def _root(error: BaseException) -> BaseException:
