@@ -196,3 +196,14 @@ def test_the_phases_add_up_to_the_runs_wall_time_when_different_ranks_are_slow_a
     assert sum(got.values()) == pytest.approx(23.0)
     compiled = phases(0.0, 1.0, 22.0, 23.0, records, launched=True, compile_seconds=0.25)
     assert compiled["to_first_iteration"] == 0.25  # compile time is its own figure, out of start-up
+
+
+def test_mfu_is_the_global_steps_flops_at_the_measured_pace_over_every_devices_peak():
+    """Worked by hand (a 2-block GPT here, docs/workloads.md): 402,653,184 FLOPs per iteration of the global
+    batch of 8 at 1199.24 samples/s is 149.9 iterations/s, 6.036e10 FLOP/s; one device's peak 0.2544 TFLOP/s gives
+    23.7 %. Two devices of that peak halve it (not the per-rank batch, not one device's peak)."""
+    from harness.launch.runner import model_flops_utilisation
+
+    assert model_flops_utilisation(402_653_184, 0.2544, 1199.24, 8, 1) == pytest.approx(0.2373, abs=1e-4)
+    assert model_flops_utilisation(402_653_184, 0.2544, 1199.24, 8, 2) == pytest.approx(0.2373 / 2, abs=1e-4)
+    assert model_flops_utilisation(None, 0.2544, 1199.24, 8, 1) is None  # not predicted: no FLOPs counted

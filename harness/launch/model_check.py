@@ -17,6 +17,7 @@ from torch import nn
 from harness.core.errors import ConfigError
 from harness.core.inputs import Inputs, loss
 from harness.core.stops import last_line
+from harness.plan.trace import hashable
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,7 @@ def check_model(model: Mapping[str, Any], inputs: Inputs, image_size: int) -> nn
     """The model as built on the meta device (what a strategy may look at before launch: its blocks). Raises
     ConfigError naming `model._target_` (it does not build a module), the key its own factory named, or the input
     the model does not take (`data.image_size`, `data._target_`)."""
-    return _check(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in model.items())), inputs,
-                  image_size)
+    return _check(hashable(model), inputs, image_size)
 
 
 @functools.lru_cache(maxsize=64)

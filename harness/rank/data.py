@@ -30,9 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from harness.core.config import DataConfig
-from harness.core.inputs import Inputs
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+from harness.core.inputs import Batch, Inputs
 
 
 class BatchSource(Protocol):

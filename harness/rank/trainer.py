@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from amp import Amp
+from harness.core.inputs import Batch
 from harness.core.inputs import loss as loss_of
 from harness.core.timing import Window, WindowClock
 from harness.rank.data import BatchSource
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 NoSync = Callable[[], contextlib.AbstractContextManager[Any]]
 _NO_CONTEXT = contextlib.nullcontext()
 
