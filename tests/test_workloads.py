@@ -14,6 +14,7 @@ from examples.custom_workload import CLASSES, FEATURES, batches, build
 from harness import cli
 from harness.compose import compose_one, hydra_context
 from harness.core.config import DataConfig
+from harness.core.errors import ConfigError
 from harness.core.inputs import images, inputs_of
 from harness.launch.decide import run_plan
 from harness.launch.model_check import check_model
@@ -39,6 +40,35 @@ def test_custom_data_is_what_the_users_factory_draws():
     (x, y), = inputs.batches(1, 5, torch.Generator().manual_seed(0))
     assert torch.equal(x, batches(5, torch.Generator().manual_seed(0))[0])
     check_model({"_target_": "examples.custom_workload.build"}, inputs, 32)  # builds and fits: no error
+
+
+class KeepsAMask(torch.nn.Module):
+    """A tensor of its own, not a buffer: it stays on the meta device the check builds the model on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.mask = torch.nn.Linear(FEATURES, CLASSES), torch.ones(FEATURES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x * self.mask)
+
+
+def test_a_small_model_steps_on_the_cpu_a_large_one_on_the_meta_device(monkeypatch):
+    from harness.launch import model_check
+
+    stepped = []
+    step = model_check._step
+    monkeypatch.setattr(model_check, "_step", lambda m, x, y: (stepped.append(x.device.type), step(m, x, y)))
+    data = DataConfig(name="custom", target="examples.custom_workload.batches")
+    inputs = inputs_of({"_target_": "examples.custom_workload.build"}, data)
+    built = check_model({"_target_": "examples.custom_workload.build"}, inputs, 32)
+    assert stepped == ["cpu"] and {p.device.type for p in built.parameters()} == {"meta"}  # nothing kept
+    check_model({"_target_": "test_workloads.KeepsAMask"}, inputs, 32)  # fails on the CPU, steps on meta: fine
+    assert stepped[1:] == ["cpu", "meta"]
+    monkeypatch.setattr(model_check, "SMALL_MODEL_BYTES", 0)
+    with pytest.raises(ConfigError, match="Expected 224 but got 32"):  # refused on the meta device alone too
+        check_model({"_target_": "torchvision.models.vit_b_16"}, images(32, 10), 32)
+    assert stepped[3:] == ["meta"]
 
 
 @pytest.mark.parametrize(("overrides", "key", "words"), [

@@ -31,7 +31,8 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FaultKind = Literal["raise", "exit", "oom"]
 LauncherName = Literal["elastic", "spawn"]
 StartMethod = Literal["spawn", "fork", "forkserver"]
-DataSource = Literal["synthetic", "loader", "custom"]
+DataSource = Literal["synthetic", "loader", "tokens", "custom"]
+TokenDtype = Literal["uint16", "uint32", "int32", "int64"]
 SampleKind = Literal["images", "tokens", "samples"]
 ParityReference = Literal["O0", "same_amp"]
 Calibration = Literal["strategy", "model"]
@@ -49,7 +50,8 @@ class DataConfig:
     the measurement, and every strategy trains on the same data (each rank on its shard of every batch).
     `loader`: a real input pipeline, a DataLoader decoding and transforming images on the CPU every step (PIL
     images through RandomResizedCrop / ToTensor / Normalize), sharded per rank by DistributedSampler; each
-    window records how long the loop waited for it (data_wait_s). Each source's keys are `data_defaults(name)`,
+    window records how long the loop waited for it (data_wait_s). `tokens`: windows of real token ids read from
+    a local file every step, for a language model (harness/rank/token_file.py). Each source's keys are `data_defaults(name)`,
     which conf/data/<name>.yaml composes."""
 
     name: DataSource
@@ -67,21 +69,25 @@ class DataConfig:
     target: str | None = None
     sample: SampleKind = "samples"  # custom: what one sample counts as (throughput per sample, tokens/s for tokens)
     tokens_per_sample: int | None = None  # custom, sample=tokens: the tokens in one sample
+    file: str | None = None  # tokens: a flat file of token ids, .npy or raw binary (harness/rank/token_file.py)
+    token_dtype: TokenDtype = "uint16"  # tokens, raw binary: the ids' type (nanoGPT's prepare.py writes uint16)
 
 
 # keys that mean something to one source only: given to the other, they would be silently ignored
 DATA_ONLY = {"synthetic": ("pool",), "loader": ("root", "size", "num_workers", "pin_memory", "prefetch_factor",
                                                  "persistent_workers", "item_delay_ms"),
+             "tokens": ("file", "token_dtype"),
              "custom": ("pool", "target", "sample", "tokens_per_sample")}
 TARGET_KEY = "_target_"  # data=custom's batch factory, as the config spells it (DataConfig.target)
 
 
 def data_defaults(source: str) -> dict[str, Any]:
     """A data source's keys and their defaults (conf/data/<source>.yaml composes them as `_<source>`); data=custom's
-    `_target_` is the user's to give (`???`: Hydra refuses a run without it)."""
+    `_target_` and data=tokens' `file` are the user's to give (`???`: Hydra refuses a run without them)."""
     node = hydra_defaults(DataConfig)
     keys = {k: node[k] for k in ("image_size", "num_classes", *DATA_ONLY[source]) if k != "target"}
-    return {"name": source, **keys, **({TARGET_KEY: "???"} if source == "custom" else {})}
+    mandatory = {"custom": {TARGET_KEY: "???"}, "tokens": {"file": "???"}}.get(source, {})
+    return {"name": source, **keys, **mandatory}
 
 
 @dataclass(frozen=True)
@@ -371,6 +377,9 @@ def check_data(section: Mapping[str, Any], batch_size: Any) -> DataConfig:
         raise ConfigError("data.num_workers", data.num_workers, "an integer >= 0 (0: load in the training process)")
     if not 0 <= data.item_delay_ms < math.inf:
         raise ConfigError("data.item_delay_ms", data.item_delay_ms, "a number of milliseconds >= 0")
+    if data.name == "tokens" and not Path(str(data.file)).is_file():
+        raise ConfigError("data.file", data.file, "a file of token ids, .npy or raw data.token_dtype (nanoGPT's "
+                          "train.bin), e.g. the one `python -m examples.tokens` writes")
     if data.root is not None and not Path(data.root).is_dir():
         raise ConfigError("data.root", data.root, "a folder of class sub-folders (torchvision ImageFolder), or null "
                           "for FakeData")

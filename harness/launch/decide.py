@@ -20,6 +20,7 @@ from harness.core.inputs import inputs_of
 from harness.launch.model_check import check_model
 from harness.launch.placement import Hardware, TorchrunWorld, place, probe_hardware
 from harness.rank.run_plan import RunPlan
+from harness.rank.token_file import check_token_file
 
 
 def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None = None, in_sweep: bool = False,
@@ -52,6 +53,11 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
     if inputs.kind != "images" and cfg.data.name == "loader":
         raise ConfigError("data", cfg.data.name, f"synthetic for model={cfg.model_name}, which takes {inputs.kind}: "
                           "data=loader reads image folders")
+    if cfg.data.name == "tokens":
+        if inputs.kind != "tokens" or inputs.factory is not None:
+            raise ConfigError("data", cfg.data.name, f"synthetic or loader for model={cfg.model_name}, which takes "
+                              f"{inputs.kind}: data=tokens feeds a language model (model=gpt)")
+        check_token_file(cfg.data, inputs)
     amp_cls = plugin_class(cfg.amp_plugin)
     skip = strategy_cls.skip_reason(placement, amp) or amp_cls.skip_reason(amp, placement.accelerator)
     missing = (strategy_cls.unavailable_reason() or amp_cls.unavailable_reason(amp, placement.accelerator)) \

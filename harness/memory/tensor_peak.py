@@ -1,7 +1,7 @@
 """The peak of live tensor bytes in this process, as the CPU allocator reports them to torch's profiler.
 
 On a GPU the caching allocator keeps its own peak (torch.cuda.max_memory_allocated); the CPU allocator
-keeps none, so a rank's peak on CPU is read from the allocation and free events torch.profiler records with
+keeps none, so a rank's peak on CPU is read from the allocation and free events torch's profiler records with
 `profile_memory=True` (each carries its address and signed size; c10's ProfiledCPUMemoryReporter emits them
 for every CPU allocation while profiling is on, and for the free of any block it saw allocated, in this
 session or an earlier one). Counting only the frees of blocks allocated in this session, the running sum is
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch._C._profiler import _EventType
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd.profiler import profile
 
 
 class TensorPeak:
@@ -27,7 +27,9 @@ class TensorPeak:
         self.end_bytes: int | None = None
 
     def start(self) -> TensorPeak:
-        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+        # the autograd profiler that torch.profiler.profile wraps: the wrapper's `hasattr(torch, "_inductor")`
+        # (torch/profiler/profiler.py, prepare_trace) imports inductor and dynamo, 2 s of every rank's start-up
+        self._profile = profile(use_cpu=True, profile_memory=True, record_shapes=False)
         self._profile.__enter__()
         return self
 
@@ -39,7 +41,7 @@ class TensorPeak:
         prof.__exit__(None, None, None)
         self.peak_bytes, self.end_bytes = peak_of(
             (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
-            for node in _nodes(prof.profiler.kineto_results.experimental_event_tree())
+            for node in _nodes(prof.kineto_results.experimental_event_tree())
             if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu")
         return self.peak_bytes
 

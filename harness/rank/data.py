@@ -31,6 +31,7 @@ import torch
 
 from harness.core.config import DataConfig
 from harness.core.inputs import Batch, Inputs
+from harness.rank.token_file import TokenFileSource
 
 
 class BatchSource(Protocol):
@@ -250,11 +251,13 @@ def batch_source(data: DataConfig, inputs: Inputs, global_batch: int, shards: in
                  device: torch.device, seed: int, pid_dir: Path | None = None,
                  memory_format: torch.memory_format = torch.contiguous_format) -> BatchSource:
     """The run's data for shard `shard` of `shards` (one-process strategies: the one shard, the whole batch);
-    DataLoader workers note their PIDs in `pid_dir`. data=loader reads images (a token model is refused it
-    before anything starts: harness.launch.decide)."""
+    DataLoader workers note their PIDs in `pid_dir`. data=loader reads images, data=tokens token ids (a model
+    taking the other is refused before anything starts: harness.launch.decide)."""
     local_batch = global_batch // shards
     if data.name == "loader":
         loader, sampler = sharded_loader(data, image_dataset(data), local_batch, shards, shard, seed, pid_dir)
         return LoaderSource(loader, sampler, device, pid_dir, memory_format)
+    if data.name == "tokens":
+        return TokenFileSource(data, inputs.shape[0], global_batch, local_batch, shard, device, seed)
     return SyntheticSource(synthetic_batches(data.pool, global_batch, local_batch, shard, inputs, device, seed,
                                              memory_format))
