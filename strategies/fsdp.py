@@ -165,13 +165,17 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
                 for child, module in container.named_children() if any(True for _ in module.parameters())]
 
     def compile(self, model: nn.Module) -> nn.Module:
-        """Static shapes (`dynamic=False`). FSDP2's hooks break the graph at each unit, so dynamo compiles each
-        block's forward as a frame of its own; a ResNet's blocks share one forward (torchvision's
+        """A model that names its blocks (a transformer, `block_names()`): each block's forward compiled on its
+        own, as torchtitan compiles per transformer block: FSDP2's gathers and reduce-scatters stay in the hooks
+        around each compiled forward, and one graph serves every block of the same shape. Any other model:
+        compiled whole with static shapes (`dynamic=False`). FSDP2's hooks break the graph at each unit, so dynamo
+        compiles each block's forward as a frame of its own; a ResNet's blocks share one forward (torchvision's
         BasicBlock.forward) at different widths, and after the second width dynamo's automatic dynamic shapes
         recompiles it with symbolic sizes, whose backward inductor fails on (torch 2.15.0, resnet18 on CPU:
         `InductorError: TypeError: Cannot convert expression to float`). Static shapes compile each width
         apart instead (resnet18: 7 graphs, under dynamo's recompile limit of 8)."""
-        return torch.compile(model, dynamic=False)
+        blocks = compiled_blocks(model)
+        return model if blocks else torch.compile(model, dynamic=False)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return self._gradient_sync_off()
@@ -189,6 +193,19 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order)."""
         return {name: _full(p).detach().float().cpu().clone() for name, p in unwrap(model).named_parameters()}
+
+
+def compiled_blocks(model: nn.Module) -> list[str]:
+    """Each block the model names (`block_names()`) gets a compiled forward, in place; returns their names (none:
+    the model names no blocks, nothing was done)."""
+    declared = getattr(unwrap(model), "block_names", None)
+    if not callable(declared):
+        return []
+    modules = dict(unwrap(model).named_modules())
+    for name in declared():
+        block = modules[name]
+        block.forward = torch.compile(block.forward, dynamic=False)  # type: ignore[method-assign]
+    return list(declared())
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from conftest import CONF_DIR
+from conftest import CONF_DIR, REPO
 from hydra.utils import get_class, get_object
 
 from harness.cli import group_options
@@ -40,7 +40,9 @@ def test_every_group_has_options():
 def test_every_group_option_composes_into_a_run_config(group, option):
     yours = {"model": "model._target_=examples.custom_workload.build",  # the user's own: given on the command line
              "data": "data._target_=examples.custom_workload.batches"}
-    run = compose_run(f"{group}={option}", *([yours[group]] if option == "custom" else []))
+    if option == "tokens":  # its file is the user's too
+        yours["data"] = f"data.file={REPO / 'README.md'}"  # any file: composing reads no token from it
+    run = compose_run(f"{group}={option}", *([yours[group]] if option in ("custom", "tokens") else []))
     if group == "strategy":
         assert run.strategy_name == option
     if group == "amp":
@@ -172,7 +174,7 @@ def test_unknown_top_level_key_names_the_closest():
     ("fault", {"kind": "boom"}, "fault.kind=boom is not allowed: one of raise, exit, oom or null"),
     ("parity", {"reference": "x"}, "parity.reference=x is not allowed: one of O0, same_amp"),
     ("plan", {"calibration": "x"}, "plan.calibration=x is not allowed: one of strategy, model"),
-    ("data", {"name": "x", "image_size": 8, "num_classes": 10}, "data.name=x is not allowed: one of synthetic, loader, custom"),
+    ("data", {"name": "x", "image_size": 8, "num_classes": 10}, "data.name=x is not allowed: one of synthetic, loader, tokens, custom"),
 ])
 def test_allowed_values_are_the_fields_literal_types(section, value, line):
     """One place says what a key allows: its field's Literal type, which the record check reads (no tuple beside

@@ -120,8 +120,27 @@ def checks_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planning, "plan_command", plan_checked)
 
 
+TOKEN_FILES = re.compile(r"^    python -m examples\.tokens (.*)$")
+
+
+@pytest.fixture(scope="module")
+def documented_files() -> None:
+    """The files the docs write before the commands that read them (`python -m examples.tokens ... --out
+    runs/tokens.bin`, then `data.file=runs/tokens.bin`), written as the docs say, from the repository's root."""
+    import glob
+
+    from examples.tokens import main
+
+    for path in documents():
+        for line in path.read_text().splitlines():
+            if match := TOKEN_FILES.match(line):
+                args = [hit for arg in shlex.split(match.group(1))
+                        for hit in (sorted(glob.glob(arg, root_dir=REPO)) if "*" in arg else [arg])]
+                main([str(REPO / a) if not a.startswith("-") else a for a in args])
+
+
 @pytest.mark.parametrize("args", RUN_COMMANDS, ids=[" ".join(a) for a in RUN_COMMANDS])
-def test_every_run_py_command_is_accepted_as_typed(args, capsys, checks_only):
+def test_every_run_py_command_is_accepted_as_typed(args, capsys, checks_only, documented_files):
     if any(a in ("plan=true", "plan.enabled=true") for a in args):
         with pytest.raises(SystemExit) as info:
             cli.precheck(args)

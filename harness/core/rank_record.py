@@ -47,6 +47,7 @@ class RankRecord:
     stopped_by: str | None = None  # iterations=auto: why the ranks stopped
     allocator: list[AllocatorPeak] = field(default_factory=list)
     tensor_peak_mib: float | None = None  # CPU: the live-tensor peak over the first iterations
+    params_held_mib: float | None = None  # the bytes this rank's parameters hold, as set up (a shard under FSDP2)
     amp_state: dict[str, Any] = field(default_factory=dict)  # the amp plugin's: final loss scale, skipped steps
     compile_seconds: float | None = None  # compile=true: the compile pass, timed apart
     window_compile_seconds: float | None = None  # XLA: graphs compiled inside the windows
@@ -77,4 +78,5 @@ class RankRecord:
         """results.json's `ranks` entry."""
         return {"rank": self.rank, "local_rank": self.local_rank, "pid": self.pid, "host": self.host,
                 "device": self.device, "backend": self.backend, "status": self.status, "error": self.error,
-                "allocator": [dataclasses.asdict(p) for p in self.allocator], "tensor_peak_mib": self.tensor_peak_mib}
+                "allocator": [dataclasses.asdict(p) for p in self.allocator], "tensor_peak_mib": self.tensor_peak_mib,
+                "params_held_mib": self.params_held_mib}

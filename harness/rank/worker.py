@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,12 @@ def probe_fits_warmup(cfg: RunConfig) -> bool:
     return cfg.warmup_windows >= 1 and cfg.log_every > PROBE_ITERATIONS
 
 
+def held_bytes(params: Iterable[torch.Tensor]) -> int:
+    """What the parameters occupy on this rank: a sharded one (a DTensor) counts its local shard only."""
+    local = (p.to_local() if hasattr(p, "to_local") else p for p in params)  # DTensor, not imported for this
+    return sum(t.numel() * t.element_size() for t in local)
+
+
 def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | None = None) -> RankRecord:
     """Entry point of every rank: inline for one-process strategies, via the elastic agent otherwise.
 
@@ -151,6 +157,7 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
+        record.params_held_mib = held_bytes(model.parameters()) / MIB
         shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
         batches = batch_source(cfg.data, plan.inputs, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
                                pid_dir=record_dir / f"data-pids-rank{rank}", memory_format=layout)

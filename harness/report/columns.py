@@ -227,6 +227,9 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column("measured peak MiB", lambda r: fmt(r.measured_peak_mib, 1), section="memory",
                csv=(("measured_peak_mib", lambda r: r.measured_peak_mib),),
                terminal="measured peak MiB", terminal_cell=lambda r: fmt(r.measured_peak_mib, 1)),
+        Column("params/rank MiB", lambda r: fmt(r.params_rank_mib, 2), section="memory",
+               csv=(("params_rank_mib", lambda r: r.params_rank_mib),),
+               shown=lambda rows: any(r.params_rank_mib is not None for r in rows)),
         # the older per-rank theory (parameters, gradients, optimizer state; no activations): report.csv only
         Column(None, None, csv=(("theory_mib", lambda r: r.theory_mib),)),
         Column("imbalance", _imbalance, csv=(("mem_imbalance_pct", lambda r: r.mem_imbalance_pct),), section="memory"),

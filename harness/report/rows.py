@@ -79,6 +79,7 @@ class Row:
     compile_s: float | None = None  # median over repeats: torch.compile's pass (apart from start-up) or XLA's graph compiles (in warm-up)
     variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
     theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
+    params_rank_mib: float | None = None  # measured: what the largest rank's parameters hold (median over repeats)
     sources: list[str] = field(default_factory=list)
     parity: str | None = None  # numerical parity verdict (harness.parity.report); None: the row ran without it
     parity_reference: str | None = None  # the row compared with
