@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,28 @@ TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=8")
 ONE_ROUND = "repeat=1"  # a sweep of one round: what a test of something else needs (racing runs two at least)
 
 
-def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S,
+# Ranks forked from a server that has imported torch once, instead of each importing it again (a supported launcher
+# option: docs/config.md): a two-rank run costs 9 s of CPU instead of 18. The user's default, spawn, is what the tests
+# of launching, stopping and killing runs use (quick=False; tests/test_reliability.py, test_launcher.py).
+QUICK_START = "launcher.start_method=forkserver"
+
+
+def quick(overrides: Sequence[str], wanted: bool = True) -> list[str]:
+    """The overrides, starting ranks from a fork server unless they choose how ranks start themselves."""
+    chosen = any(o.lstrip("+").startswith(("launcher=", "launcher.", "hydra/launcher")) for o in overrides)
+    return [*overrides, QUICK_START] if wanted and not chosen else list(overrides)
+
+
+def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S, quick_start: bool = True,
             ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
-    """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root.
+    """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root (ranks from a fork server
+    unless `quick_start` is false: QUICK_START).
 
     Returns the finished process and the parsed results.json (plus `_run_dir`, the folder, for the tests),
     or None when no results file was written.
     """
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "run.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "run.py", *quick(overrides, quick_start), f"hydra.run.dir={run_dir}"], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     path = run_dir / "results.json"
     results = {**json.loads(path.read_text()), "_run_dir": str(run_dir)} if path.exists() else None
@@ -140,11 +153,13 @@ def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> Any:
 
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----
 
-def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S,
+              quick_start: bool = True) -> subprocess.CompletedProcess[str]:
     """`python run.py -m OVERRIDES hydra.sweep.dir=<sweep_dir>` from the repository root: one round unless the
-    overrides name `repeat` (a sweep's rounds and racing are tests/test_rounds.py's)."""
+    overrides name `repeat` (a sweep's rounds and racing are tests/test_rounds.py's); ranks as run_cli starts them."""
     rounds = [] if any(o.startswith("repeat=") for o in overrides) else [ONE_ROUND]
-    return subprocess.run([sys.executable, "run.py", "-m", *overrides, *rounds, f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
+    return subprocess.run([sys.executable, "run.py", "-m", *quick(overrides, quick_start), *rounds,
+                           f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

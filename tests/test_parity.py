@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SHARED_GROUP, TINY, describe, run_config
+from conftest import QUICK_START, REPO, SHARED_GROUP, TINY, describe, run_config
 from test_report import results
 from torch import nn
 
@@ -295,7 +295,7 @@ def parity_sweep(shared_sweep, tmp_path_factory):
     root = tmp_path_factory.mktemp("parity")
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # the test plugin, in the workers too
     broken = subprocess.run([sys.executable, "run.py", "strategy=allreduce", f"strategy._target_={SUMMED}",
-                             *PARITY_RUN, f"hydra.run.dir={root / 'summed'}"], cwd=REPO, env=env,
+                             *PARITY_RUN, QUICK_START, f"hydra.run.dir={root / 'summed'}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=200)
     assert broken.returncode == 0, describe(broken)
     report = build_report([sweep, root / "summed"], root / "report", quiet=True)

@@ -271,7 +271,7 @@ def fault_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     (process, results, run folder, time.time() when the launcher had exited)."""
     def run(kind: str) -> tuple[str, tuple[Any, ...]]:
         tmp = tmp_path_factory.mktemp(f"fault-{kind}")
-        proc, results = run_cli(*FAULT_RUN, f"fault.kind={kind}", tmp_path=tmp)
+        proc, results = run_cli(*FAULT_RUN, f"fault.kind={kind}", tmp_path=tmp, quick_start=False)  # spawn
         return kind, (proc, results, tmp / "run", time.time())
 
     kinds = selected(request, "test_injected_fault_ends_the_run_and_keeps_what_was_measured", "kind")
@@ -468,7 +468,8 @@ def sweep_results(sweep: Path) -> dict[str, dict[str, Any]]:
 def test_sweep_goes_on_past_a_failed_combination(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_sweep("strategy=ddp,single", "amp=O0", "nprocs=2", *TINY, "iterations=60", "log_every=20",
-                     "fault.kind=raise", "fault.rank=1", "fault.at_iter=30", sweep_dir=sweep, timeout=2 * CLI_TIMEOUT_S)
+                     "fault.kind=raise", "fault.rank=1", "fault.at_iter=30", sweep_dir=sweep, timeout=2 * CLI_TIMEOUT_S,
+                     quick_start=False)  # the user's default: spawn
     assert proc.returncode == 0, describe(proc)
     results = sweep_results(sweep)
     assert sorted(results) == ["0_ddp_O0", "1_single_O0"]  # ddp first: the sweep went on after it failed
