@@ -4,6 +4,7 @@ outcome becomes an exit code."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sys
@@ -56,6 +57,8 @@ def precheck(argv: Sequence[str]) -> list[str]:
         if multirun and typed_sweep_axes(overrides) and not any(_key(o) == SWEEP_GROUP for o in overrides):
             overrides.append(f"{SWEEP_GROUP}={NO_GRID}")
         with hydra_context():  # every combination composed once: for plan=true, or checked for a run
+            if search_requested(overrides):
+                return [*flags, *search_precheck(overrides, multirun)]
             composed = [(combo, compose_one(combo)) for combo in combinations(overrides, multirun)]
             if composed and composed[0][1].run.plan.enabled:
                 from harness.planning import plan_command
@@ -69,9 +72,34 @@ def precheck(argv: Sequence[str]) -> list[str]:
 
 def plan_shorthand(override: str) -> str:
     """`plan=true` is short for `plan.enabled=true`, so that `plan.hardware=...` can follow it (Hydra cannot set a
-    key inside a value it has just made a bool)."""
+    key inside a value it has just made a bool); `search=true` for `search.enabled=true` alike."""
     key, sep, value = override.partition("=")
-    return f"plan.enabled={value}" if sep and key == "plan" and value in ("true", "false") else override
+    if sep and key in ("plan", "search") and value in ("true", "false"):
+        return f"{key}.enabled={value}"
+    return override
+
+
+def search_requested(overrides: Sequence[str]) -> bool:
+    from harness.search.planner import requested
+
+    return requested(overrides)
+
+
+def search_precheck(overrides: list[str], multirun: bool) -> list[str]:
+    """`-m search=true`: the space composed, checked, planned and predicted (check_runs), then pruned by the
+    predictions (harness.search.planner); Hydra gets the command line with no grid of its own, and the rounds
+    sweeper races what was kept."""
+    from harness.search import planner
+    from harness.search.space import swept
+
+    base = compose_one([*[o for o in overrides if _key(o) != SWEEP_GROUP and swept(o) is None],
+                        f"{SWEEP_GROUP}={NO_GRID}"])
+    if not multirun:
+        raise ConfigError("search", "true", "with -m: a search runs many combinations (python run.py -m search=true)")
+    candidates = planner.space(overrides, base.run.search)
+    check_runs([(combo, compose_one(combo)) for combo in candidates], multirun=True)
+    planner.settle(candidates, base.run.search, " ".join(["run.py", "-m", *overrides]))
+    return [*[o for o in overrides if _key(o) != SWEEP_GROUP], f"{SWEEP_GROUP}={NO_GRID}"]
 
 
 RUN_OVERHEAD_S = 4.0  # a CPU run's wall time beyond its windows (process start, set-up, record): benchmark 9
@@ -128,8 +156,9 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
             began = time.monotonic()
             plan = one.plan.predicted(predict_run(one.plan, quiet=True))
             decided[combo] = dataclasses.replace(one, plan=plan)
-            if plan.prediction is not None and plan.prediction.s_per_iteration and plan.config.iterations:
-                seconds.append(plan.prediction.s_per_iteration * plan.config.iterations)
+            if plan.prediction is not None and plan.config.iterations and plan.prediction.fits \
+                    and math.isfinite(plan.prediction.s_per_iteration) and plan.prediction.s_per_iteration > 0:
+                seconds.append(plan.prediction.s_per_iteration * plan.config.iterations)  # a misfit is not run
             log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), plan.label, time.monotonic() - began)
     finally:
         from harness.plan.calibrate import shutdown

@@ -28,6 +28,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 class RoundsSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:  # noqa: UP006
         from harness.launch.checked import sweep_settings
+        from harness.search import planner
         from harness.verdict.rounds import combination_names, run_rounds
         from harness.verdict.sweep_plan import SweepPlan
 
@@ -35,6 +36,9 @@ class RoundsSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         combinations = [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
+        search = planner.current()  # `-m search=true`: the candidates its predictions kept, not Hydra's grid
+        if search is not None:
+            combinations = [list(c) for c in search.kept]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -56,14 +60,23 @@ class RoundsSweeper(BasicSweeper):
 
         template = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]
         settings = sweep_settings(self.config)  # typed, as checked before the sweep
+        budget_s = search.budget_s if search is not None else settings.timing.budget_s
         plan = SweepPlan(combinations=combinations, names=combination_names(combinations, describe),
-                         repeat=settings.repeat, budget_s=settings.timing.budget_s, margin=settings.verdict.margin,
+                         repeat=settings.repeat, budget_s=budget_s, margin=settings.verdict.margin,
                          command=" ".join(["run.py", "-m", *arguments]))
 
         def progress(outcome: Any) -> None:
             plan.update(outcome)
             plan.write(sweep_dir)
+            if search is not None:
+                search.rounds, search.runs, search.ended_by = outcome.rounds, outcome.runs, outcome.ended_by
+                search.write(sweep_dir)
 
-        run_rounds(combinations, launch, settings.repeat, settings.timing.budget_s, str(template), describe,
+        run_rounds(combinations, launch, settings.repeat, budget_s, str(template), describe,
                    margin=settings.verdict.margin, progress=progress)
+        if search is not None:
+            import time
+
+            search.ended_at = time.time()
+            search.write(sweep_dir)
         return returns

@@ -178,6 +178,28 @@ class PlanConfig:
     calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy")
 
 
+SearchAxis = Literal["strategy", "amp", "micro_batch", "bucket", "comm_hook", "compile", "checkpoint"]
+SEARCH_AXES: tuple[str, ...] = get_args(SearchAxis)
+_CPU_SEARCH_AXES = ("strategy", "amp", "micro_batch")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """`python run.py -m search=true` (short for `search.enabled=true`): the fastest configuration without running
+    the grid (harness.search, docs/search.md). `axes`: what is searched (harness.search.space's AXES), crossed
+    with what the command line sweeps; a typed key is fixed. `prune_factor`: combinations predicted slower than
+    the best prediction by more than this (at the fast end of their band) are not run. `budget_s`: the racing's
+    time budget (timing.budget_s of the search)."""
+
+    enabled: bool = False
+    # on a CPU the first three (18 combinations): a CPU run costs seconds, and the full space's 60 and more would
+    # take longer to run once than the search is worth; compile there costs more than the run it would speed up
+    axes: list[str] = field(default_factory=lambda: list(_CPU_SEARCH_AXES), metadata={
+        "hydra": f"${{hw:{list(SEARCH_AXES)},{list(_CPU_SEARCH_AXES)}}}"})
+    prune_factor: float = 2.0
+    budget_s: float = on_hardware(3600.0, 300.0)
+
+
 MatmulPrecision = Literal["highest", "high", "medium"]
 
 
@@ -240,6 +262,7 @@ class RunConfig:
     parity: ParityConfig = field(default_factory=ParityConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     profile: bool = False  # torch.profiler over the first window after warm-up (excluded from steady figures)
 
     @property
@@ -332,6 +355,7 @@ class RunConfig:
         _positive_int("grad_accum", grad_accum)
         plan = check_plan(cfg.get("plan"))
         kernels = KernelsConfig(**check_record("kernels", cfg.get("kernels") or {}, KernelsConfig))
+        search = check_search(cfg.get("search"))
 
         return cls(
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
@@ -339,14 +363,14 @@ class RunConfig:
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
             warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, verdict=verdict, parity=parity,
-            compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan, kernels=kernels,
+            compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan, kernels=kernels, search=search,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
                             "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
                             "fault", "launcher", "timing", "report", "verdict", "parity", "compile", "grad_accum",
-                            "profile", "plan", "kernels"})
+                            "profile", "plan", "kernels", "search"})
 # the top-level keys' Python defaults (sections build their own from their records)
 TOP_LEVEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)
                       if f.default is not dataclasses.MISSING and f.name in TOP_LEVEL_KEYS}
@@ -435,6 +459,27 @@ def check_parity(section: Any) -> ParityConfig:
         raise ConfigError("parity", section, "true, false, or the section (parity.enabled, parity.reference)")
     parity = ParityConfig(**check_record("parity", section, ParityConfig))
     return parity
+
+
+def check_search(section: Any) -> SearchConfig:
+    """`search=true|false` (the shorthand) or the section; every axis known, none twice; a budget > 0."""
+    if section is None:
+        return SearchConfig()
+    if isinstance(section, bool):
+        return SearchConfig(enabled=section)
+    if not isinstance(section, Mapping):
+        raise ConfigError("search", section, "true, false, or the section (search.enabled, search.axes, "
+                          "search.prune_factor, search.budget_s)")
+    search = SearchConfig(**check_record("search", section, SearchConfig))
+    axes = list(search.axes)
+    if not axes or len(set(axes)) != len(axes) or any(a not in SEARCH_AXES for a in axes):
+        raise ConfigError("search.axes", axes, f"a list of distinct axes from {', '.join(SEARCH_AXES)}")
+    if not 1 <= search.prune_factor < math.inf:
+        raise ConfigError("search.prune_factor", search.prune_factor, "a number >= 1 (2: combinations predicted "
+                          "more than twice as slow as the best are not run)")
+    if not 0 < search.budget_s < math.inf:
+        raise ConfigError("search.budget_s", search.budget_s, "a number of seconds > 0")
+    return search
 
 
 def check_plan(section: Any) -> PlanConfig:

@@ -59,6 +59,11 @@ def remember(overrides: Iterable[str], checked: Checked) -> None:
     _CHECKED[key_of(overrides)] = checked
 
 
+def lookup(overrides: Iterable[str]) -> Checked | None:
+    """The check made for a combination, as made (a search reads its prediction)."""
+    return _CHECKED.get(key_of(overrides))
+
+
 def forget_all() -> None:
     _CHECKED.clear()
 

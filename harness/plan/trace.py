@@ -108,16 +108,19 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
                       for name in (unit_names(model) if unit_names else []))
         optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
         wrapped = plugin.wrap_module(model)
-        images, labels = inputs.example(micro_batch * grad_accum)
+        # one micro-batch: with gradient accumulation the others repeat it (its activations freed before the
+        # next; the gradients it made kept, as they are through a plain step), and MemTracker refuses a module
+        # called twice in one tracked step ("does not support memory tracking for multiple iterative calls")
+        images, labels = inputs.example(micro_batch)
         counter = FlopCounterMode(display=False)
         with counter:  # the first step, untracked: it makes the optimizer state the tracked second step keeps
-            _forward_backward(wrapped, plugin, images, labels, grad_accum)
+            _forward_backward(wrapped, plugin, images, labels, 1)
         _step(plugin, optimizer)
         tracker = MemTracker()
         tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters are no module's
         buffers = AtenConvolutionBuffers() if aten_convolutions else contextlib.nullcontext()
         with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
-            _forward_backward(wrapped, plugin, images, labels, grad_accum)
+            _forward_backward(wrapped, plugin, images, labels, 1)
             _step(plugin, optimizer)
         peak = tracker.get_tracker_snapshot("peak")[device]
         masters = sum(_bytes(p) for p in plugin.optimizer_params(model)) if spec.master_weights and spec.cast_model \

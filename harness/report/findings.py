@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.decision import Decision, decide
-from harness.report.rows import Context, Row, build_rows, context, find_results
-from harness.verdict.sweep_plan import read_plan
+from harness.report.rows import Context, Row, build_rows, context, find_results, judged, row_fit
+from harness.search.answer import SearchAnswer, answer
+from harness.search.record import read_search
+from harness.verdict.racing import standing
+from harness.verdict.sweep_plan import SweepPlan, read_plan
 
 
 @dataclass
@@ -23,13 +26,15 @@ class Report:
     context: Context | None = None
     skipped_files: list[str] = field(default_factory=list)
     projected: list[dict[str, Any]] = field(default_factory=list)  # rows projected onto presets (--project)
+    search: SearchAnswer | None = None  # `-m search=true`: its answer, shown first
     outputs: list[Path] = field(default_factory=list)  # the files written from it
 
     def as_json(self) -> dict[str, Any]:
         """report.json."""
         return {"baseline": self.baseline, "skipped_files": self.skipped_files, "winners": self.decision.winners,
                 "verdict": self.decision.verdict, "how_reproducible": self.decision.reproducibility,
-                "rows": [asdict(r) for r in self.rows], "projected": self.projected}
+                "rows": [asdict(r) for r in self.rows], "projected": self.projected,
+                "search": self.search.as_json() if self.search else None}
 
 
 def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequence[str] = ()) -> Report:
@@ -46,7 +51,17 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
         from harness.report import projection
 
         projected = projection.project(rows, project)
-    return Report(rows=rows, baseline=base, decision=decision, context=ctx, skipped_files=skipped, projected=projected)
+    return Report(rows=rows, baseline=base, decision=decision, context=ctx, skipped_files=skipped, projected=projected,
+                  search=search_answer(list(paths), rows, plan))
+
+
+def search_answer(paths: list[Path], rows: list[Row], plan: SweepPlan | None) -> SearchAnswer | None:
+    """A search's folder: its answer, from the report's own standing of the rows (harness.search.answer)."""
+    record = read_search(paths)
+    if record is None:
+        return None
+    fit = row_fit(rows, planned=plan.planned if plan else None)
+    return answer(record, rows, standing(fit, [r.label for r in judged(rows)]), plan.margin if plan else 0.05)
 
 
 def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = ()) -> Report:

@@ -17,6 +17,7 @@ from harness.report import columns
 from harness.report.decision import Decision
 from harness.report.findings import Report
 from harness.report.rows import PER, Context, Row
+from harness.search.answer import SearchAnswer
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
@@ -156,9 +157,28 @@ def to_html(report: Report, pngs: Sequence[Path] = (), scaling: Path | None = No
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Strategies side by side</title><style>{STYLE}</style></head>
 <body><h1>Strategies side by side</h1>
+{_search_section(report.search)}
 <p class="verdict"><strong>Verdict:</strong> {html.escape(decision.verdict)}</p>
 {meta}
 {"".join(sections)}
 <script>{SORT}</script>
 </body></html>
 """
+
+
+def _search_section(found: SearchAnswer | None) -> str:
+    """A search's answer, first on the page: the sentence, the command, the cost, what was pruned and failed."""
+    if found is None:
+        return ""
+
+    def listed(title: str, items: list[tuple[str, str]]) -> str:
+        if not items:
+            return ""
+        body = "".join(f"<li><strong>{html.escape(n)}</strong>: {html.escape(r)}</li>" for n, r in items)
+        return f"<details><summary>{html.escape(title)} ({len(items)})</summary><ul>{body}</ul></details>"
+
+    command = f"<p>Train with it:</p><pre><code>{html.escape(found.command)}</code></pre>" if found.command else ""
+    return (f'<section id="search"><h2>Search</h2><p class="verdict"><strong>Answer:</strong> '
+            f"{html.escape(found.sentence)}</p>{command}<p>Cost: {html.escape(found.cost)}</p>"
+            f"{listed('Pruned by prediction, not run', found.pruned)}"
+            f"{listed('Failed or skipped (the search went on)', found.failed)}</section>")

@@ -80,6 +80,7 @@ class Row:
     variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
     theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
     params_rank_mib: float | None = None  # measured: what the largest rank's parameters hold (median over repeats)
+    overrides: list[str] = field(default_factory=list)  # the command line's overrides of the row's first run
     sources: list[str] = field(default_factory=list)
     parity: str | None = None  # numerical parity verdict (harness.parity.report); None: the row ran without it
     parity_reference: str | None = None  # the row compared with
@@ -293,7 +294,7 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row = Row(label=label, strategy=first.strategy, amp=first.amp, model=first.model, devices=list(first.devices),
               processes=_median_int([_rank_pids(r) for r in (ok or group)]), global_batch=first.global_batch,
               status=status, reason=reasons[0] if reasons else None, runs=len(group), ok_runs=len(ok),
-              variant=first.variant)
+              variant=first.variant, overrides=list(first.overrides))
     if not ok:
         return row
 

@@ -62,7 +62,10 @@ SECTION_NOTES = {
 def to_markdown(report: Report) -> str:
     """The page's order in Markdown: the verdict, a table per question, what did not run."""
     rows, baseline, decision, skipped = report.rows, report.baseline, report.decision, report.skipped_files
-    lines = ["# Strategies side by side", "", f"**Verdict:** {decision.verdict}", ""]
+    lines = ["# Strategies side by side", ""]
+    if report.search is not None:  # a search's answer comes before everything it was decided from
+        lines += report.search.markdown()
+    lines += [f"**Verdict:** {decision.verdict}", ""]
     for section, heading in columns.SECTIONS:
         shown, body = columns.section_table(rows, section)
         if not shown:
@@ -107,6 +110,12 @@ def terminal_table(report: Report, width: int | None = None) -> str:
     rows, baseline, decision = report.rows, report.baseline, report.decision
     won = decision.winners
     parts = [f"Verdict: {decision.verdict}"]
+    if report.search is not None:  # the search's answer first, then what it was decided from
+        found = report.search
+        parts = [f"Search: {found.sentence}", *([f"Train with it: {found.command}"] if found.command else []),
+                 f"Search cost: {found.cost}",
+                 *([f"Pruned by prediction: {len(found.pruned)} (report.md lists each with its reason)"]
+                   if found.pruned else []), *parts]
     titles = {"speed": f"Speed (speedup against {baseline})" if baseline else "Speed", "memory": "Memory"}
     for section, title in titles.items():
         shown = [c for c in columns.columns(rows) if c.terminal is not None and c.terminal_cell is not None

@@ -1,0 +1,1 @@
+"""Search: the fastest configuration without running the grid (docs/search.md)."""

@@ -1,0 +1,88 @@
+"""The space a search covers (issue 40; docs/search.md): named axes, each a config key and its values, that
+apply only where the composed config has that key (a DDP bucket size means nothing to FSDP2; activation
+checkpointing only to a model that has it). What the user types fixes a key (`amp=O1`) or makes it an axis of its
+own (`model.seq_len=64,128`), as in any sweep."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Axis:
+    """`key` takes each of `values`; `always`: the key is in every config (else only where composition has it)."""
+
+    key: str
+    values: tuple[str, ...]
+    always: bool = False
+
+
+# What matters first for the speed of data-parallel training, in the order a reader meets it. The micro-batch
+# axis is gradient accumulation: the global batch the user asked for stays, each step's micro-batch halves.
+AXES: dict[str, Axis] = {
+    "strategy": Axis("strategy", ("ddp", "zero", "fsdp"), always=True),
+    "amp": Axis("amp", ("O0", "O1"), always=True),
+    "micro_batch": Axis("grad_accum", ("1", "2", "4"), always=True),
+    "bucket": Axis("strategy.bucket_cap_mb", ("25", "100")),
+    "comm_hook": Axis("strategy.comm_hook", ("none", "bf16")),
+    "compile": Axis("compile", ("false", "true"), always=True),
+    "checkpoint": Axis("model.checkpoint", ("false", "true")),
+}
+
+
+def key_of(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def swept(override: str) -> list[str] | None:
+    """The values a typed `key=a,b` sweeps; None for one value (a list value `key=[a,b]` is one value)."""
+    value = override.partition("=")[2]
+    if "," not in value or value.lstrip().startswith(("[", "{")):
+        return None
+    return value.split(",")
+
+
+def check_axes(names: Sequence[str]) -> list[Axis]:
+    """`search.axes` as given: each a known axis, at least one, none twice."""
+    unknown = [n for n in names if n not in AXES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ConfigError("search.axes", list(names), f"a list of distinct axes from {', '.join(AXES)}")
+    return [AXES[n] for n in names]
+
+
+def combinations(typed: Sequence[str], axes: Sequence[Axis], has_key: Callable[[list[str], str], bool]
+                 ) -> list[list[str]]:
+    """Every combination of the space: the typed overrides (a comma list is an axis of its own, a single value
+    fixes its key) crossed with each axis the user did not type, where it applies. `has_key(overrides, key)`:
+    whether the config those overrides compose has `key` (an axis that does not apply is left out of that
+    combination, not crossed with it)."""
+    fixed = {key_of(o) for o in typed}
+    own = [[o] if (values := swept(o)) is None else [f"{o.partition('=')[0]}={v}" for v in values] for o in typed]
+    searched = [a for a in axes if a.key not in fixed]
+    found: list[list[str]] = []
+    for base in itertools.product(*own):
+        stems = [list(base)]
+        for axis in searched:  # in AXES' order: the strategy is chosen before the axes that depend on it
+            grown: list[list[str]] = []
+            for stem in stems:
+                if axis.always or has_key(stem, axis.key):
+                    grown += [[*stem, f"{axis.key}={value}"] for value in axis.values]
+                else:
+                    grown.append(stem)
+            stems = grown
+        found += stems
+    return _unique(found)
+
+
+def _unique(found: list[list[str]]) -> list[list[str]]:
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for combination in found:
+        if tuple(combination) not in seen:
+            seen.add(tuple(combination))
+            out.append(combination)
+    return out
