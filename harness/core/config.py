@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from harness.core.amp_levels import LEVELS, AmpConfig
 from harness.core.defaults import from_env, hydra_defaults, on_hardware
@@ -449,28 +449,28 @@ def check_nprocs(nprocs: Any) -> int:
     return int(nprocs)
 
 
-def check_parity(section: Any) -> ParityConfig:
-    """`parity=true|false` (the shorthand Hydra leaves as a bool) or the section itself."""
+T = TypeVar("T")
+
+
+def switch_or_section(key: str, section: Any, record: type[T]) -> T:
+    """`key=true|false` (the shorthand Hydra leaves as a bool) or the section itself, as its record."""
     if section is None:
-        return ParityConfig()
+        return record()
     if isinstance(section, bool):
-        return ParityConfig(enabled=section)
+        return record(enabled=section)
     if not isinstance(section, Mapping):
-        raise ConfigError("parity", section, "true, false, or the section (parity.enabled, parity.reference)")
-    parity = ParityConfig(**check_record("parity", section, ParityConfig))
-    return parity
+        fields = ", ".join(f"{key}.{f.name}" for f in dataclasses.fields(record))  # type: ignore[arg-type]
+        raise ConfigError(key, section, f"true, false, or the section ({fields})")
+    return record(**check_record(key, section, record))
+
+
+def check_parity(section: Any) -> ParityConfig:
+    return switch_or_section("parity", section, ParityConfig)
 
 
 def check_search(section: Any) -> SearchConfig:
     """`search=true|false` (the shorthand) or the section; every axis known, none twice; a budget > 0."""
-    if section is None:
-        return SearchConfig()
-    if isinstance(section, bool):
-        return SearchConfig(enabled=section)
-    if not isinstance(section, Mapping):
-        raise ConfigError("search", section, "true, false, or the section (search.enabled, search.axes, "
-                          "search.prune_factor, search.budget_s)")
-    search = SearchConfig(**check_record("search", section, SearchConfig))
+    search = switch_or_section("search", section, SearchConfig)
     axes = list(search.axes)
     if not axes or len(set(axes)) != len(axes) or any(a not in SEARCH_AXES for a in axes):
         raise ConfigError("search.axes", axes, f"a list of distinct axes from {', '.join(SEARCH_AXES)}")
@@ -485,13 +485,7 @@ def check_search(section: Any) -> SearchConfig:
 def check_plan(section: Any) -> PlanConfig:
     """`plan=true|false` or the section. Whether `plan.hardware` names a preset, and the preset's own fields,
     are checked where presets are read (harness.plan.hardware), before anything starts."""
-    if section is None:
-        return PlanConfig()
-    if isinstance(section, bool):
-        return PlanConfig(enabled=section)
-    if not isinstance(section, Mapping):
-        raise ConfigError("plan", section, "true, false, or the section (plan.enabled, plan.hardware, plan.enforce)")
-    plan = PlanConfig(**check_record("plan", section, PlanConfig))
+    plan = switch_or_section("plan", section, PlanConfig)
     if not plan.hardware or not str(plan.hardware).replace("-", "").replace("_", "").isalnum():
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
                           "digits, - and _)")
