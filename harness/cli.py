@@ -183,8 +183,10 @@ def sweep_estimate(cfg: RunConfig, runs: int, timed: Sequence[float], multirun: 
         total = round_s * cfg.repeat
         how = f"{cfg.repeat} rounds (repeat={cfg.repeat})"
     else:
-        total = max(2 * round_s, min(cfg.timing.budget_s, round_s * 100))
-        how = f"racing within timing.budget_s={cfg.timing.budget_s:g} s, two rounds at least"
+        key, budget = ("search.budget_s", cfg.search.budget_s) if cfg.search.enabled else \
+            ("timing.budget_s", cfg.timing.budget_s)
+        total = max(2 * round_s, min(budget, round_s * 100))
+        how = f"racing within {key}={budget:g} s, two rounds at least"
     return (f"The sweep: {runs} runs a round, about {round_s:.0f} s each round (predicted loops + about "
             f"{RUN_OVERHEAD_S:.0f} s a run), {how}: about {max(1, round(total / 60))} min.")
 

@@ -231,6 +231,10 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     assert result.steps >= calibrate.MIN_STEPS and result.micro_batch == 4
     assert result.threads == decided.placement.threads_per_process  # the rank's threads, not the parent's
     assert result.forward_backward_s > 0 and result.optimizer_s > 0
+    # gradient accumulation: DDP's no_sync around every micro-batch but the last, in the same child
+    accumulated = dataclasses.replace(cfg, grad_accum=2)
+    two = calibrate.calibrate_strategy(accumulated, decided.placement, decided.amp, micro_batch=2)
+    assert two.forward_backward_s > 0 and two.micro_batch == 2
     workers = [psutil.Process(p.pid) for p in calibrate._pool._processes.values()]  # the pool's own child
     assert workers and all(w.pid != psutil.Process().pid for w in workers)
     calibrate.shutdown()

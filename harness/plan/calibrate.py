@@ -250,12 +250,17 @@ def _strategy_child(key: bytes) -> Calibration:
         model.train()
         images, labels = inputs.example(micro_batch * cfg.grad_accum, strategy.device)
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
+
+        def sync_skipped(last: bool) -> contextlib.AbstractContextManager[Any]:
+            return contextlib.nullcontext() if last else no_sync_for(strategy, model)
         def forward_backward() -> None:
             for k, (part, part_labels) in enumerate(parts):
-                context = no_sync_for(strategy, model) if k < len(parts) - 1 else contextlib.nullcontext()
-                with context, plugin.forward_context():
+                last = k == len(parts) - 1
+                # a new context for each `with`: a generator's context manager is spent once entered (entering
+                # the same one again raised AttributeError, and no run with grad_accum > 1 was predicted)
+                with sync_skipped(last), plugin.forward_context():
                     loss = loss_of(model(part), part_labels) / cfg.grad_accum
-                with context:
+                with sync_skipped(last):
                     plugin.backward(loss)
 
         def step() -> None:
