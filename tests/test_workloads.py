@@ -113,6 +113,21 @@ def test_a_vision_transformer_is_fed_images_of_its_own_size(tmp_path):
     assert spec.plan.inputs == images(16, 10) and spec.plan.inputs.image_size == 16
 
 
+def test_a_vision_transformer_is_traced_at_o1_too():
+    """torchvision's ViT initialises with trunc_normal_, which fake tensors (the O1 trace's) cannot run: it is
+    traced built on the meta device instead, so its O1 rows get FLOPs (MFU) and a predicted peak. The FLOPs are
+    the same computation at either level, but for attention's kernel, counted apart under autocast (27.5 against
+    29.3 MFLOP here)."""
+    from harness.core.amp_levels import AmpConfig, resolve
+    from harness.plan.trace import trace_step
+
+    model = {"_target_": "harness.rank.models.vit", "image_size": 16, "patch_size": 4}
+    sgd = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}
+    o1, o0 = (trace_step(model, images(16, 10), resolve(AmpConfig(level=level), "cpu"), sgd, 4)
+              for level in ("O1", "O0"))
+    assert o1.tracer == "fake" and o1.peak > 0 and o1.flops == pytest.approx(o0.flops, rel=0.1)
+
+
 @pytest.mark.parametrize(("strategy", "target", "noted"), [("fsdp", "torch.nn.Linear", True),
                                                           ("fsdp", "examples.custom_workload.build", False),
                                                           ("ddp", "torch.nn.Linear", False)])

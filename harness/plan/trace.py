@@ -68,6 +68,23 @@ class StepTrace:
         return data
 
 
+def _built(options: dict[str, Any], inputs: Inputs, device: torch.device) -> torch.nn.Module:
+    """The model, inside `_tensors`. Where an initialiser cannot run on fake tensors (torchvision's ViT:
+    `trunc_normal_` raised DataDependentOutputException), it is built on the meta device instead and given fake
+    storage of its own: the trace needs the shapes, never the initial values."""
+    try:
+        return instantiate(options, **dict(inputs.provided))
+    except Exception:  # noqa: BLE001 (any initialiser's own error: the meta device's build decides)
+        if device.type == "meta":
+            raise
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = instantiate(options, **dict(inputs.provided))
+        # new fake storage of each shape (to_empty's empty_like would be handed the meta tensors themselves)
+        return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 @contextlib.contextmanager
 def _tensors(fake: bool) -> Iterator[torch.device]:
     if fake:
@@ -101,7 +118,7 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device:
         torch.manual_seed(0)
-        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
+        model = _built({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, inputs, device)
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(model)
         units = tuple(sum(_bytes(p) for p in dict(model.named_modules())[name].parameters())

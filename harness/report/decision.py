@@ -120,22 +120,22 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
                      else _nothing_timed(rows))
     else:
         best = by_label[str(state.leader)]
-        figure = _figure(best)
+        said = figure(best)
         m = state.margin
         if len(ok) == 1:
-            parts.append(f"Only {best.label} was timed: {figure}.")
+            parts.append(f"Only {best.label} was timed: {said}.")
         elif m is not None and not m.known:
-            parts.append(f"Fastest measured: {best.label}, {figure}, {_ratio_words(m)} {state.runner_up}; not judged: "
+            parts.append(f"Fastest measured: {best.label}, {said}, {_ratio_words(m)} {state.runner_up}; not judged: "
                          + _no_spread(plan, rows))
         elif state.decided == "winner":
-            parts.append(f"Fastest: {best.label}, {figure}; {_ratio_words(m)} the runner-up {state.runner_up} "
+            parts.append(f"Fastest: {best.label}, {said}; {_ratio_words(m)} the runner-up {state.runner_up} "
                          f"(faster: its interval excludes 1).")
         elif state.decided == "tie":
             tied = [best.label, *map(str, state.tied)]
             parts.append(f"Equivalent within ±{100 * fit.design.margin:.0f} %: {', '.join(tied)} (the fastest measured: "
-                         f"{best.label}, {figure}).")
+                         f"{best.label}, {said}).")
         else:
-            parts.append(f"Undecided: {best.label} ({figure}) leads {state.runner_up} by {_ratio_words(m)}; "
+            parts.append(f"Undecided: {best.label} ({said}) leads {state.runner_up} by {_ratio_words(m)}; "
                          + _more_rounds(m, fit, plan, command, rows))
         if state.stopped:
             early = [(k, r) for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
@@ -165,7 +165,7 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
 
 
 
-def _figure(best: Row) -> str:
+def figure(best: Row) -> str:
     """`1199.2 img/s [95 % ...]`; a token model's in tokens/s; a workload of one's own in samples/s."""
     tokens = best.tokens_per_sample
     if tokens:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.report.decision import Decision, decide
+from harness.report.decision import Decision, decide, figure
 from harness.report.rows import Context, Row, build_rows, context, find_results, judged, row_fit
 from harness.search.answer import SearchAnswer, answer
 from harness.search.record import read_search
@@ -61,7 +61,8 @@ def search_answer(paths: list[Path], rows: list[Row], plan: SweepPlan | None) ->
     if record is None:
         return None
     fit = row_fit(rows, planned=plan.planned if plan else None)
-    return answer(record, rows, standing(fit, [r.label for r in judged(rows)]), plan.margin if plan else 0.05)
+    return answer(record, rows, standing(fit, [r.label for r in judged(rows)]), plan.margin if plan else 0.05,
+                  figure)
 
 
 def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = ()) -> Report:

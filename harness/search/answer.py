@@ -5,7 +5,7 @@ failed and why, and what the search cost beside what the grid would have. Decide
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,9 @@ def training_command(overrides: Sequence[str]) -> str:
     return " ".join(["python run.py", *kept])
 
 
-def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: float) -> SearchAnswer:
+def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: float,
+           figure_of: Callable[[Row], str]) -> SearchAnswer:
+    """`figure_of(row)`: the row's throughput as the verdict words it (its unit, its interval)."""
     by_label = {r.label: r for r in rows}
     leader = by_label.get(str(state.leader)) if state.leader is not None else None
     failed = [(r.label, r.reason or r.status) for r in rows if r.status not in ("ok",) and not r.throughput]
@@ -61,7 +63,7 @@ def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: f
     if leader is None:
         sentence = "no candidate measured a throughput on a quiet machine: nothing can be recommended"
     else:
-        figure = f"{leader.throughput:.1f}{interval_text(leader.throughput_lo, leader.throughput_hi)} samples/s"
+        figure = figure_of(leader)
         if state.decided == "winner" and state.margin is not None:
             over = f"{state.margin.ratio:.2f}x{interval_text(state.margin.lo, state.margin.hi)} the runner-up " \
                    f"{state.runner_up}"
