@@ -181,4 +181,4 @@ def _search_section(found: SearchAnswer | None) -> str:
     return (f'<section id="search"><h2>Search</h2><p class="verdict"><strong>Answer:</strong> '
             f"{html.escape(found.sentence)}</p>{command}<p>Cost: {html.escape(found.cost)}</p>"
             f"{listed('Pruned by prediction, not run', found.pruned)}"
-            f"{listed('Failed or skipped (the search went on)', found.failed)}</section>")
+            f"{listed('Failed, skipped or stopped', found.failed)}</section>")

@@ -42,7 +42,7 @@ class SearchAnswer:
             lines += [f"Pruned by prediction ({len(self.pruned)}, not run):", "",
                       *[f"- {name}: {reason}" for name, reason in self.pruned], ""]
         if self.failed:
-            lines += ["Failed or skipped (the search went on):", "",
+            lines += ["Failed, skipped or stopped:", "",
                       *[f"- {name}: {reason}" for name, reason in self.failed], ""]
         return lines
 
@@ -77,6 +77,8 @@ def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: f
             sentence = (f"{leader.label} leads ({figure}), but the rule could not separate it from "
                         f"{', '.join(map(str, state.open))} within the budget: any of them, or search again with "
                         "a larger search.budget_s")
+    if record.ended_at is None:  # Ctrl-C, a scheduler's signal: what finished, said as partial
+        sentence = f"interrupted before it ended; from what finished: {sentence}"
     command = training_command(leader.overrides) if leader is not None and leader.overrides else None
     return SearchAnswer(sentence, leader.label if leader is not None else None, state.decided, command, pruned, failed,
                         cost_words(record))
