@@ -4,6 +4,7 @@ every module here when it starts: the harness is imported lazily."""
 
 # No `from __future__ import annotations`: Hydra loads this module outside sys.modules, where dataclasses
 # cannot resolve string annotations, and OmegaConf needs the real types of the config below.
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional  # noqa: UP035 (real types for OmegaConf, see above)
@@ -75,8 +76,6 @@ class RoundsSweeper(BasicSweeper):
         run_rounds(combinations, launch, settings.repeat, budget_s, str(template), describe,
                    margin=settings.verdict.margin, progress=progress)
         if search is not None:
-            import time
-
             search.ended_at = time.time()
             search.write(sweep_dir)
         return returns

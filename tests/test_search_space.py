@@ -49,6 +49,13 @@ def test_what_the_user_types_fixes_a_key_or_is_an_axis_of_its_own():
                    ["strategy=ddp", "model.seq_len=128", "strategy.comm_hook=bf16"]]
 
 
+def test_the_axes_are_the_ones_the_config_allows():
+    """search.axes is checked in the parent against SEARCH_AXES (harness.core.config); the space knows each."""
+    from harness.core.config import SEARCH_AXES
+
+    assert tuple(AXES) == SEARCH_AXES
+
+
 @pytest.mark.parametrize("axes", [["strategy", "precision"], [], ["amp", "amp"]])
 def test_an_unknown_empty_or_repeated_axis_list_is_named(axes):
     with pytest.raises(ConfigError, match="search.axes=.* is not allowed: a list of distinct axes from strategy, amp"):

@@ -17,9 +17,9 @@ def pool(row: Row, ok: Sequence[RunRecord]) -> None:
     """Memory of every repeat: the parameters the largest rank holds (a shard under FSDP2); per device the median
     of the repeats' use, the row's figures the median of
     the repeats' largest (and smallest) device, with min-max over repeats as the spread."""
-    held = [max(held) for held in ([e.params_held_mib for e in r.ranks if e.params_held_mib is not None]
-                                   for r in ok) if held]
-    row.params_rank_mib = statistics.median(held) if held else None
+    per_run = [[e.params_held_mib for e in r.ranks if e.params_held_mib is not None] for r in ok]
+    largest = [max(ranks) for ranks in per_run if ranks]
+    row.params_rank_mib = statistics.median(largest) if largest else None
     balances = [imbalance.analyze(r) for r in ok]
     runs = [b for b in balances if b.devices]
     row.sources = sorted({r.memory.source or "none" for r in ok})

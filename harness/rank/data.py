@@ -31,6 +31,7 @@ import torch
 
 from harness.core.config import DataConfig
 from harness.core.inputs import Batch, Inputs
+from harness.rank.host_source import HostSource
 from harness.rank.token_file import TokenFileSource
 
 
@@ -191,36 +192,18 @@ def sharded_loader(data: DataConfig, dataset: Any, local_batch: int, shards: int
     return loader, sampler
 
 
-class LoaderSource:
+class LoaderSource(HostSource):
     """Batches from a DataLoader, moved to the device; a new epoch (reshuffled) whenever one ends."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, sampler: EpochTagged,
                  device: torch.device, pid_dir: Path | None = None,
                  memory_format: torch.memory_format = torch.contiguous_format) -> None:
+        super().__init__()
         self._loader, self._sampler, self._device, self._pid_dir = loader, sampler, device, pid_dir
         self._memory_format = memory_format
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         self._epoch = 0
         self._iterator: Any = iter(loader)  # workers start now, before the clock
-        self._held: Batch | None = None  # fetched by first(), handed out by the next next()
-        self.waited = 0.0
-
-    def first(self) -> Batch:
-        if self._held is None:
-            self._held = self._to_device(self._load())
-        return self._held
-
-    def next(self) -> Batch:
-        """Only the wait for the loader's batch is counted, not its copy to the device: from pageable memory
-        (pin_memory=false) a CUDA copy waits for everything queued on the stream before it, i.e. the previous
-        iteration's kernels (compute, not data)."""
-        if self._held is not None:
-            batch, self._held = self._held, None
-            return batch
-        start = time.perf_counter()
-        host = self._load()
-        self.waited += time.perf_counter() - start
-        return self._to_device(host)
 
     def _load(self) -> Batch:
         try:

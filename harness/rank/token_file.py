@@ -7,11 +7,10 @@ The file is a flat array of token ids: `.npy` (its dtype is in its header) or ra
 are drawn from the run's seed, the same on every rank, and a process keeps its consecutive slice by rank (as
 data=synthetic does): every strategy and layout trains on the same global batches in the same order, so parity
 holds. Reading happens in the loop, counted as the loop's wait for data (data_wait_s); the copy to the device is
-not (harness.rank.data.LoaderSource says why)."""
+not (harness.rank.host_source says why)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from harness.core.config import DataConfig
 from harness.core.errors import ConfigError
 from harness.core.inputs import Batch, Inputs
+from harness.rank.host_source import HostSource
 
 SCAN_CHUNK = 1 << 24  # token ids checked per step of the parent's scan for ids beyond the vocabulary
 
@@ -58,20 +58,19 @@ def check_token_file(data: DataConfig, inputs: Inputs) -> int:
     return int(ids.size)
 
 
-class TokenFileSource:
+class TokenFileSource(HostSource):
     """Global batch k (k = 1, 2, ...): `global_batch` windows at offsets drawn from the seed's generator, of
     which this process keeps samples [shard * local_batch, (shard + 1) * local_batch)."""
 
     def __init__(self, data: DataConfig, seq_len: int, global_batch: int, local_batch: int, shard: int,
                  device: torch.device, seed: int) -> None:
+        super().__init__()
         self._ids = open_tokens(data)
         self._seq_len, self._global, self._device = seq_len, global_batch, device
         self._slice = slice(shard * local_batch, (shard + 1) * local_batch)
         self._generator = torch.Generator().manual_seed(seed)
-        self._held: Batch | None = None
-        self.waited = 0.0
 
-    def _read(self) -> Batch:
+    def _load(self) -> Batch:
         """The next global batch's offsets (drawn whole, on every rank alike), this process's windows read."""
         offsets = torch.randint(0, self._ids.size - self._seq_len, (self._global,), generator=self._generator)
         windows = np.stack([self._ids[o:o + self._seq_len + 1] for o in offsets[self._slice].tolist()])
@@ -80,23 +79,6 @@ class TokenFileSource:
 
     def _to_device(self, batch: Batch) -> Batch:
         return batch[0].to(self._device), batch[1].to(self._device)
-
-    def first(self) -> Batch:
-        if self._held is None:
-            self._held = self._to_device(self._read())
-        return self._held
-
-    def next(self) -> Batch:
-        if self._held is not None:
-            batch, self._held = self._held, None
-            return batch
-        start = time.perf_counter()
-        host = self._read()
-        self.waited += time.perf_counter() - start
-        return self._to_device(host)
-
-    def worker_pids(self) -> list[int]:
-        return []
 
     def close(self) -> None:
         self._ids = None  # type: ignore[assignment]  # the memory map is released with it

@@ -30,7 +30,6 @@ class SearchRecord:
     prune_factor: float = 2.0
     budget_s: float = 0.0
     command: str = ""  # as typed
-    base: list[str] = field(default_factory=list)  # the overrides every candidate shares (the typed ones)
     started_at: float | None = None
     ended_at: float | None = None
     runs: int = 0
