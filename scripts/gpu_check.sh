@@ -32,7 +32,9 @@ if [ -d apex-src ] && ! "$py" -c "import apex.amp" 2>/dev/null; then
         >"$out/apex-build.log" 2>&1 || echo "apex build failed: see $out/apex-build.log (apex tests will skip)"
 fi
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
-"$py" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider --junitxml="$out/junit.xml" 2>&1 | tee "$out/pytest.log"
+# GPU_CHECK_SELECT="words": only the tests whose names match (pytest -k), e.g. to rerun what failed
+"$py" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider --junitxml="$out/junit.xml" \
+    ${GPU_CHECK_SELECT:+-k "$GPU_CHECK_SELECT"} 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 "$py" scripts/gpu_summary.py "$out/junit.xml" "$out/gpu-check.md" "$commit"
 # the GPU model's predictions against this GPU (rows to append to harness/plan/published.csv, then refit)

@@ -99,9 +99,14 @@ def main(argv: list[str]) -> int:
         except Exception as error:  # noqa: BLE001 (one case out of memory or unsupported: the others still count)
             lines.append(f"| {case.name} | failed: {str(error).splitlines()[0][:120]} | | |")
             continue
-        predicted = published.predict_case(case, factors, load_preset(preset))
+        rows.append(dataclasses.replace(case, published=round(measured, 1)))  # the measurement stands alone
+        try:
+            predicted = published.predict_case(case, factors, load_preset(preset))
+        except Exception as error:  # noqa: BLE001 (the model's failure is a finding, not the end of the check)
+            lines.append(f"| {case.name} | {measured:.1f} | failed: {str(error).splitlines()[0][:120]} | |")
+            print(lines[-1], flush=True)
+            continue
         lines.append(f"| {case.name} | {measured:.1f} | {predicted:.1f} | {measured / predicted:.3f} |")
-        rows.append(dataclasses.replace(case, published=round(measured, 1)))
         print(lines[-1], flush=True)
     (out / "gpu-projection.md").write_text("\n".join(lines) + "\n")
     with (out / "gpu-projection.csv").open("w", newline="") as handle:

@@ -191,6 +191,9 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: tuple[str, int]) -> str | bytes:  # noqa: N802
         return b"NVIDIA H100" if handle[1] == 0 else "NVIDIA A100"
 
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (pynvml.py: `return c_count.value`, every GPU on the machine)
+        return len(self.used)
+
 
 LAUNCHER, OTHER_USER, RANK0, RANK1, STRANGER = 1000, 999, 1001, 1002, 1003
 

@@ -75,3 +75,20 @@ def test_a_busy_calibration_is_flagged_in_the_prediction_and_the_plans_table(mon
 @pytest.mark.parametrize("ratio", [None, 1.0])
 def test_no_cached_rate_or_a_quiet_one_is_not_busy(ratio):
     assert Calibration(0.1, 0.01, 5, 8, 2, 0.1, background_cores=0.0, gemm_ratio=ratio).busy is None
+
+
+def test_the_calibration_of_a_gpu_runs_in_a_spawned_child_and_comes_back():
+    """The path every GPU run's prediction takes (a spawned child, so the parent never opens a CUDA context),
+    here with the CPU as its device: the function sent must pickle by name. The cached one did not, and on an
+    H200 every run went unpredicted ("Can't pickle <function _calibrate>: it's not the same object")."""
+    from harness.core.amp_levels import AmpConfig, resolve
+    from harness.core.config import DataConfig
+    from harness.core.inputs import inputs_of
+    from harness.plan.calibrate import _in_child
+    from harness.plan.trace import hashable
+
+    model = {"_target_": "harness.rank.models.TinyCNN", "num_classes": 10}
+    inputs = inputs_of(model, DataConfig(name="synthetic", image_size=16, num_classes=10))
+    sgd = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}
+    got = _in_child(hashable(model), inputs, resolve(AmpConfig(level="O0"), "cpu"), hashable(sgd), 4, 1, 1, "cpu")
+    assert isinstance(got, Calibration) and got.forward_backward_s > 0

@@ -88,3 +88,27 @@ def test_a_good_user_preset_loads(tmp_path):
 
 def test_the_preset_folder_is_in_conf():
     assert PRESET_DIR.parts[-3:] == ("conf", "plan", "hardware")
+
+
+def test_the_machine_key_names_gpus_through_nvml_without_opening_a_cuda_context(monkeypatch):
+    """torch.cuda.get_device_name initialises CUDA: in the parent it would hold a context's device memory
+    (about 500 MiB) through every run it launches."""
+    import sys
+
+    import torch
+    from test_memory import FakeNvml
+
+    from harness.plan import hardware
+
+    def refuse(*args: object) -> str:
+        raise AssertionError("torch.cuda.get_device_name opens a CUDA context in the parent")
+
+    nvml = FakeNvml(used={0: 0, 1: 0}, procs={})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", refuse)
+    assert hardware.gpu_names() == ["NVIDIA H100", "NVIDIA A100"]
+    two = hardware.machine_key()
+    assert nvml.initialised == nvml.shut_down == 2
+    nvml.used = {0: 0}
+    assert hardware.machine_key() != two  # another set of GPUs: measured again

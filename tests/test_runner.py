@@ -207,3 +207,15 @@ def test_mfu_is_the_global_steps_flops_at_the_measured_pace_over_every_devices_p
     assert model_flops_utilisation(402_653_184, 0.2544, 1199.24, 8, 1) == pytest.approx(0.2373, abs=1e-4)
     assert model_flops_utilisation(402_653_184, 0.2544, 1199.24, 8, 2) == pytest.approx(0.2373 / 2, abs=1e-4)
     assert model_flops_utilisation(None, 0.2544, 1199.24, 8, 1) is None  # not predicted: no FLOPs counted
+
+
+def test_an_mfu_above_the_peak_is_refused_with_the_peak_it_was_divided_by():
+    from harness.launch.runner import plausible_mfu
+
+    assert plausible_mfu(0.2373, 0.2544, "local") == (0.2373, None)
+    assert plausible_mfu(1.0, 0.2544, "local") == (1.0, None)
+    assert plausible_mfu(None, None, "") == (None, None)
+    mfu, why = plausible_mfu(877.7, 0.04631, "local: this machine's measured GEMM rate, float16")
+    assert mfu is None
+    assert why == ("MFU not reported: the run computed 87770% of the peak 0.04631 TFLOP/s (local: this machine's "
+                   "measured GEMM rate, float16), so that peak is wrong")

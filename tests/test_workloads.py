@@ -5,6 +5,7 @@ model_check.py): one line naming the key, exit 2, nothing written."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -140,3 +141,29 @@ def test_fsdp_says_so_when_the_model_has_no_blocks_to_shard(strategy, target, no
     plan = run_plan(composed.run, probe_hardware(), resolved=composed.config)
     notes = [n for n in plan.placement.notes if "names no blocks" in n]
     assert bool(notes) is noted, plan.placement.notes
+
+
+class LegacyStepCounter(torch.optim.SGD):
+    """As torch.optim.Adam before torch 2.14: its step counter made on the default device
+    (`torch.tensor(0.0, dtype=...)`, no device) and read back with `.item()` (torch 2.11's adam.py)."""
+
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
+                state["step"] += 1
+                assert state["step"].item() >= 1
+        return super().step(closure)
+
+
+def test_an_optimizer_that_keeps_its_step_count_on_the_default_device_is_traced_on_meta():
+    """The O0 trace builds on the meta device; an optimizer making a scalar there and reading it failed with
+    "Tensor.item() cannot be called on meta tensors" (every Adam prediction on an H200 with torch 2.11)."""
+    from harness.core.amp_levels import AmpConfig, resolve
+    from harness.plan.trace import trace_step
+
+    model = {"_target_": "harness.rank.models.TinyCNN", "num_classes": 10}
+    optim = {"_target_": f"{__name__}.LegacyStepCounter", "_partial_": True, "lr": 0.01}
+    got = trace_step(model, images(16, 10), resolve(AmpConfig(level="O0"), "cpu"), optim, 4)
+    assert got.tracer == "meta" and got.flops > 0

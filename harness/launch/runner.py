@@ -136,8 +136,13 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
     if prediction is not None:
         results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
                                                        records)
-        results["mfu"] = model_flops_utilisation(prediction.flops_per_iteration, prediction.peak_tflops,
-                                                 results["throughput_img_s"], cfg.batch_size, decided.device_ranks)
+        results["mfu"], refused = plausible_mfu(
+            model_flops_utilisation(prediction.flops_per_iteration, prediction.peak_tflops,
+                                    results["throughput_img_s"], cfg.batch_size, decided.device_ranks),
+            prediction.peak_tflops, prediction.peak_source)
+        if refused:
+            log.warning("[%s] %s", decided.label, refused)
+            results["notes"] = [*results["notes"], refused]
     record = publish(run_dir, results)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
@@ -172,6 +177,15 @@ def model_flops_utilisation(flops_per_iteration: int | None, peak_tflops: float 
     if not (flops_per_iteration and peak_tflops and throughput and devices):
         return None
     return flops_per_iteration * (throughput / global_batch) / (devices * peak_tflops * 1e12)
+
+
+def plausible_mfu(mfu: float | None, peak_tflops: float | None, peak_source: str) -> tuple[float | None, str | None]:
+    """The MFU, or None and why: above 100 % the peak it was divided by is wrong, and no figure is better than
+    one that says a run beat its hardware (an H200's run once showed 87,771 %)."""
+    if mfu is None or mfu <= 1:
+        return mfu, None
+    return None, (f"MFU not reported: the run computed {mfu:.0%} of the peak {peak_tflops:.4g} TFLOP/s "
+                  f"({peak_source}), so that peak is wrong")
 
 
 def say_predicted(label: str, prediction: Prediction) -> None:

@@ -136,23 +136,24 @@ def calibrate(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim:
     never creates a CUDA context (its workers, forked or not, own the GPUs)."""
     args = (hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, threads)
     if device == "cuda":
-        return _in_child(*args)
+        return _in_child(*args, "cuda")
     return _calibrate(*args, "cpu")
 
 
 @functools.lru_cache(maxsize=32)
 def _in_child(*args: Any) -> Calibration:
+    """`_measure` in a spawned child: the plain function, which pickles by its name (the cached `_calibrate`
+    is another object under that name, which pickle refuses: every GPU run was left unpredicted by that)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_calibrate.__wrapped__, *args, "cuda").result()
+        return pool.submit(_measure, *args).result()
 
 
-@functools.lru_cache(maxsize=32)
-def _calibrate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
-               optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int,
-               threads: int, device_type: str) -> Calibration:
+def _measure(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
+             optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int,
+             threads: int, device_type: str) -> Calibration:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     device = torch.device(device_type)
@@ -179,6 +180,9 @@ def _calibrate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpS
             return timed_steps(forward_backward, step, sync, micro_batch, threads, device_type)
     finally:
         torch.set_num_threads(previous)
+
+
+_calibrate = functools.lru_cache(maxsize=32)(_measure)  # in-process (CPU): each combination once
 
 
 # ---- through the strategy itself, one process: what its wrapper and hooks cost beside the model ----

@@ -160,10 +160,26 @@ def machine_key() -> str:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    gpus = gpu_names() if torch.cuda.is_available() else []
     text = json.dumps([cpu, len(os.sched_getaffinity(0)), gpus, torch.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gpu_names() -> list[str]:
+    """Every GPU's name through NVML: torch.cuda.get_device_name would open a CUDA context in the parent, which
+    then holds device memory through the whole run. Without NVML, torch's count alone."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 (no NVML library or driver: any of pynvml's errors)
+        return [f"{torch.cuda.device_count()} GPUs"]
+    try:
+        names = (pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(pynvml.nvmlDeviceGetCount()))
+        return [name.decode() if isinstance(name, bytes) else name for name in names]
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def cache_path() -> Path:

@@ -207,8 +207,12 @@ def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor,
 
 
 def _step(plugin: NativeAmp, optimizer: torch.optim.Optimizer) -> None:
-    plugin.step(optimizer)
-    plugin.zero_grad(optimizer)
+    """Under the CPU as default device: torch before 2.14 made Adam's step counter with no device, so inside
+    the meta-device build it became a meta tensor, whose `.item()` then failed (seen on torch 2.11). The
+    parameters' state follows the parameters (`zeros_like`) and stays on the tracer's device."""
+    with torch.device("cpu"):
+        plugin.step(optimizer)
+        plugin.zero_grad(optimizer)
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
