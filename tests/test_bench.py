@@ -30,6 +30,7 @@ SCRIPTS = {
     "verdicts.py": ["== verdicts against known truths"],
     "prediction.py": ["== predicted against measured, per case"],
     "prediction_llm.py": ["== predicted against measured, per case"],
+    "search.py": ["== searches against the exhaustive sweep =="],
     "projection.py": ["== each published result, predicted by factors fitted without it",
                       "== the same prediction, quiet and loaded"],
 }

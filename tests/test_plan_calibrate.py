@@ -78,9 +78,10 @@ def test_no_cached_rate_or_a_quiet_one_is_not_busy(ratio):
 
 
 def test_the_calibration_of_a_gpu_runs_in_a_spawned_child_and_comes_back():
-    """The path every GPU run's prediction takes (a spawned child, so the parent never opens a CUDA context),
-    here with the CPU as its device: the function sent must pickle by name. The cached one did not, and on an
-    H200 every run went unpredicted ("Can't pickle <function _calibrate>: it's not the same object")."""
+    """The path a GPU run's prediction takes with plan.calibration=model (a spawned child, so the parent never
+    opens a CUDA context), here with the CPU as its device: the function sent must pickle by name. The cached
+    one did not, and on an H200 such runs went unpredicted ("Can't pickle <function _calibrate>: it's not the
+    same object")."""
     from harness.core.amp_levels import AmpConfig, resolve
     from harness.core.config import DataConfig
     from harness.core.inputs import inputs_of

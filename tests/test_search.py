@@ -6,9 +6,10 @@ what failed and what it cost."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
-from conftest import TINY, describe, run_sweep
+from conftest import START_TIMEOUT_S, STOP_BOUND_S, TINY, LiveRun, describe, run_sweep
 
 from harness import cli
 
@@ -74,3 +75,25 @@ def test_a_tiny_search_finds_the_larger_micro_batch_and_goes_on_past_a_crash(tmp
     text = (sweep / "report.md").read_text()
     assert text.index("## Search") < text.index("**Verdict:**")
     assert "Search: " in proc.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_search_with_the_answer_from_what_finished(tmp_path):
+    """Two candidates, the second one endless: SIGINT while it trains ends the search within the bound, and the
+    answer is the finished one's, said as partial; nothing of the run is left."""
+    sweep = tmp_path / "sweep"
+    first = sweep / "0_single_O0_iterations-40" / "results.json"
+    with LiveRun("-m", "search=true", "strategy=single", "amp=O0", "grad_accum=1", "iterations=40,100000", *TINY,
+                 "log_every=20", "plan.predict=false", "launcher.start_method=forkserver",
+                 f"hydra.sweep.dir={sweep}") as run:
+        assert run.wait_until(lambda: first.exists() and "/100000 " in run.stdout, START_TIMEOUT_S), run.describe()
+        sent = run.signal(signal.SIGINT)
+        code = run.wait(timeout=STOP_BOUND_S + 60)
+    assert code == 130 and run.ended_at - sent < STOP_BOUND_S, run.describe()
+    record = json.loads((sweep / "search.json").read_text())
+    assert record["ended_at"] is None and record["space"] == 2
+    answer = json.loads((sweep / "report.json").read_text())["search"]
+    assert answer["sentence"].startswith("interrupted before it ended; from what finished: single O0 "), answer
+    assert answer["best"] is not None and "iterations=40" in answer["command"]
+    assert "interrupted before it ended" in answer["cost"]
+    assert not run.survivors(grace=10)

@@ -143,7 +143,7 @@ def calibrate(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim:
 @functools.lru_cache(maxsize=32)
 def _in_child(*args: Any) -> Calibration:
     """`_measure` in a spawned child: the plain function, which pickles by its name (the cached `_calibrate`
-    is another object under that name, which pickle refuses: every GPU run was left unpredicted by that)."""
+    is another object under that name, which pickle refuses: no GPU run with plan.calibration=model was predicted)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

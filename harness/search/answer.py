@@ -81,15 +81,16 @@ def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: f
         sentence = f"interrupted before it ended; from what finished: {sentence}"
     command = training_command(leader.overrides) if leader is not None and leader.overrides else None
     return SearchAnswer(sentence, leader.label if leader is not None else None, state.decided, command, pruned, failed,
-                        cost_words(record))
+                        cost_words(record, sum(r.runs for r in rows)))
 
 
-def cost_words(record: SearchRecord) -> str:
+def cost_words(record: SearchRecord, started: int = 0) -> str:
     """`12 runs in 4.1 min (2 rounds); the grid: 36 combinations x 2 rounds = 72 runs, about 25 min at this
-    search's pace`: the search's own cost beside the full grid's, at the search's mean time per run."""
+    search's pace`: the search's own cost beside the full grid's, at the search's mean time per run. `started`:
+    the runs the report found, which is all an interrupted search can count (search.json counts whole rounds)."""
     if record.started_at is None or record.ended_at is None or not record.runs:
-        return f"{record.runs} runs; interrupted before it ended (the answer is partial)" if record.runs else \
-            "no run finished"
+        runs = max(record.runs, started)
+        return f"{runs} runs; interrupted before it ended (the answer is partial)" if runs else "no run finished"
     took = record.ended_at - record.started_at
     per_run = took / record.runs
     rounds = max(2, record.rounds)

@@ -97,6 +97,7 @@ def test_a_language_model_reports_tokens_and_mfu_on_a_gpu(tmp_path, record_prope
     assert r["throughput_tokens_s"] == pytest.approx(r["throughput_img_s"] * 256)
     why = next((line for line in proc.stderr.splitlines() if "not predicted" in line), proc.stderr[-300:])
     assert r["prediction"] is not None, why
+    assert "HARNESS_MACHINE_CACHE" not in os.environ  # the CPU suite's fixed figures (tests/gpu/conftest.py)
     record_property("peak TFLOP/s", r["prediction"]["peak_tflops"])  # H200, torch 2.11: MFU 877.7 once
     record_property("peak source", r["prediction"]["peak_source"])
     record_property("FLOPs per iteration", r["prediction"]["flops_per_iteration"])

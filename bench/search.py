@@ -1,0 +1,238 @@
+"""How good the search is (`run.py -m search=true`, docs/search.md): over spaces whose exhaustive answer this script
+measures itself, is the configuration a search finds the fastest one, and what does the search cost beside it?
+
+    python bench/search.py [--searches N] [--rounds R] [--budget S] [--write-results]
+
+For each space (three, each made so that its truth is of a known kind):
+1. the exhaustive sweep: every combination, `repeat=R` rounds of fresh processes (`run.py -m ... repeat=R`);
+   its truth is the report's own standing of the rows (harness.verdict.racing.standing): the leader, and the
+   rows it calls equivalent within verdict.margin;
+2. N searches of the same space (`run.py -m ... search=true search.budget_s=S`), one after the other.
+A search is right when its answer is the exhaustive leader, one the exhaustive sweep calls equivalent to it, or
+one whose exhaustive throughput is within verdict.margin of the leader's. Its cost is its whole command's wall
+time (predictions, runs and report) over the exhaustive command's. Every combination a search pruned is looked
+up in the exhaustive sweep: its predicted time per iteration against the measured one, and whether it was the
+exhaustive leader (pruning that threw the winner away).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import common
+
+from harness.report.findings import compute  # noqa: E402  (after common set sys.path)
+from harness.report.rows import judged, row_fit  # noqa: E402
+from harness.verdict.racing import standing  # noqa: E402
+from harness.verdict.sweep_plan import read_plan  # noqa: E402
+
+COMMON = ("model=tiny_cnn", "strategy=single", "amp=O0")
+MARGIN = 0.05  # conf: verdict.margin, the default
+
+
+@dataclass(frozen=True)
+class Space:
+    name: str
+    kind: str  # what makes its truth known
+    overrides: tuple[str, ...]
+
+    @property
+    def keys(self) -> list[str]:
+        """The swept keys: what tells one combination from another."""
+        return [o.partition("=")[0] for o in self.overrides if "," in o]
+
+
+SPACES = (
+    Space("clear", "a clear winner: one step of 64 against 4 or 16 micro-steps (the trainer's per-step cost x16)",
+          ("batch_size=64", "grad_accum=1,4,16")),
+    Space("tie", "a tie at the top by construction: the same run under two labels (dist.timeout_s, which a "
+                 "one-process run never reads), beside 8 micro-steps",
+          ("batch_size=64", "grad_accum=1,8", "dist.timeout_s=60,61")),
+    Space("batch", "the largest micro-batch is not the fastest: 256 samples a step in 1, 2, 4 or 8 micro-batches "
+                   "(on this CPU 64 at a time ran fastest in a bare loop)",
+          ("batch_size=256", "grad_accum=1,2,4,8")),
+)
+QUICK_SPACES = (Space("clear", SPACES[0].kind, ("batch_size=64", "grad_accum=1,16")),)
+
+
+def candidate(overrides: list[str], keys: list[str]) -> str:
+    """A combination by its swept keys' values, e.g. `grad_accum=4 dist.timeout_s=60`."""
+    values = dict(o.lstrip("+~").partition("=")[::2] for o in overrides)
+    return " ".join(f"{k}={values.get(k, '?')}" for k in keys)
+
+
+@dataclass
+class Truth:
+    wall_s: float
+    throughput: dict[str, float]  # by candidate: samples/s, geometric mean over the rounds
+    s_per_iteration: dict[str, float]
+    leader: str
+    tied: list[str]
+    open: list[str]
+    decided: str | None
+
+    def right(self, pick: str) -> bool:
+        return pick == self.leader or pick in self.tied or \
+            self.throughput.get(pick, 0.0) >= (1 - MARGIN) * self.throughput[self.leader]
+
+
+@dataclass
+class Search:
+    wall_s: float
+    pick: str | None
+    decided: str | None
+    runs: int
+    rounds: int
+    ended_by: str
+    kept: list[str]
+    pruned: dict[str, float | None] = field(default_factory=dict)  # candidate -> predicted s/iteration
+    predicted: dict[str, float] = field(default_factory=dict)
+
+
+def exhaustive(space: Space, folder: Path, rounds: int, extra: tuple[str, ...]) -> Truth:
+    overrides = [*COMMON, *space.overrides, *extra, f"repeat={rounds}"]
+    proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
+                              common.pinned_env(common.cores()), timeout_s=3600)
+    if proc.returncode != 0:
+        raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+    report = compute([folder])
+    plan = read_plan([folder])
+    fit = row_fit(report.rows, planned=plan.planned if plan else None)
+    state = standing(fit, [r.label for r in judged(report.rows)])
+    by_label = {r.label: candidate(list(r.overrides), space.keys) for r in report.rows}
+    throughput = {by_label[r.label]: r.throughput for r in report.rows if r.throughput}
+    per_iteration = {by_label[r.label]: r.global_batch / r.throughput for r in report.rows
+                     if r.throughput and r.global_batch}
+    if state.leader is None:
+        raise common.BenchError(f"the exhaustive sweep of {space.name} measured nothing\n{proc.tail()}")
+    return Truth(proc.wall_s, throughput, per_iteration, by_label[str(state.leader)],
+                 [by_label[str(k)] for k in state.tied], [by_label[str(k)] for k in state.open], state.decided)
+
+
+def search(space: Space, folder: Path, budget_s: float, extra: tuple[str, ...]) -> Search:
+    overrides = [*COMMON, *space.overrides, *extra, "search=true", f"search.budget_s={budget_s:g}"]
+    proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
+                              common.pinned_env(common.cores()), timeout_s=3600)
+    if proc.returncode != 0:
+        raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+    report = json.loads((folder / "report.json").read_text())
+    record = json.loads((folder / "search.json").read_text())
+    labels = {r["label"]: candidate(r["overrides"], space.keys) for r in report["rows"]}
+    answer = report["search"] or {}
+    named = {**dict(zip(record["kept_names"], record["kept"], strict=True)),
+             **{p["name"]: p["overrides"] for p in record["pruned"]}}
+    return Search(proc.wall_s, labels.get(answer.get("best") or ""), answer.get("decided"), record["runs"],
+                  record["rounds"], record["ended_by"], [candidate(k, space.keys) for k in record["kept"]],
+                  {candidate(p["overrides"], space.keys): p["predicted_s_per_iteration"] for p in record["pruned"]},
+                  {candidate(named[name], space.keys): s for name, s in record["predicted_s_per_iteration"].items()
+                   if name in named})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--searches", type=int, default=5, help="searches of each space (default 5)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the exhaustive sweep (default 4)")
+    parser.add_argument("--budget", type=float, default=90.0, help="each search's search.budget_s (default 90)")
+    args = common.parse_args(parser, argv)
+    spaces = QUICK_SPACES if args.quick else SPACES
+    searches, rounds = (1, 1) if args.quick else (args.searches, args.rounds)
+    extra = ("iterations=20", "log_every=10") if args.quick else ()
+    settings = {"threads": f"OMP_NUM_THREADS={common.cores()}", "common": " ".join(COMMON),
+                "exhaustive": f"repeat={rounds}", "search": f"search.budget_s={args.budget:g}",
+                "searches per space": searches, "verdict.margin": MARGIN}
+    common.print_settings("searches against the exhaustive sweep", settings)
+    outcome: dict[str, tuple[Truth, list[Search]]] = {}
+    with common.runs_dir(args, "search") as base:
+        for space in spaces:
+            if not args.quick:
+                common.wait_for_quiet(30.0, args.max_background)
+            truth = exhaustive(space, base / f"{space.name}-exhaustive", rounds, extra)
+            print(f"[{space.name}] exhaustive in {truth.wall_s:.0f} s: leader {truth.leader} ({truth.decided}); "
+                  f"tied {truth.tied}; open {truth.open}", flush=True)
+            found = []
+            for i in range(searches):
+                if not args.quick:
+                    common.wait_for_quiet(30.0, args.max_background)
+                found.append(search(space, base / f"{space.name}-search{i}", args.budget, extra))
+                s = found[-1]
+                print(f"[{space.name}] search {i + 1}: {s.pick} ({s.decided}) in {s.wall_s:.0f} s, {s.runs} runs, "
+                      f"pruned {sorted(s.pruned)}; right: {s.pick is not None and truth.right(s.pick)}", flush=True)
+            outcome[space.name] = (truth, found)
+    tables, lines = report(spaces, outcome)
+    for table in tables:
+        print(f"\n== {table.title} ==\n{table.markdown()}", flush=True)
+    print("\n".join(lines), flush=True)
+    if args.write_results:
+        common.write_results("search", common.results_page("search", settings, tables, lines), args.results_dir)
+    return 0
+
+
+def report(spaces: tuple[Space, ...], outcome: dict[str, tuple[Truth, list[Search]]]
+           ) -> tuple[list[common.Table], list[str]]:
+    truths = common.Table("Each space's exhaustive sweep: samples/s per combination (geometric mean over its rounds)",
+                          ["space", "combination", "samples/s", "exhaustive says"])
+    for space in spaces:
+        truth, _ = outcome[space.name]
+        for name, rate in sorted(truth.throughput.items(), key=lambda kv: -kv[1]):
+            says = "leader" if name == truth.leader else "equivalent" if name in truth.tied else \
+                "not separated" if name in truth.open else "slower"
+            truths.add(space.name, name, f"{rate:,.0f}", says)
+    searched = common.Table("Each search against its space's exhaustive sweep",
+                            ["space", "search", "answer", "decided", "right", "runs (rounds)", "ended by",
+                             "pruned", "wall s", "of the exhaustive"])
+    pruned = common.Table("Every combination a search pruned, against the exhaustive measurement",
+                          ["space", "combination", "times pruned", "predicted s/it", "measured s/it",
+                           "error (measured - predicted) / measured", "the exhaustive leader?"])
+    predicted = common.Table("Every combination's prediction (the searches' median) against the exhaustive "
+                             "measurement: what pruning judged by; relative to each space's fastest",
+                             ["space", "combination", "predicted s/it", "measured s/it", "error",
+                              "predicted / fastest predicted", "measured / fastest measured"])
+    lines = [f"- **{space.name}**: {space.kind}: `{' '.join(space.overrides)}`" for space in spaces] + [""]
+    for space in spaces:
+        truth, found = outcome[space.name]
+        for i, s in enumerate(found, 1):
+            right = s.pick is not None and truth.right(s.pick)
+            searched.add(space.name, i, s.pick or "none", s.decided or "undecided", "yes" if right else "NO",
+                         f"{s.runs} ({s.rounds})", s.ended_by, len(s.pruned), f"{s.wall_s:.0f}",
+                         f"{100 * s.wall_s / truth.wall_s:.0f} %")
+        counted: dict[str, list[float | None]] = {}
+        for s in found:
+            for name, predicted in s.pruned.items():
+                counted.setdefault(name, []).append(predicted)
+        for name, predictions in sorted(counted.items()):
+            known = [p for p in predictions if p is not None]
+            predicted = common.median(known) if known else None
+            measured = truth.s_per_iteration.get(name)
+            error = f"{100 * (measured - predicted) / measured:+.0f} %" if predicted and measured else "n/a"
+            pruned.add(space.name, name, len(predictions), f"{predicted:.4f}" if predicted else "n/a",
+                       f"{measured:.4f}" if measured else "n/a", error, "YES" if name == truth.leader else "no")
+        guesses = {name: common.median([s.predicted[name] for s in found if name in s.predicted])
+                   for name in truth.s_per_iteration if any(name in s.predicted for s in found)}
+        for name, measured in sorted(truth.s_per_iteration.items(), key=lambda kv: kv[1]):
+            guess = guesses.get(name)
+            predicted.add(space.name, name, f"{guess:.4f}" if guess else "n/a", f"{measured:.4f}",
+                          f"{100 * (measured - guess) / measured:+.0f} %" if guess else "n/a",
+                          f"{guess / min(guesses.values()):.2f}x" if guess else "n/a",
+                          f"{measured / min(truth.s_per_iteration.values()):.2f}x")
+        hits = sum(s.pick is not None and truth.right(s.pick) for s in found)
+        shares = [s.wall_s / truth.wall_s for s in found]
+        lines.append(f"- **{space.name}**: right in {hits} of {len(found)} searches (goal: at least 4 of 5); wall "
+                     f"time {common.fmt_spread([100 * x for x in shares], 0)} % of the exhaustive sweep's "
+                     f"(goal: at most 30 %); the exhaustive leader {truth.leader} ({truth.decided or 'undecided'}).")
+    if not pruned.rows:
+        lines.append("- No search pruned anything: every candidate was predicted within search.prune_factor (2x, at "
+                     "the fast end of its band) of the best prediction; the table of predictions shows by how much.")
+    everything = [s.wall_s for _, found in outcome.values() for s in found]
+    exhaustive_s = sum(t.wall_s for t, _ in outcome.values())
+    if everything and exhaustive_s and all(not math.isnan(x) for x in everything):
+        lines.append(f"- All spaces: the searches took {sum(everything) / len(everything):.0f} s on average; the "
+                     f"exhaustive sweeps {exhaustive_s / len(outcome):.0f} s.")
+    return [truths, searched, pruned, predicted], lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
