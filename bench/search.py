@@ -135,7 +135,7 @@ def search(space: Space, folder: Path, budget_s: float, extra: tuple[str, ...]) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--searches", type=int, default=5, help="searches of each space (default 5)")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of the exhaustive sweep (default 4)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of the exhaustive sweep (default 8)")
     parser.add_argument("--budget", type=float, default=90.0, help="each search's search.budget_s (default 90)")
     args = common.parse_args(parser, argv)
     spaces = QUICK_SPACES if args.quick else SPACES
