@@ -93,12 +93,24 @@ class Search:
     predicted: dict[str, float] = field(default_factory=dict)
 
 
-def exhaustive(space: Space, folder: Path, rounds: int, extra: tuple[str, ...]) -> Truth:
-    overrides = [*COMMON, *space.overrides, *extra, f"repeat={rounds}"]
+WALL = "bench-wall.json"  # in each sweep's folder: the command's wall time, so a page can be made again (--from-runs)
+
+
+def sweep(overrides: list[str], folder: Path) -> None:
+    """`run.py -m OVERRIDES` into `folder`, its wall time kept there."""
     proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
                               common.pinned_env(common.cores()), timeout_s=3600)
     if proc.returncode != 0:
         raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+    (folder / WALL).write_text(json.dumps({"wall_s": proc.wall_s, "command": overrides}))
+
+
+def wall_of(folder: Path) -> float:
+    return float(json.loads((folder / WALL).read_text())["wall_s"])
+
+
+def exhaustive(space: Space, folder: Path) -> Truth:
+    """The exhaustive sweep's truth, from its folder."""
     report = compute([folder])
     plan = read_plan([folder])
     fit = row_fit(report.rows, planned=plan.planned if plan else None)
@@ -108,24 +120,20 @@ def exhaustive(space: Space, folder: Path, rounds: int, extra: tuple[str, ...]) 
     per_iteration = {by_label[r.label]: r.global_batch / r.throughput for r in report.rows
                      if r.throughput and r.global_batch}
     if state.leader is None:
-        raise common.BenchError(f"the exhaustive sweep of {space.name} measured nothing\n{proc.tail()}")
-    return Truth(proc.wall_s, throughput, per_iteration, by_label[str(state.leader)],
+        raise common.BenchError(f"the exhaustive sweep of {space.name} measured nothing ({folder})")
+    return Truth(wall_of(folder), throughput, per_iteration, by_label[str(state.leader)],
                  [by_label[str(k)] for k in state.tied], [by_label[str(k)] for k in state.open], state.decided)
 
 
-def search(space: Space, folder: Path, budget_s: float, extra: tuple[str, ...]) -> Search:
-    overrides = [*COMMON, *space.overrides, *extra, "search=true", f"search.budget_s={budget_s:g}"]
-    proc = common.run_command([common.python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"],
-                              common.pinned_env(common.cores()), timeout_s=3600)
-    if proc.returncode != 0:
-        raise common.BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
+def search(space: Space, folder: Path) -> Search:
+    """One search's answer and cost, from its folder."""
     report = json.loads((folder / "report.json").read_text())
     record = json.loads((folder / "search.json").read_text())
     labels = {r["label"]: candidate(r["overrides"], space.keys) for r in report["rows"]}
     answer = report["search"] or {}
     named = {**dict(zip(record["kept_names"], record["kept"], strict=True)),
              **{p["name"]: p["overrides"] for p in record["pruned"]}}
-    return Search(proc.wall_s, labels.get(answer.get("best") or ""), answer.get("decided"), record["runs"],
+    return Search(wall_of(folder), labels.get(answer.get("best") or ""), answer.get("decided"), record["runs"],
                   record["rounds"], record["ended_by"], [candidate(k, space.keys) for k in record["kept"]],
                   {candidate(p["overrides"], space.keys): p["predicted_s_per_iteration"] for p in record["pruned"]},
                   {candidate(named[name], space.keys): s for name, s in record["predicted_s_per_iteration"].items()
@@ -137,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--searches", type=int, default=5, help="searches of each space (default 5)")
     parser.add_argument("--rounds", type=int, default=8, help="rounds of the exhaustive sweep (default 8)")
     parser.add_argument("--budget", type=float, default=90.0, help="each search's search.budget_s (default 90)")
+    parser.add_argument("--from-runs", type=Path, default=None,
+                        help="make the page again from a --runs-dir folder of an earlier run (nothing is run)")
     args = common.parse_args(parser, argv)
     spaces = QUICK_SPACES if args.quick else SPACES
     searches, rounds = (1, 1) if args.quick else (args.searches, args.rounds)
@@ -146,23 +156,33 @@ def main(argv: list[str] | None = None) -> int:
                 "searches per space": searches, "verdict.margin": MARGIN}
     common.print_settings("searches against the exhaustive sweep", settings)
     outcome: dict[str, tuple[Truth, list[Search]]] = {}
-    with common.runs_dir(args, "search") as base:
+    with common.runs_dir(args, "search") as fresh:
+        base = args.from_runs or fresh
         for space in spaces:
-            if not args.quick:
+            if not args.quick and not args.from_runs:
                 common.wait_for_quiet(30.0, args.max_background)
-            truth = exhaustive(space, base / f"{space.name}-exhaustive", rounds, extra)
+            if not args.from_runs:
+                sweep([*COMMON, *space.overrides, *extra, f"repeat={rounds}"], base / f"{space.name}-exhaustive")
+            truth = exhaustive(space, base / f"{space.name}-exhaustive")
             print(f"[{space.name}] exhaustive in {truth.wall_s:.0f} s: leader {truth.leader} ({truth.decided}); "
                   f"tied {truth.tied}; open {truth.open}", flush=True)
             found = []
             for i in range(searches):
-                if not args.quick:
-                    common.wait_for_quiet(30.0, args.max_background)
-                found.append(search(space, base / f"{space.name}-search{i}", args.budget, extra))
+                folder = base / f"{space.name}-search{i}"
+                if not args.from_runs:
+                    if not args.quick:
+                        common.wait_for_quiet(30.0, args.max_background)
+                    sweep([*COMMON, *space.overrides, *extra, "search=true", f"search.budget_s={args.budget:g}"],
+                          folder)
+                found.append(search(space, folder))
                 s = found[-1]
                 print(f"[{space.name}] search {i + 1}: {s.pick} ({s.decided}) in {s.wall_s:.0f} s, {s.runs} runs, "
                       f"pruned {sorted(s.pruned)}; right: {s.pick is not None and truth.right(s.pick)}", flush=True)
             outcome[space.name] = (truth, found)
     tables, lines = report(spaces, outcome)
+    if args.from_runs:
+        lines.append(f"- Made again from the folders of an earlier run of this script (`--from-runs`): nothing was run "
+                     f"for this page; the wall times are that run's, as it logged them ({WALL} in each folder).")
     for table in tables:
         print(f"\n== {table.title} ==\n{table.markdown()}", flush=True)
     print("\n".join(lines), flush=True)
@@ -187,7 +207,7 @@ def report(spaces: tuple[Space, ...], outcome: dict[str, tuple[Truth, list[Searc
     pruned = common.Table("Every combination a search pruned, against the exhaustive measurement",
                           ["space", "combination", "times pruned", "predicted s/it", "measured s/it",
                            "error (measured - predicted) / measured", "the exhaustive leader?"])
-    predicted = common.Table("Every combination's prediction (the searches' median) against the exhaustive "
+    predictions_table = common.Table("Every combination's prediction (the searches' median) against the exhaustive "
                              "measurement: what pruning judged by; relative to each space's fastest",
                              ["space", "combination", "predicted s/it", "measured s/it", "error",
                               "predicted / fastest predicted", "measured / fastest measured"])
@@ -201,20 +221,20 @@ def report(spaces: tuple[Space, ...], outcome: dict[str, tuple[Truth, list[Searc
                          f"{100 * s.wall_s / truth.wall_s:.0f} %")
         counted: dict[str, list[float | None]] = {}
         for s in found:
-            for name, predicted in s.pruned.items():
-                counted.setdefault(name, []).append(predicted)
+            for name, seconds in s.pruned.items():
+                counted.setdefault(name, []).append(seconds)
         for name, predictions in sorted(counted.items()):
             known = [p for p in predictions if p is not None]
-            predicted = common.median(known) if known else None
+            guess = common.median(known) if known else None
             measured = truth.s_per_iteration.get(name)
-            error = f"{100 * (measured - predicted) / measured:+.0f} %" if predicted and measured else "n/a"
-            pruned.add(space.name, name, len(predictions), f"{predicted:.4f}" if predicted else "n/a",
+            error = f"{100 * (measured - guess) / measured:+.0f} %" if guess and measured else "n/a"
+            pruned.add(space.name, name, len(predictions), f"{guess:.4f}" if guess else "n/a",
                        f"{measured:.4f}" if measured else "n/a", error, "YES" if name == truth.leader else "no")
         guesses = {name: common.median([s.predicted[name] for s in found if name in s.predicted])
                    for name in truth.s_per_iteration if any(name in s.predicted for s in found)}
         for name, measured in sorted(truth.s_per_iteration.items(), key=lambda kv: kv[1]):
             guess = guesses.get(name)
-            predicted.add(space.name, name, f"{guess:.4f}" if guess else "n/a", f"{measured:.4f}",
+            predictions_table.add(space.name, name, f"{guess:.4f}" if guess else "n/a", f"{measured:.4f}",
                           f"{100 * (measured - guess) / measured:+.0f} %" if guess else "n/a",
                           f"{guess / min(guesses.values()):.2f}x" if guess else "n/a",
                           f"{measured / min(truth.s_per_iteration.values()):.2f}x")
@@ -231,7 +251,7 @@ def report(spaces: tuple[Space, ...], outcome: dict[str, tuple[Truth, list[Searc
     if everything and exhaustive_s and all(not math.isnan(x) for x in everything):
         lines.append(f"- All spaces: the searches took {sum(everything) / len(everything):.0f} s on average; the "
                      f"exhaustive sweeps {exhaustive_s / len(outcome):.0f} s.")
-    return [truths, searched, pruned, predicted], lines
+    return [truths, searched, pruned, predictions_table], lines
 
 
 if __name__ == "__main__":
