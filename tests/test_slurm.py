@@ -130,6 +130,9 @@ def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     timeout_log = timeout.sweep / "0_single_O0" / "run.log"
     wait_until(lambda: timeout_log.exists() and "iter " in timeout_log.read_text(), START_S, timeout.describe)
     ok = Sweep("ok", base / "ok", (*LAUNCHER, "strategy=single,ddp", "iterations=20"), env).start()
+    search = Sweep("search", base / "search", (*LAUNCHER, "search=true", "strategy=single", "search.axes=[strategy]",
+                                               "grad_accum=1,2", "iterations=20", "search.budget_s=1",
+                                               "timing.busy_share=1"), env).start()  # never "busy": the other jobs
     # One job at a time (%1): the second waits while the first runs, and is cancelled before it starts.
     cancel = Sweep("cancel", base / "cancel", (*LAUNCHER, "strategy=single,ddp", *LONG,
                                                "hydra.launcher.array_parallelism=1", "hydra.sweeper.max_batch_size=2"),
@@ -150,7 +153,7 @@ def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     cancel.notes["cancelled_at"] = time.time()
     cluster.run("scancel", f"{array}_0")
 
-    for sweep in (ok, cancel, timeout):
+    for sweep in (ok, search, cancel, timeout):
         try:
             sweep.code = sweep.proc.wait(START_S + 120)
         except subprocess.TimeoutExpired:
@@ -158,7 +161,7 @@ def outcome(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
             raise AssertionError(sweep.describe()) from None
     wait_until(lambda: cluster.job_state(multinode) not in ("PENDING", "RUNNING", "COMPLETING"), START_S,
                lambda: (base / "torchrun.out").read_text())
-    return {"ok": ok, "cancel": cancel, "timeout": timeout, "multinode": multinode, "run_dir": run_dir,
+    return {"ok": ok, "search": search, "cancel": cancel, "timeout": timeout, "multinode": multinode, "run_dir": run_dir,
             "multinode_out": base / "torchrun.out", "took_s": time.monotonic() - began}
 
 
@@ -176,6 +179,22 @@ def test_a_two_strategy_sweep_runs_as_slurm_jobs_and_the_submitting_process_repo
     # The report came from the submitting process once both had ended, not from a job.
     assert f"report: {ok.sweep / 'index.html'}" in ok.stdout and "report: " not in ok.job_logs()
     assert report_rows((ok.sweep / "report.md").read_text()) == {"single O0": "ok", "ddp O0": "ok"}
+
+
+def test_a_search_runs_its_candidates_as_slurm_jobs_and_answers_in_the_submitting_process(cluster, outcome):
+    """`-m search=true` on SLURM: the same rounds sweeper, each candidate a task of an array job (one round here,
+    the module's sweeps' `repeat=1`)."""
+    search: Sweep = outcome["search"]
+    assert search.code == 0, search.describe()
+    results = search.results()
+    assert len(results) == 2 and all(r["status"] == "ok" for r in results.values()), search.describe()
+    record = json.loads((search.sweep / "search.json").read_text())
+    assert record["space"] == 2 and record["runs"] == 2 and record["ended_at"] is not None
+    answer = json.loads((search.sweep / "report.json").read_text())["search"]
+    assert answer["best"] is not None and answer["command"].startswith("python run.py ") and "grad_accum=" in \
+        answer["command"] and "hydra" not in answer["command"], answer
+    assert f"Starting with JobEnvironment(job_id={search.job_id()}_" in search.job_logs()
+    assert "Search: " in search.stdout and "Search: " not in search.job_logs()
 
 
 def test_a_cluster_without_accounting_is_said_once_not_at_every_poll(outcome):
