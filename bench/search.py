@@ -26,12 +26,8 @@ from pathlib import Path
 import common
 
 from harness.report.findings import compute  # noqa: E402  (after common set sys.path)
-from harness.report.rows import judged, row_fit  # noqa: E402
-from harness.verdict.racing import standing  # noqa: E402
-from harness.verdict.sweep_plan import read_plan  # noqa: E402
 
 COMMON = ("model=tiny_cnn", "strategy=single", "amp=O0")
-MARGIN = 0.05  # conf: verdict.margin, the default
 
 
 @dataclass(frozen=True)
@@ -74,10 +70,11 @@ class Truth:
     tied: list[str]
     open: list[str]
     decided: str | None
+    margin: float  # verdict.margin, as the exhaustive sweep's report judged its rows
 
     def right(self, pick: str) -> bool:
         return pick == self.leader or pick in self.tied or \
-            self.throughput.get(pick, 0.0) >= (1 - MARGIN) * self.throughput[self.leader]
+            self.throughput.get(pick, 0.0) >= (1 - self.margin) * self.throughput[self.leader]
 
 
 @dataclass
@@ -112,9 +109,9 @@ def wall_of(folder: Path) -> float:
 def exhaustive(space: Space, folder: Path) -> Truth:
     """The exhaustive sweep's truth, from its folder."""
     report = compute([folder])
-    plan = read_plan([folder])
-    fit = row_fit(report.rows, planned=plan.planned if plan else None)
-    state = standing(fit, [r.label for r in judged(report.rows)])
+    state, margin = report.decision.standing, report.decision.margin
+    if state is None or margin is None:
+        raise common.BenchError(f"the exhaustive sweep of {space.name} was not judged ({folder})")
     by_label = {r.label: candidate(list(r.overrides), space.keys) for r in report.rows}
     throughput = {by_label[r.label]: r.throughput for r in report.rows if r.throughput}
     per_iteration = {by_label[r.label]: r.global_batch / r.throughput for r in report.rows
@@ -122,7 +119,7 @@ def exhaustive(space: Space, folder: Path) -> Truth:
     if state.leader is None:
         raise common.BenchError(f"the exhaustive sweep of {space.name} measured nothing ({folder})")
     return Truth(wall_of(folder), throughput, per_iteration, by_label[str(state.leader)],
-                 [by_label[str(k)] for k in state.tied], [by_label[str(k)] for k in state.open], state.decided)
+                 [by_label[str(k)] for k in state.tied], [by_label[str(k)] for k in state.open], state.decided, margin)
 
 
 def search(space: Space, folder: Path) -> Search:
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = ("iterations=20", "log_every=10") if args.quick else ()
     settings = {"threads": f"OMP_NUM_THREADS={common.cores()}", "common": " ".join(COMMON),
                 "exhaustive": f"repeat={rounds}", "search": f"search.budget_s={args.budget:g}",
-                "searches per space": searches, "verdict.margin": MARGIN}
+                "searches per space": searches}
     common.print_settings("searches against the exhaustive sweep", settings)
     outcome: dict[str, tuple[Truth, list[Search]]] = {}
     with common.runs_dir(args, "search") as fresh:
@@ -240,7 +237,8 @@ def report(spaces: tuple[Space, ...], outcome: dict[str, tuple[Truth, list[Searc
                           f"{measured / min(truth.s_per_iteration.values()):.2f}x")
         hits = sum(s.pick is not None and truth.right(s.pick) for s in found)
         shares = [s.wall_s / truth.wall_s for s in found]
-        lines.append(f"- **{space.name}**: right in {hits} of {len(found)} searches (goal: at least 4 of 5); wall "
+        lines.append(f"- **{space.name}**: right in {hits} of {len(found)} searches (goal: at least 4 of 5; within "
+                     f"verdict.margin, {100 * truth.margin:.0f} %, of the leader counts); wall "
                      f"time {common.fmt_spread([100 * x for x in shares], 0)} % of the exhaustive sweep's "
                      f"(goal: at most 30 %); the exhaustive leader {truth.leader} ({truth.decided or 'undecided'}).")
     if not pruned.rows:

@@ -85,6 +85,7 @@ def test_ctrl_c_ends_a_search_with_the_answer_from_what_finished(tmp_path):
     first = sweep / "0_single_O0_iterations-40" / "results.json"
     with LiveRun("-m", "search=true", "strategy=single", "amp=O0", "grad_accum=1", "iterations=40,100000", *TINY,
                  "log_every=20", "plan.predict=false", "launcher.start_method=forkserver",
+                 "timing.busy_share=1",  # the suite's other worker never makes the finished run "busy"
                  f"hydra.sweep.dir={sweep}") as run:
         assert run.wait_until(lambda: first.exists() and "/100000 " in run.stdout, START_TIMEOUT_S), run.describe()
         sent = run.signal(signal.SIGINT)

@@ -471,15 +471,19 @@ def check_parity(section: Any) -> ParityConfig:
 def check_search(section: Any) -> SearchConfig:
     """`search=true|false` (the shorthand) or the section; every axis known, none twice; a budget > 0."""
     search = switch_or_section("search", section, SearchConfig)
-    axes = list(search.axes)
-    if not axes or len(set(axes)) != len(axes) or any(a not in SEARCH_AXES for a in axes):
-        raise ConfigError("search.axes", axes, f"a list of distinct axes from {', '.join(SEARCH_AXES)}")
+    check_search_axes(search.axes)
     if not 1 <= search.prune_factor < math.inf:
         raise ConfigError("search.prune_factor", search.prune_factor, "a number >= 1 (2: combinations predicted "
                           "more than twice as slow as the best are not run)")
     if not 0 < search.budget_s < math.inf:
         raise ConfigError("search.budget_s", search.budget_s, "a number of seconds > 0")
     return search
+
+
+def check_search_axes(axes: Sequence[str]) -> None:
+    """`search.axes`: at least one, each a known axis, none twice."""
+    if not axes or len(set(axes)) != len(axes) or any(a not in SEARCH_AXES for a in axes):
+        raise ConfigError("search.axes", list(axes), f"a list of distinct axes from {', '.join(SEARCH_AXES)}")
 
 
 def check_plan(section: Any) -> PlanConfig:

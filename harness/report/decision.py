@@ -29,6 +29,8 @@ class Decision:
     verdict: str
     reproducibility: str
     winners: dict[str, str] = field(default_factory=dict)
+    standing: Standing | None = None  # the rule's standing of the rows, which the words above say
+    margin: float | None = None  # verdict.margin, as the rows' fit judged them
 
 
 def decide(rows: Sequence[Row], plan: SweepPlan | None = None, command: str | None = None,
@@ -39,7 +41,7 @@ def decide(rows: Sequence[Row], plan: SweepPlan | None = None, command: str | No
     state = standing(fit, [r.label for r in judged(rows)])
     never = plan.never_started([list(o) for o in started]) if plan else []
     return Decision(verdict(rows, fit, state, plan, command or (plan.command if plan else None), never),
-                    reproducibility(rows, fit, state), winners(rows, state))
+                    reproducibility(rows, fit, state), winners(rows, state), state, fit.design.margin)
 
 
 def winners(rows: Sequence[Row], state: Standing) -> dict[str, str]:

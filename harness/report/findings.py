@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.decision import Decision, decide, figure
-from harness.report.rows import Context, Row, build_rows, context, find_results, judged, row_fit
+from harness.report.rows import Context, Row, build_rows, context, find_results
 from harness.search.answer import SearchAnswer, answer
 from harness.search.record import read_search
-from harness.verdict.racing import standing
-from harness.verdict.sweep_plan import SweepPlan, read_plan
+from harness.verdict.sweep_plan import read_plan
 
 
 @dataclass
@@ -52,17 +51,15 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
 
         projected = projection.project(rows, project)
     return Report(rows=rows, baseline=base, decision=decision, context=ctx, skipped_files=skipped, projected=projected,
-                  search=search_answer(list(paths), rows, plan))
+                  search=search_answer(list(paths), rows, decision))
 
 
-def search_answer(paths: list[Path], rows: list[Row], plan: SweepPlan | None) -> SearchAnswer | None:
-    """A search's folder: its answer, from the report's own standing of the rows (harness.search.answer)."""
+def search_answer(paths: list[Path], rows: list[Row], decision: Decision) -> SearchAnswer | None:
+    """A search's folder: its answer, from the verdict's own standing of the rows (harness.search.answer)."""
     record = read_search(paths)
-    if record is None:
+    if record is None or decision.standing is None or decision.margin is None:
         return None
-    fit = row_fit(rows, planned=plan.planned if plan else None)
-    return answer(record, rows, standing(fit, [r.label for r in judged(rows)]), plan.margin if plan else 0.05,
-                  figure)
+    return answer(record, rows, decision.standing, decision.margin, figure)
 
 
 def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = ()) -> Report:

@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.core.errors import ConfigError
+from harness.core.config import check_search_axes
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,8 @@ def swept(override: str) -> list[str] | None:
 
 
 def check_axes(names: Sequence[str]) -> list[Axis]:
-    """`search.axes` as given: each a known axis, at least one, none twice."""
-    unknown = [n for n in names if n not in AXES]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ConfigError("search.axes", list(names), f"a list of distinct axes from {', '.join(AXES)}")
+    """`search.axes` as given, checked by the config's own rule (harness.core.config), as their Axis records."""
+    check_search_axes(names)
     return [AXES[n] for n in names]
 
 
