@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
 
 GB = 1e9
 
@@ -73,6 +72,8 @@ def fit_link(samples: Sequence[tuple[str, int, float]], n: int) -> Fit:
     seconds = np.array([s for _, _, s in samples], dtype=float)
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy import optimize  # here: every run.py imports this module, and only a link measurement fits
+
     (alpha, inverse_bw), _ = optimize.nnls(design / scale, seconds)
     alpha, inverse_bw = alpha / scale[0], inverse_bw / scale[1]
     fitted = design @ np.array([alpha, inverse_bw])
