@@ -116,6 +116,7 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     from harness.launch import checked
     from harness.launch.checked import Checked
     from harness.launch.decide import run_plan
+    from harness.launch.launcher import preload_forkserver
     from harness.launch.placement import probe_hardware
     from harness.launch.runner import predict_run
     from harness.planning import check_plan_presets, ensure_link
@@ -146,6 +147,7 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
         setup_cli()
         log.info("before the first run: %d combination%s predicted on this machine (each traced and calibrated once; "
                  "plan.predict=false skips this)", len(predicted), "s" if len(predicted) != 1 else "")
+    preload_forkserver()  # the calibration child and then the runs fork from one server that imported torch once
     ensure_link(max(ranks, default=1), hw.has_gpu)
     # every prediction made now, before any worker or fork server exists: each run starts from its plan's, and no
     # calibration is timed beside another process

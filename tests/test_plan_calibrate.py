@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.plan.calibrate import BUSY_CORES, Calibration, background_load
+from harness.plan.calibrate import BUSY_CORES, Calibration, background_load, child_context
 from harness.planning import tables
 
 
@@ -77,11 +77,17 @@ def test_no_cached_rate_or_a_quiet_one_is_not_busy(ratio):
     assert Calibration(0.1, 0.01, 5, 8, 2, 0.1, background_cores=0.0, gemm_ratio=ratio).busy is None
 
 
-def test_the_calibration_of_a_gpu_runs_in_a_spawned_child_and_comes_back():
-    """The path a GPU run's prediction takes with plan.calibration=model (a spawned child, so the parent never
+def test_the_calibration_of_a_gpu_runs_in_a_child_of_the_fork_server_and_comes_back():
+    """The path a GPU run's prediction takes with plan.calibration=model (a child process, so the parent never
     opens a CUDA context), here with the CPU as its device: the function sent must pickle by name. The cached
     one did not, and on an H200 such runs went unpredicted ("Can't pickle <function _calibrate>: it's not the
-    same object")."""
+    same object"). The child is forked from the fork server the runs fork from (not spawned: a spawned child
+    imported torch again, 4 s before a sweep's first prediction on this CPU)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    import psutil
+
     from harness.core.amp_levels import AmpConfig, resolve
     from harness.core.config import DataConfig
     from harness.core.inputs import inputs_of
@@ -93,3 +99,6 @@ def test_the_calibration_of_a_gpu_runs_in_a_spawned_child_and_comes_back():
     sgd = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}
     got = _in_child(hashable(model), inputs, resolve(AmpConfig(level="O0"), "cpu"), hashable(sgd), 4, 1, 1, "cpu")
     assert isinstance(got, Calibration) and got.forward_backward_s > 0
+    with ProcessPoolExecutor(1, mp_context=child_context()) as pool:
+        parent = psutil.Process(pool.submit(os.getppid).result())
+    assert "multiprocessing.forkserver" in " ".join(parent.cmdline()), parent.cmdline()

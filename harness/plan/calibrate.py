@@ -132,7 +132,7 @@ def _timed(forward_backward: Callable[[], None], step: Callable[[], None], sync:
 
 def calibrate(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
               micro_batch: int, grad_accum: int, threads: int, device: str = "cpu") -> Calibration:
-    """On `device` "cuda" the calibration runs in a spawned child process on the first visible GPU: the parent
+    """On `device` "cuda" the calibration runs in a child process (child_context) on the first visible GPU: the parent
     never creates a CUDA context (its workers, forked or not, own the GPUs)."""
     args = (hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, threads)
     if device == "cuda":
@@ -142,12 +142,11 @@ def calibrate(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim:
 
 @functools.lru_cache(maxsize=32)
 def _in_child(*args: Any) -> Calibration:
-    """`_measure` in a spawned child: the plain function, which pickles by its name (the cached `_calibrate`
+    """`_measure` in a child process: the plain function, which pickles by its name (the cached `_calibrate`
     is another object under that name, which pickle refuses: no GPU run with plan.calibration=model was predicted)."""
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(1, mp_context=child_context()) as pool:
         return pool.submit(_measure, *args).result()
 
 
@@ -190,11 +189,21 @@ _calibrate = functools.lru_cache(maxsize=32)(_measure)  # in-process (CPU): each
 _pool: Any = None
 
 
+def child_context() -> Any:
+    """The calibration child comes from the process's fork server where there is one (Linux): a fresh process
+    that has run nothing, forked from a server that has imported torch once, which the sweep's runs then fork
+    from too (harness.launch.launcher sets what it preloads before predictions start); else spawned."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
 def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int) -> Calibration:
     """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
     one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
     and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.plan.links.
-    Runs in a spawned child kept for the parent's calibrations (the parent joins no process group and creates no
+    Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
                               devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1) \
@@ -206,10 +215,9 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     global _pool
     if key not in _CALIBRATED:
         if _pool is None:
-            import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(1, mp_context=child_context())
         _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, micro_batch))).result()
     return _CALIBRATED[key]
 
