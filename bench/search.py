@@ -62,8 +62,8 @@ SPACES = (
           labels=("dist.timeout_s",)),
     Space("batch", "the largest micro-batch is not the fastest: 128 samples of 64 pixels a step in 1 to 64 "
                    "micro-batches; in one, a layer's activations (34 MB) pass glibc's largest reused allocation (32 "
-                   "MiB), so every step maps them afresh: 2.2x the time of 2 micro-batches in a bare loop here, the "
-                   "same with MALLOC_MMAP_THRESHOLD_ raised",
+                   "MiB), so every step maps them afresh: 1.4-2.4x the time of 2 or 4 micro-batches in bare loops here, "
+                   "the same with MALLOC_MMAP_THRESHOLD_ raised",
           ("data.image_size=64", "batch_size=128", "grad_accum=1,2,4,8,16,32,64")),
 )
 QUICK_SPACES = (Space("clear", SPACES[0].kind, ("data.image_size=8", "batch_size=64", "grad_accum=1,16")),)

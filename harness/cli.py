@@ -149,8 +149,8 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
                  "plan.predict=false skips this)", len(predicted), "s" if len(predicted) != 1 else "")
     preload_forkserver()  # the calibration child and then the runs fork from one server that imported torch once
     ensure_link(max(ranks, default=1), hw.has_gpu)
-    # every prediction made now, before any worker or fork server exists: each run starts from its plan's, and no
-    # calibration is timed beside another process
+    # every prediction made now, before any worker exists (the fork server has only imported, and waits): each run
+    # starts from its plan's, and no calibration is timed beside another process
     seconds: list[float] = []
     started = time.monotonic()
     try:
