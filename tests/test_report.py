@@ -577,6 +577,21 @@ def round_run(strategy: str, number: int, rate: float, *, repeat: int | None = N
     return data
 
 
+def test_the_command_that_would_decide_a_sweep_gives_its_rounds_and_a_search_its_budget():
+    """A sweep: exactly N rounds (repeat=N, its budget and round dropped). A search: the budget of N rounds at its
+    own pace, whole minutes (22 rounds x 40 s = 880 s -> 900), so that it goes on racing instead of running every
+    candidate it races 22 times; without a pace it has only repeat=N to give."""
+    from harness.report.decision import rerun
+
+    assert rerun("run.py -m strategy=ddp,single timing.budget_s=60 repeat=3", 22) == \
+        "python run.py -m strategy=ddp,single repeat=22"
+    searched = "python run.py -m search=true search.budget_s=20 batch_size=128"
+    assert rerun(searched, 22, 40.0) == "python run.py -m search=true batch_size=128 search.budget_s=900"
+    assert rerun(searched.replace("search=true", "search.enabled=true"), 22, 40.0).endswith(" search.budget_s=900")
+    assert rerun(searched, 22) == f"{searched} repeat=22"
+    assert rerun("python run.py -m strategy=ddp,single", 22, 40.0).endswith(" repeat=22")  # a sweep keeps repeat
+
+
 def test_the_reproducibility_sentence_shows_the_figures_the_rule_used(tmp_path):
     """repeat=3 (one look), two rows: the pair's own per-round SD, its degrees of freedom and its level."""
     import math

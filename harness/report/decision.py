@@ -201,15 +201,23 @@ def _more_rounds(m: Judgement | None, fit: Fit, plan: SweepPlan | None, command:
     n = m.rounds_needed
     pace = statistics.median(plan.round_seconds) if plan and plan.round_seconds else None
     took = f", about {math.ceil(n * pace / 60)} min at this sweep's pace" if pace else ""
-    return f"about {n} rounds would decide it{took}: {rerun(command, n)}."
+    return f"about {n} rounds would decide it{took}: {rerun(command, n, pace)}."
 
 
-def rerun(command: str | None, rounds: int) -> str:
-    """The command line as typed with `repeat=N` (and no budget: exactly N rounds)."""
+SEARCH = re.compile(r"^search(\.enabled)?=(true|True|1)$")
+
+
+def rerun(command: str | None, rounds: int, round_s: float | None = None) -> str:
+    """The command line as typed with `repeat=N` (and no budget: exactly N rounds). A search's gets instead the
+    budget of N rounds at its pace (`search.budget_s`), so that it goes on racing, stopping what the rule finds
+    slower, rather than running every candidate it races N times."""
     words = [w for w in (command or "python run.py -m").split()
              if not re.match(r"^(repeat|timing\.budget_s|round|hydra\.sweep\.dir)=", w)]
     if words and words[0] == "run.py":
         words.insert(0, "python")
+    if round_s and any(SEARCH.match(w) for w in words):
+        budget = 60 * math.ceil(rounds * round_s / 60)
+        return " ".join([*(w for w in words if not w.startswith("search.budget_s=")), f"search.budget_s={budget}"])
     return " ".join([*words, f"repeat={rounds}"])
 
 
