@@ -167,3 +167,14 @@ def test_search_bench_counts_an_answer_right_by_the_exhaustive_truth_or_by_const
     assert not truth.in_top("grad_accum=4 dist.timeout_s=60") and not truth.in_top(None)
     clear = next(s for s in search_bench.SPACES if s.name == "clear")
     assert clear.run_of("grad_accum=2") == "grad_accum=2"  # no label there: every combination is its own run
+
+
+def test_search_bench_runs_the_exhaustive_sweep_between_the_searches():
+    """Of 5 searches 2 run before the exhaustive sweep and 3 after, so a drift of the machine weighs on both sides
+    of the cost ratio; each sweep has its own folder."""
+    search_bench = __import__("search")
+    order = search_bench.ordered("batch", 5, ["search=true"], ["repeat=8"])
+    assert [name for name, _ in order] == ["batch-search0", "batch-search1", "batch-exhaustive", "batch-search2",
+                                           "batch-search3", "batch-search4"]
+    assert dict(order)["batch-exhaustive"] == ["repeat=8"] and dict(order)["batch-search4"] == ["search=true"]
+    assert [name for name, _ in search_bench.ordered("clear", 1, [], [])] == ["clear-exhaustive", "clear-search0"]
