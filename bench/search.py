@@ -51,10 +51,10 @@ class Space:
 
 
 # Runs as long as a user's: 200 iterations (9 timed windows), so that a run is not mostly its process's start-up and
-# the comparison of costs is not one of fixed costs alone (a search pays its predictions and report once, about 15 s,
-# as the exhaustive sweep does; at 100 iterations "batch"'s searches took 29-33 % of its exhaustive sweep's time). A micro-batch axis
-# halves the global batch down to 2 samples a micro-step, as a grid over micro-batch sizes would (clear: 64 to 2;
-# flat: 128 to 2); tie's is shorter, its pair of labels doubling it. "batch" takes every third halving (128, 16 and 2
+# the comparison of costs is not one of fixed costs alone (a search pays its start-up, predictions and report once,
+# 16-22 s here, as the exhaustive sweep does; at 100 iterations "batch"'s searches took 29-33 % of its exhaustive
+# sweep's time). A micro-batch axis halves the global batch down to 2 samples a micro-step, as a grid over
+# micro-batch sizes would (clear: 64 to 2; flat: 128 to 2); tie's is shorter, its pair of labels doubling it. "batch" takes every third halving (128, 16 and 2
 # samples a micro-batch): between neighbouring halvings the time of a step differs by less than this VM's 15-30 %
 # between fresh processes (see "flat"), so that a space of them has no truth 8 rounds can know to 5 %.
 BATCH = "128 samples of 64 pixels a step"
