@@ -229,9 +229,9 @@ def check_round_keys(overrides: Sequence[str]) -> None:
     """`round` is the sweep's to set; the keys that decide the rounds take one value, not a sweep of them."""
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
-        if key == "round":
-            raise ConfigError("round", value, "left to the sweep, which numbers its rounds itself (repeat=N "
-                              "asks for N rounds)")
+        if key in ("round", "place", "after"):
+            raise ConfigError(key, value, "left to the sweep, which numbers its rounds and orders them itself "
+                              "(repeat=N asks for N rounds)")
         if key in ROUND_KEYS and len(_split_sweep(value)) > 1:
             raise ConfigError(key, value, "one value: every combination of a sweep runs the same rounds")
 

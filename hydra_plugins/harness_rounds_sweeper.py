@@ -62,7 +62,8 @@ class RoundsSweeper(BasicSweeper):
         template = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]
         settings = sweep_settings(self.config)  # typed, as checked before the sweep
         budget_s = search.budget_s if search is not None else settings.timing.budget_s
-        plan = SweepPlan(combinations=combinations, names=combination_names(combinations, describe),
+        names = combination_names(combinations, describe)  # what the logs and rounds.json call each combination
+        plan = SweepPlan(combinations=combinations, names=names,
                          repeat=settings.repeat, budget_s=budget_s, margin=settings.verdict.margin,
                          command=" ".join(["run.py", "-m", *arguments]))
 
@@ -73,7 +74,7 @@ class RoundsSweeper(BasicSweeper):
                 search.rounds, search.runs, search.ended_by = outcome.rounds, outcome.runs, outcome.ended_by
                 search.write(sweep_dir)
 
-        run_rounds(combinations, launch, settings.repeat, budget_s, str(template), describe,
+        run_rounds(combinations, launch, settings.repeat, budget_s, str(template), names.__getitem__,
                    margin=settings.verdict.margin, progress=progress)
         if search is not None:
             search.ended_at = time.time()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_combination_is_the_same_whatever_the_order_its_round_or_hydra_s_folder():
-    a = key_of(["strategy=ddp", "amp=O1", "round=3", "hydra.sweep.subdir='round-3/0_ddp_O1'"])
+    a = key_of(["strategy=ddp", "amp=O1", "round=3", "place=2", "after=0", "hydra.sweep.subdir='round-3/0_ddp_O1'"])
     assert a == key_of(["amp=O1", "strategy=ddp"]) == ("amp=O1", "strategy=ddp")
     assert key_of(["strategy=ddp", "amp=O2"]) != a
 
@@ -31,6 +31,9 @@ def test_a_job_finds_its_plan_in_its_round_and_only_for_the_config_that_was_chec
         checked.remember(["strategy=single"], Checked(cfg, resolved))
         found = checked.find(["strategy=single", "round=2"], {"round": 2, "batch_size": cfg.batch_size})
         assert found is not None and found.config.round == 2 and found.resolved["round"] == 2
+        placed = checked.find(["strategy=single", "round=3", "place=2", "after=4"],
+                              {"round": 3, "place": 2, "after": 4, "batch_size": cfg.batch_size})
+        assert placed is not None and (placed.config.place, placed.config.after, placed.resolved["place"]) == (2, 4, 2)
         assert checked.find(["strategy=single"], {"round": None, "batch_size": cfg.batch_size + 1}) is None
         assert checked.find(["strategy=ddp"], resolved) is None
     finally:

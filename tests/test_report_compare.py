@@ -87,3 +87,34 @@ def test_bad_compares_are_one_line_and_exit_2(tmp_path, capsys, args, said):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0], err
     assert json.loads((tmp_path / "a" / "0" / "results.json").read_text())  # inputs untouched
+
+
+def test_an_interval_past_100x_is_said_unbounded_not_printed(tmp_path, capsys):
+    """A: 100 and 400 img/s, B: 100 and 100. Geometric means 200 and 100: 0.50x. Welch: B's runs do not vary, so
+    df = 1 and the standard error is A's alone, ln 4 / 2 = 0.693; t(0.975, 1) = 12.706, half-width 8.81: the
+    interval 0.5 * exp(-+8.81) = [7.5e-05, 3327] reaches past 1/100x and 100x."""
+    r = ratio("x", [100.0, 400.0], [100.0, 100.0])
+    assert r.ratio == pytest.approx(0.5)
+    assert (r.low, r.high) == pytest.approx((0.5 * math.exp(-12.706 * math.log(4) / 2),
+                                             0.5 * math.exp(12.706 * math.log(4) / 2)), rel=1e-3)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _sweep(a, "2.15.0", [100.0, 400.0])
+    _sweep(b, "2.15.0", [100.0, 100.0])
+    assert main(["--compare", str(a), str(b)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "single O0" in x)
+    assert "0.50× [unbounded yet]  runs 2/2" in line and "3327" not in line and "0.00" not in line
+
+
+def test_a_row_with_no_run_on_one_side_gets_no_ratio_only_where_it_is_missing(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _sweep(a, "2.15.0", [100.0, 104.0, 98.0])
+    _sweep(b, "2.15.0", [150.0, 149.0, 153.0])
+    write(a, "ddp", results("ddp", "O0", ["cpu:0", "cpu:1"], [1.0, 0.5, 0.5], status="failed", error="rank 1: boom"))
+    for i, rate in enumerate([200.0, 210.0, 190.0]):
+        write(b, f"ddp{i}", results("ddp", "O0", ["cpu:0", "cpu:1"], [1.0, 0.5, 0.5], rate=rate))
+    assert main(["--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ddp = next(x for x in out if "ddp O0" in x)
+    assert ddp.split("ddp O0")[1].strip() == "only in B: no run in A" and "×" not in ddp
+    assert "1.50×" in next(x for x in out if "single O0" in x)
+    assert "over the 1 rows compared" in next(x for x in out if x.startswith("Per row"))

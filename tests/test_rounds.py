@@ -12,7 +12,7 @@ import pytest
 from harness.core.results import SCHEMA, MachineLoad, RunRecord
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import standing
-from harness.verdict.rounds import round_overrides, run_rounds
+from harness.verdict.rounds import balanced_order, round_overrides, run_rounds, williams
 from tests.conftest import TINY, run_sweep
 
 TEMPLATE = "${hydra.job.num}_${hydra.runtime.choices.strategy}_${amp.level}"
@@ -59,12 +59,57 @@ def test_every_combination_runs_once_before_any_runs_again_and_later_rounds_have
     launch = FakeLaunch({0: [100, 101, 99, 100], 1: [100, 99, 101, 100], 2: [100, 100, 100, 101]})
     outcome = run_rounds(COMBOS, launch, repeat=4, budget_s=1.0, subdir_template=TEMPLATE, describe=str,
                          clock=launch.clock)
-    # A B C, C B A, A B C, C B A: every place in a round falls to every row alike
-    assert launch.ran == [(c, n) for n in (1, 2, 3, 4) for c in ((0, 1, 2) if n % 2 else (2, 1, 0))]
+    # a Williams design for 3 rows: A B C, B C A, C A B (each row once in each place), then the mirror, C B A, ...
+    orders = [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
+    assert launch.ran == [(c, n) for n, order in enumerate(orders, start=1) for c in order]
+    assert outcome.orders == orders
     assert outcome.ended_by == "repeat" and outcome.rounds == 4 and outcome.runs == 12  # repeat=N: N, budget or not
-    assert launch.jobs[0] == ["strategy=a", "round=1"]  # round 1: Hydra's own folder (job number = combination)
-    assert launch.jobs[4] == ["strategy=b", "round=2",
+    # round 1: Hydra's own folder (job number = combination); each job says its place and the combination before it
+    assert launch.jobs[0] == ["strategy=a", "round=1", "place=1"]
+    assert launch.jobs[3] == ["strategy=b", "round=2", "place=1", "after=2",
                               "hydra.sweep.subdir='round-2/1_${hydra.runtime.choices.strategy}_${amp.level}'"]
+    assert launch.jobs[4][:4] == ["strategy=c", "round=2", "place=2", "after=1"]
+
+
+@pytest.mark.parametrize("k", range(2, 13))
+def test_every_row_takes_every_place_and_follows_every_other_row_equally_often(k):
+    """Williams' design: over its k orders (2k for odd k) each row is in each place equally often, and each
+    ordered pair of rows is adjacent equally often; the first k orders alone already balance the places."""
+    design = williams(k)
+    assert len(design) == (k if k % 2 == 0 else 2 * k) and all(sorted(order) == list(range(k)) for order in design)
+    for orders in (design, design[:k]):
+        places = {(row, place) for order in orders for place, row in enumerate(order)}
+        counts = [sum(order[place] == row for order in orders) for row, place in places]
+        assert len(places) == k * k and len(set(counts)) == 1
+    follows = [(a, b) for order in design for a, b in zip(order, order[1:], strict=False)]
+    assert len(set(follows)) == k * (k - 1) and len({follows.count(p) for p in set(follows)}) == 1
+
+
+def test_the_orders_start_again_balanced_over_the_rows_racing_leaves():
+    """Rows 0-3 race; after round 3 row 2 stops: from round 4 on, the design is the one for rows 0, 1 and 3, from
+    its first order, so that within 3 rounds each of them has had each place."""
+    assert [balanced_order([0, 1, 2, 3], n) for n in range(4)] == [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0],
+                                                                   [3, 0, 2, 1]]
+    wobble = [1 + 0.03 * math.sin(2.3 * r) for r in range(40)]
+    rates = {0: [100 * w for w in wobble], 1: [100 * w for w in reversed(wobble)], 2: [20 * w for w in wobble],
+             3: [100 * w for w in wobble[::-1][3:] + wobble[:3]]}
+    combos = [*COMBOS, ["strategy=d"]]
+
+    class Four(FakeLaunch):
+        def __call__(self, jobs, first):
+            COMBOS.append(combos[3])
+            try:
+                return super().__call__(jobs, first)
+            finally:
+                COMBOS.pop()
+
+    launch = Four(rates)
+    outcome = run_rounds(combos, launch, repeat=None, budget_s=1000, subdir_template=TEMPLATE, describe=str,
+                         clock=launch.clock)
+    stop = outcome.stopped[2]
+    after = outcome.orders[stop:stop + 3]
+    assert len(after) == 3 and after == [balanced_order([0, 1, 3], n) for n in range(3)]
+    assert all(sorted(order[place] for order in after) == [0, 1, 3] for place in range(3))
 
 
 def test_racing_stops_what_is_slower_and_runs_the_contenders_until_decided():
@@ -176,6 +221,9 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
     assert plan["ended_by"] in ("planned rounds", "decided: winner"), plan["ended_by"]
     assert plan["names"] == ["single data.image_size=8", "single data.image_size=16"]  # as the log names them
     out = proc.stdout + proc.stderr
+    # the progress lines name the swept setting too (not "round 2 of ?: single, single")
+    assert re.search(r"round 2 of \S+: single data\.image_size=(8|16), single data\.image_size=(16|8)\b", out), \
+        out[-3000:]
     assert re.search(r"Verdict: .*px=8", out), out[-3000:]
     first_table_line = next(i for i, line in enumerate(out.splitlines()) if "combination" in line and "img/s" in line)
     verdict_line = next(i for i, line in enumerate(out.splitlines()) if "Verdict:" in line)

@@ -23,19 +23,33 @@ def has_key(overrides: list[str], key: str) -> bool:
 
 def test_an_axis_is_crossed_only_where_its_key_exists():
     found = combinations([], check_axes(["strategy", "bucket"]), has_key)
-    assert found == [["strategy=ddp", "strategy.bucket_cap_mb=25"], ["strategy=ddp", "strategy.bucket_cap_mb=100"],
+    assert found == [["strategy=single"],
+                     ["strategy=ddp", "strategy.bucket_cap_mb=25"], ["strategy=ddp", "strategy.bucket_cap_mb=100"],
                      ["strategy=zero", "strategy.bucket_cap_mb=25"], ["strategy=zero", "strategy.bucket_cap_mb=100"],
                      ["strategy=fsdp"]]
 
 
 def test_the_default_space_counts_by_hand():
     """ddp and zero: 2 amp x 3 micro-batches x 2 buckets x 2 hooks x 2 compile = 48 each; fsdp: no bucket, 24;
-    checkpointing applies to no model here (tiny_cnn): 120 in all."""
+    single: neither, 12; checkpointing applies to no model here (tiny_cnn): 132 in all."""
     found = combinations(["model=tiny_cnn"], list(AXES.values()), has_key)
-    assert len(found) == 48 + 48 + 24 and len({tuple(c) for c in found}) == len(found)
+    assert len(found) == 12 + 48 + 48 + 24 and len({tuple(c) for c in found}) == len(found)
     assert all(c[0] == "model=tiny_cnn" for c in found)
     with_gpt = combinations(["model=gpt"], list(AXES.values()), has_key)
-    assert len(with_gpt) == 2 * 120  # checkpointing off and on
+    assert len(with_gpt) == 2 * 132  # checkpointing off and on
+
+
+def test_the_default_space_holds_single_the_baseline_a_user_would_otherwise_run():
+    """On a CPU (strategy, amp, micro_batch, config.py's default there) and on GPUs (every axis), `single` is a
+    candidate: a search must not answer ddp when single, left out, was faster. CPU: 4 strategies x 2 amp x 3
+    micro-batches = 24, 6 of them single."""
+    from harness.core.config import SearchConfig
+
+    cpu = combinations([], check_axes(SearchConfig().axes), has_key)
+    assert len(cpu) == 4 * 2 * 3 and sum("strategy=single" in c for c in cpu) == 2 * 3
+    assert cpu[0] == ["strategy=single", "amp=O0", "grad_accum=1"]
+    gpu = combinations([], list(AXES.values()), has_key)
+    assert sum("strategy=single" in c for c in gpu) == 2 * 3 * 2  # amp x micro-batch x compile
 
 
 def test_what_the_user_types_fixes_a_key_or_is_an_axis_of_its_own():

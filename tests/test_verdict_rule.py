@@ -1,6 +1,7 @@
 """harness/verdict/rule.py by hand: the paired interval at the design's level (checked against scipy's own
 paired and Welch t-tests), the three words, Bonferroni over the pairs, alpha spent over a racing sweep's looks,
-and the rounds that would decide a pair (checked by simulating them)."""
+looks counted by the sweep's round, equivalence by two one-sided tests, and the rounds that would decide a pair
+(checked by simulating them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ import random
 import pytest
 from scipy import stats
 
-from harness.verdict.rule import MAX_ROUNDS_ADVISED, Design, paired, rounds_needed, unpaired, word
+from harness.verdict.rule import (
+    MAX_ROUNDS_ADVISED,
+    Design,
+    advise,
+    paired,
+    rounds_needed,
+    rounds_to_show_within,
+    rounds_to_tell,
+    unpaired,
+    word,
+)
 from harness.verdict.sequential import FINAL_SHARE, interim_levels
 
 # per-round log ratios a/b: mean 0.08, SD 0.02 over 3 rounds
@@ -43,7 +54,29 @@ def test_a_racing_sweep_spends_alpha_over_its_looks():
     levels = interim_levels(2, 10, 0.05)
     assert design.level(3) == pytest.approx(levels[1]) and design.level(10) == pytest.approx(FINAL_SHARE * 0.05)
     assert design.level(2) < 1e-6 and design.level(9) < 0.01  # almost nothing early; most of alpha at the end
-    assert paired(DIFFS, design).level == pytest.approx(levels[1])
+    assert paired(DIFFS, Design(planned_rounds=10, look=3)).level == pytest.approx(levels[1])
+    assert paired(DIFFS, design).level == pytest.approx(FINAL_SHARE * 0.05)  # no look given: the last (the report's)
+
+
+def test_a_look_is_counted_by_the_sweeps_round_not_by_the_pairs_rounds():
+    """Racing's look after round 5 of 10, where one row's round-4 run was busy: the pair has 4 paired rounds but
+    is tested at look 5's level; counted by its paired rounds it would spend look 4's level a second time."""
+    levels = interim_levels(2, 10, 0.05)
+    judged = paired([0.10, 0.06, 0.08, 0.07], Design(planned_rounds=10, look=5))
+    assert judged.rounds == 4 and judged.level == pytest.approx(levels[3]) and judged.level != pytest.approx(levels[2])
+
+
+def test_equivalence_is_two_one_sided_tests_at_the_looks_level():
+    """Per-round log ratios 0, 0.04, 0, 0.04: mean 0.02, SD sqrt(0.0016 / 3) = 0.02309, se 0.01155. The 95 % interval
+    0.02 + 3.182 x 0.01155 = 0.0567 reaches 1.058 (past +5 %), but the 90 % interval 0.02 +- 2.353 x 0.01155 =
+    [-0.0072, 0.0472] lies within log(1.05) = 0.0488: equivalent by TOST at 5 % a side, as the (1 - alpha) interval
+    alone would not say."""
+    diffs = [0.0, 0.04, 0.0, 0.04]
+    judged = paired(diffs, Design())
+    assert math.log(judged.hi) == pytest.approx(0.0567, abs=1e-4) and judged.hi > 1.05
+    assert judged.word == "equivalent"
+    assert paired([0.0, 0.06, 0.0, 0.06], Design()).word == "undecided"  # 0.03 + 2.353 x 0.0173 = 0.071: past it
+    assert word(0.96, 1.06, 0.05, within=(0.97, 1.04)) == "equivalent" and word(0.96, 1.06, 0.05) == "undecided"
 
 
 @pytest.mark.parametrize(("lo", "hi", "expected"), [
@@ -75,7 +108,7 @@ def test_unpaired_is_welch_with_each_sides_own_spread():
 
 def test_fewer_than_two_rounds_have_no_interval():
     one = paired([0.3], Design())
-    assert not one.known and one.word == "undecided" and one.rounds_needed is None
+    assert not one.known and one.word == "undecided" and one.advice is None
 
 
 def test_rounds_needed_shrink_with_the_effect_and_run_out_near_the_margin():
@@ -96,3 +129,34 @@ def test_rounds_needed_deliver_the_power_they_promise_by_simulation():
     assert 0.77 <= decided / 2000 <= 0.87, (n, decided)
     fewer = sum(paired([rng.gauss(effect, sd) for _ in range(n // 2)], Design()).word == "faster" for _ in range(2000))
     assert fewer / 2000 < 0.65  # half the rounds: clearly less
+
+
+def test_the_advice_is_planned_for_the_margin_never_for_the_observed_ratio():
+    """Two undecided pairs with the same spread and different observed ratios get the same advice: the rounds to
+    tell 5 % apart and to show equal rows within +-5 %, from the spread alone."""
+    design = Design(pairs=3)
+    near = paired([0.05, -0.03, 0.08, -0.06], design)
+    far = paired([0.10, 0.02, 0.13, -0.01], design)  # the same deviations, shifted by 0.05
+    assert near.word == far.word == "undecided" and near.sd == pytest.approx(far.sd)
+    assert near.advice == far.advice and near.advice.tell == rounds_to_tell(near.sd, 0.05, 0.05 / 3)
+    assert near.advice.within == rounds_to_show_within(near.sd, 0.05, 0.05 / 3)
+    assert near.advice.rounds == max(near.advice.tell, near.advice.within) and near.advice.possible
+    # 15 % noise a run (per-round SD 0.15 x sqrt 2): 5 % cannot be told apart in 100 rounds (about
+    # (1.96 + 0.84)^2 x (0.212 / 0.0488)^2 = 148), but twice the margin, 1.1025, can: about 7.84 x (0.212 / 0.0976)^2 = 37
+    # rounds plus the t's few more (the old advice, from an observed 1.10, said "no number up to 100" in 37 % of sweeps)
+    noisy = advise(0.15 * math.sqrt(2), Design())
+    assert noisy.tell > MAX_ROUNDS_ADVISED and 37 <= noisy.tell_twice <= 45
+    assert not advise(0.40, Design(pairs=66)).possible  # only the noise itself says "cannot be told"
+
+
+@pytest.mark.parametrize("what", ["tell", "within"])
+def test_the_advice_delivers_the_power_it_promises_by_simulation(what):
+    """At a per-round SD of 10 %: N rounds call a true 1.05 faster, and M rounds call equal rows equivalent, in
+    about 80 % of 2,000 simulated sweeps of exactly that many rounds (not far below; TOST's union bound may
+    overshoot)."""
+    sd, design = 0.10, Design()
+    advice = advise(sd, design)
+    n, truth, expected = (advice.tell, math.log(1.05), "faster") if what == "tell" else (advice.within, 0.0, "equivalent")
+    rng = random.Random(2)
+    hits = sum(paired([rng.gauss(truth, sd) for _ in range(n)], design).word == expected for _ in range(2000))
+    assert 0.77 <= hits / 2000 <= 0.90, (n, hits)

@@ -251,6 +251,8 @@ class RunConfig:
     seed: int = 0
     repeat: int | None = None  # a sweep's rounds (None: racing decides); a single run: this many times
     round: int | None = None  # set by the sweep: which of its rounds this run is
+    place: int | None = None  # set by the sweep: the run's place in its round (1: first)
+    after: int | None = None  # set by the sweep: the combination (its job number) that ran just before it
     compile: bool = False  # torch.compile the model (compilation timed apart, before the clock)
     grad_accum: int = 1  # micro-batches per optimizer step; the global batch stays batch_size
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -291,9 +293,12 @@ class RunConfig:
         check_nprocs(cfg["nprocs"])
         for key in ("batch_size", "log_every"):
             _positive_int(key, cfg[key])
-        for key in ("repeat", "round"):
+        for key in ("repeat", "round", "place"):
             if cfg.get(key) is not None:
                 _positive_int(key, cfg[key])
+        if cfg.get("after") is not None and (isinstance(cfg["after"], bool) or not isinstance(cfg["after"], int)
+                                             or cfg["after"] < 0):
+            raise ConfigError("after", cfg["after"], "a combination's job number (an integer >= 0), set by the sweep")
         if isinstance(cfg["warmup_windows"], bool) or not isinstance(cfg["warmup_windows"], int) \
                 or cfg["warmup_windows"] < 0:
             raise ConfigError("warmup_windows", cfg["warmup_windows"], "an integer >= 0")
@@ -361,14 +366,16 @@ class RunConfig:
             strategy_name=strategy_name, strategy=dict(cfg["strategy"]), amp=amp, amp_plugin=amp_plugin,
             model=dict(cfg["model"]), optim=dict(cfg["optim"]), data=data, gpus=gpus, nprocs=cfg["nprocs"],
             batch_size=cfg["batch_size"], iterations=iterations, log_every=cfg["log_every"],
-            warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"), memory=memory,
+            warmup_windows=cfg["warmup_windows"], seed=seed, repeat=cfg.get("repeat"), round=cfg.get("round"),
+            place=cfg.get("place"), after=cfg.get("after"), memory=memory,
             dist=dist, fault=fault, launcher=launcher, timing=timing, report=report, verdict=verdict, parity=parity,
             compile=compile_, grad_accum=grad_accum, profile=profile, plan=plan, kernels=kernels, search=search,
         )
 
 
 TOP_LEVEL_KEYS = frozenset({"strategy", "amp", "model", "optim", "data", "gpus", "nprocs", "batch_size",
-                            "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "memory", "dist",
+                            "iterations", "log_every", "warmup_windows", "seed", "repeat", "round", "place", "after",
+                            "memory", "dist",
                             "fault", "launcher", "timing", "report", "verdict", "parity", "compile", "grad_accum",
                             "profile", "plan", "kernels", "search"})
 # the top-level keys' Python defaults (sections build their own from their records)

@@ -325,6 +325,8 @@ class RunRecord:
     started_at: float | None = None
     finished_at: float | None = None
     round: int | None = None  # which round of a sweep (1, 2, ...): rounds pair runs in the report's ratios
+    place: int | None = None  # its place in the round (1: the round's first run): the verdict checks its effect
+    after: int | None = None  # the combination (job number) run just before it in the sweep (None: the first)
     phases: dict[str, float] = field(default_factory=dict)  # where the run's wall time went, seconds (PHASES)
     machine: MachineLoad | None = None  # what else the machine did while the run was timed
     prediction: PredictionRecord | None = None  # harness.plan's, made before the run started

@@ -22,7 +22,7 @@ from harness.rank.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
 
-SWEEP_SET = ("round",)  # keys a sweep adds to a job's overrides: the same combination, another round
+SWEEP_SET = ("round", "place", "after")  # keys a sweep adds to a job's overrides: the same combination, another run
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,14 @@ class Checked:
     plan: RunPlan | None = None
     refused: Incompatible | None = None
 
-    def in_round(self, number: int | None) -> Checked:
-        """The same combination as the sweep's round `number` runs it: only `round` differs."""
-        if number == self.config.round:
+    def in_round(self, number: int | None, place: int | None = None, after: int | None = None) -> Checked:
+        """The same combination as the sweep's round `number` runs it at `place`, after combination `after`:
+        only those differ."""
+        if (number, place, after) == (self.config.round, self.config.place, self.config.after):
             return self
-        config = dataclasses.replace(self.config, round=number)
-        resolved = {**self.resolved, "round": number}
+        config = dataclasses.replace(self.config, round=number, place=place, after=after)
+        given = {"round": number, "place": place, "after": after}  # a config composed without them has None
+        resolved = {**self.resolved, **{k: v for k, v in given.items() if k in self.resolved or v is not None}}
         plan = dataclasses.replace(self.plan, config=config, resolved=resolved) if self.plan is not None else None
         return Checked(config=config, resolved=resolved, plan=plan, refused=self.refused)
 
@@ -50,7 +52,7 @@ _CHECKED: dict[tuple[str, ...], Checked] = {}
 
 def key_of(overrides: Iterable[str]) -> tuple[str, ...]:
     """The combination an override list names, whatever its order and whichever round it is: Hydra's own
-    `hydra.*` overrides (a round's folder) and the sweep's `round=N` left out."""
+    `hydra.*` overrides (a round's folder) and the sweep's `round=N place=P after=C` left out."""
     kept = (o for o in overrides if not o.startswith("hydra.") and o.partition("=")[0] not in SWEEP_SET)
     return tuple(sorted(kept))
 
@@ -79,7 +81,7 @@ def find(overrides: Iterable[str], composed: Mapping[str, Any]) -> Checked | Non
     checked = _CHECKED.get(key_of(overrides))
     if checked is None:
         return None
-    checked = checked.in_round(composed.get("round"))
+    checked = checked.in_round(composed.get("round"), composed.get("place"), composed.get("after"))
     if dict(checked.resolved) != dict(composed):
         differing = sorted(k for k in {*checked.resolved, *composed} if checked.resolved.get(k) != composed.get(k))
         log.warning("the job's config differs from the one checked before the sweep (%s): checked again",

@@ -130,7 +130,8 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
                                         launcher_pid, warning),
                **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
                "machine": machine_load(load, sampler, records, cfg.timing.busy_share),
-               "env": environment(env_extra), "round": cfg.round, "finished_at": time.time()}
+               "env": environment(env_extra), "round": cfg.round, "place": cfg.place,
+               "after": cfg.after, "finished_at": time.time()}
     results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
                                results["compile_seconds"])
     if prediction is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.parity import report as parity
-from harness.report.rows import Row, judged, row_fit
+from harness.report.rows import Row, judged, row_fit, work_per_sample
 from harness.verdict.intervals import Fit
 from harness.verdict.racing import Standing, standing
 from harness.verdict.rule import MAX_ROUNDS_ADVISED, Judgement, interval_text
@@ -58,6 +58,14 @@ def winners(rows: Sequence[Row], state: Standing) -> dict[str, str]:
     return result
 
 
+def _degrees(df: float) -> str:
+    return f"{df:.0f} degree{'' if round(df) == 1 else 's'} of freedom"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')} run"
+
+
 def _pct(log_sd: float) -> str:
     return f"{100 * (math.exp(log_sd) - 1):.1f} %"
 
@@ -78,13 +86,19 @@ def reproducibility(rows: Sequence[Row], fit: Fit, state: Standing) -> str:
         if state.margin is not None and state.margin.sd is not None:
             m = state.margin
             how = f"per-round SD {_pct(m.sd)} over {m.rounds} rounds" if m.rounds else f"unpaired SD {_pct(m.sd)}"
-            parts.append(f"{state.leader} against {state.runner_up}: {how} ({m.df:.0f} degrees of freedom), tested at "
+            parts.append(f"{state.leader} against {state.runner_up}: {how} ({_degrees(m.df)}), tested at "
                          f"{m.level:.2g}")
+        places = [p for p in fit.place_effects() if p.clear]
+        if places:
+            parts.append("a run's place in its round mattered on this machine: " + ", ".join(
+                f"the {_ordinal(p.place)} ran at {p.ratio:.2f}×{interval_text(p.lo, p.hi)} the round's average"
+                for p in places) + " (estimated from the sweep; the rounds' orders give every row every place "
+                "alike, so it cancels in the pairs)")
         if fit.s_residual is not None:
             rounds = max((len(r.run_throughputs) for r in timed), default=0)
             parts.append(f"levels: each row at the sweep's average round (combination + round fit over up to {rounds} "
                          f"runs a row, fresh processes), 95 % intervals from the residual SD {_pct(fit.s_residual)} "
-                         f"({fit.df_residual} degrees of freedom)")
+                         f"({_degrees(fit.df_residual)})")
     unknown = [r.label for r in timed if not r.spread_known and not r.busy]
     if unknown:
         parts.append("spread unknown (one run: no interval, no ★) for " + ", ".join(unknown))
@@ -111,8 +125,8 @@ def _ratio_words(judged_: Judgement | None) -> str:
 def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | None = None,
             command: str | None = None, never: Sequence[str] = ()) -> str:
     """The sentence a reader acts on: the winner with its interval and its margin over the runner-up, or the
-    rows equivalent within verdict.margin, or undecided with the rounds that would decide it; the rows found
-    slower; what was not judged, did not run or never started."""
+    rows equivalent within verdict.margin, or undecided with the pairs still open and the rounds that would
+    decide them all; the rows found slower; what was not judged, did not run or never started."""
     ok = judged(rows)
     by_label = {r.label: r for r in rows}
     parts: list[str] = []
@@ -127,8 +141,18 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
         if len(ok) == 1:
             parts.append(f"Only {best.label} was timed: {said}.")
         elif m is not None and not m.known:
-            parts.append(f"Fastest measured: {best.label}, {said}, {_ratio_words(m)} {state.runner_up}; not judged: "
-                         + _no_spread(plan, rows))
+            ahead = math.exp(fit.adjusted_log(best.label) - fit.adjusted_log(state.runner_up))
+            shared = fit.rounds(best.label) & fit.rounds(state.runner_up)
+            if all(fit.runs(r.label) < 2 for r in ok):
+                why = _no_spread(plan, rows)
+            elif not shared:
+                why = (f"{best.label} and {state.runner_up} share no round in which both ran on a quiet machine, so "
+                       "their ratio has no interval (more rounds on a quieter machine give one).")
+            else:
+                why = (f"{best.label} and {state.runner_up} share one round in which both ran on a quiet machine: "
+                       "a ratio's spread needs two (more rounds give one).")
+            parts.append(f"Highest measured: {best.label}, {figure(best, interval=False)}, {ahead:.2f}× "
+                         f"{state.runner_up} by the round-adjusted levels; not judged: " + why)
         elif state.decided == "winner":
             parts.append(f"Fastest: {best.label}, {said}; {_ratio_words(m)} the runner-up {state.runner_up} "
                          f"(faster: its interval excludes 1).")
@@ -137,8 +161,12 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
             parts.append(f"Equivalent within ±{100 * fit.design.margin:.0f} %: {', '.join(tied)} (the fastest measured: "
                          f"{best.label}, {said}).")
         else:
-            parts.append(f"Undecided: {best.label} ({said}) leads {state.runner_up} by {_ratio_words(m)}; "
-                         + _more_rounds(m, fit, plan, command, rows))
+            still = [(k, fit.compare(k, state.leader)) for k in state.open]
+            parts.append(f"Undecided: {best.label} ({said}) leads; still open against it: "
+                         + ", ".join(f"{k} {_ratio_words(j)}" for k, j in still) + "; "
+                         + _more_rounds([j for _, j in still], fit, plan, command))
+        if work_per_sample(rows) and len(ok) > 1:
+            parts.append("Ranked in tokens/s: the rows' samples hold different numbers of tokens.")
         if state.stopped:
             early = [(k, r) for k, r in state.stopped.items() if by_label[str(k)].stopped_early]
             later = [(k, r) for k, r in state.stopped.items() if not by_label[str(k)].stopped_early
@@ -167,15 +195,15 @@ def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | No
 
 
 
-def figure(best: Row) -> str:
+def figure(best: Row, interval: bool = True) -> str:
     """`1199.2 img/s [95 % ...]`; a token model's in tokens/s; a workload of one's own in samples/s."""
     tokens = best.tokens_per_sample
+    lo, hi = (best.throughput_lo, best.throughput_hi) if interval else (None, None)
     if tokens:
         return (f"{best.throughput * tokens:.0f} tokens/s"
-                + _interval(best.throughput_lo and best.throughput_lo * tokens,
-                            best.throughput_hi and best.throughput_hi * tokens, digits=0))
+                + _interval(lo and lo * tokens, hi and hi * tokens, digits=0))
     unit = "samples/s" if best.model_sample == "samples" else "img/s"
-    return f"{best.throughput:.1f} {unit}{_interval(best.throughput_lo, best.throughput_hi)}"
+    return f"{best.throughput:.1f} {unit}{_interval(lo, hi)}"
 
 def _no_spread(plan: SweepPlan | None, rows: Sequence[Row]) -> str:
     """Why every row has one run, in the terms of what was typed."""
@@ -190,18 +218,35 @@ def _no_spread(plan: SweepPlan | None, rows: Sequence[Row]) -> str:
     return "one run per row has no spread between processes (a sweep's rounds, or repeat=N, give one)."
 
 
-def _more_rounds(m: Judgement | None, fit: Fit, plan: SweepPlan | None, command: str | None,
-                 rows: Sequence[Row]) -> str:
-    """What would decide the top pair: rounds at 80 % power for the spread it showed, and the command."""
-    if m is None or m.rounds_needed is None:
-        return "no estimate of what would decide it."
-    if m.rounds_needed > MAX_ROUNDS_ADVISED:
-        return (f"no number of rounds up to {MAX_ROUNDS_ADVISED} would decide it at this spread: a difference this "
-                f"close to the ±{100 * fit.design.margin:.0f} % margin cannot be told from it (verdict.margin).")
-    n = m.rounds_needed
+def _more_rounds(open_pairs: Sequence[Judgement | None], fit: Fit, plan: SweepPlan | None,
+                 command: str | None) -> str:
+    """What would decide every pair still open, planned for the margin (never from the ratios observed): the
+    rounds to tell a margin's difference apart and to show equal rows within it, the largest over the open
+    pairs (each at its own spread), and the command that runs them."""
+    advice = [a for j in open_pairs if j is not None and (a := j.advice) is not None]
+    if not advice:
+        return "no estimate of what would decide it (no spread between rounds yet)."
+    worst = max(advice, key=lambda a: a.rounds)
+    margin, twice = f"{100 * fit.design.margin:.0f} %", f"{100 * ((1 + fit.design.margin) ** 2 - 1):.0f} %"
+    spread = f"the noisiest open pair's per-round SD {_pct(worst.sd)}"
+    tell, within = max(a.tell for a in advice), max(a.within for a in advice)
+    tell_twice = max(a.tell_twice for a in advice)
     pace = statistics.median(plan.round_seconds) if plan and plan.round_seconds else None
+    if worst.possible:
+        n, what = worst.rounds, (f"to tell {margin} apart: {_rounds(tell)}; to show them within ±{margin}: "
+                                 f"{_rounds(within)} (at {spread})")
+    elif tell_twice <= MAX_ROUNDS_ADVISED:
+        n, what = tell_twice, (f"at {spread}, neither {margin} apart nor within ±{margin} can be told in "
+                               f"{MAX_ROUNDS_ADVISED} rounds (verdict.margin); to tell {twice} apart: {_rounds(tell_twice)}")
+    else:
+        return (f"at {spread}, no number of rounds up to {MAX_ROUNDS_ADVISED} would tell {margin} (or {twice}) apart or "
+                f"show them within ±{margin} (verdict.margin).")
     took = f", about {math.ceil(n * pace / 60)} min at this sweep's pace" if pace else ""
-    return f"about {n} rounds would decide it{took}: {rerun(command, n, pace)}."
+    return f"{what}{took}: {rerun(command, n, pace)}."
+
+
+def _rounds(n: int) -> str:
+    return f"more than {MAX_ROUNDS_ADVISED} rounds" if n > MAX_ROUNDS_ADVISED else f"{n} rounds"
 
 
 SEARCH = re.compile(r"^search(\.enabled)?=(true|True|1)$")

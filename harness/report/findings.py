@@ -14,7 +14,7 @@ from harness.report.decision import Decision, decide, figure
 from harness.report.rows import Context, Row, build_rows, context, find_results
 from harness.search.answer import SearchAnswer, answer
 from harness.search.record import read_search
-from harness.verdict.sweep_plan import read_plan
+from harness.verdict.sweep_plan import SweepPlan, read_plan
 
 
 @dataclass
@@ -42,6 +42,7 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
     found, skipped = find_results(paths)
     plan = read_plan(list(paths))
     rows, base = build_rows(found, baseline, planned=plan.planned if plan else None)
+    mark_stopped(rows, plan)
     ctx = context(found)
     decision = decide(rows, plan, ctx.commands[0] if len(ctx.commands) == 1 else None,
                       [record.overrides for _, record in found])
@@ -52,6 +53,20 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
         projected = projection.project(rows, project)
     return Report(rows=rows, baseline=base, decision=decision, context=ctx, skipped_files=skipped, projected=projected,
                   search=search_answer(list(paths), rows, decision))
+
+
+def mark_stopped(rows: Sequence[Row], plan: SweepPlan | None) -> None:
+    """`stopped early after round r` for the rows racing stopped, and only those: the sweep's rounds.json says
+    which (a row whose last runs were busy or failed was not stopped). A row is its plan's combination whose
+    overrides are among the row's; a report without a plan (merged sweeps) or of repeat=N stops none."""
+    for row in rows:
+        row.stopped_early = None
+        if plan is None or plan.repeat is not None:
+            continue
+        matching = [(len(combination), name) for combination, name in zip(plan.combinations, plan.names, strict=True)
+                    if set(combination) <= set(row.overrides)]
+        if matching:
+            row.stopped_early = plan.stopped.get(max(matching)[1])
 
 
 def search_answer(paths: list[Path], rows: list[Row], decision: Decision) -> SearchAnswer | None:

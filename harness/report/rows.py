@@ -55,6 +55,7 @@ class Row:
     run_rates: list[float] = field(default_factory=list)  # each ok run's throughput (the unit that varies)
     run_throughputs: list[tuple[int | None, float]] = field(default_factory=list)  # (round, img/s) of its quiet runs
     run_s_per_20: list[tuple[int | None, float]] = field(default_factory=list)  # (round, median window) of the same
+    run_places: dict[int, int] = field(default_factory=dict)  # round -> its run's place in the round, where known
     throughput_lo: float | None = None  # 95 % interval from the runs (None: unknown, one run in the sweep)
     throughput_hi: float | None = None
     spread_known: bool = False  # the row has an interval from its runs (a busy row never has one)
@@ -181,7 +182,7 @@ LABELLED = {"impl": "impl", "dtype": "dtype", "model": "model", "devices": "devi
 # apart too, so that no swept axis is pooled into a mean.
 NAMED_ELSEWHERE = ("strategy", "model", "amp.level", "amp.impl", "amp.dtype", "amp._target_", "batch_size",
                    "data.image_size", "iterations", "launcher", "gpus", "nprocs", "compile", "grad_accum", "repeat",
-                   "round", "timing.budget_s", "report", "verdict", "plan")
+                   "round", "place", "after", "timing.budget_s", "report", "verdict", "plan")
 
 
 def _settings(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -327,6 +328,7 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
         row.s_per_20 = math.exp(statistics.fmean(math.log(_median_window(r)) for r in timed))
     row.run_throughputs = [(sweep_round(r), r.throughput_img_s) for r in quiet if r.throughput_img_s]
     row.run_s_per_20 = [(sweep_round(r), _median_window(r)) for r in quiet]
+    row.run_places = {n: r.place for r in quiet if r.place is not None and (n := sweep_round(r)) is not None}
     row.startup_s = _median_of([r.startup_seconds for r in ok])
     row.compile_s = _median_of([r.compile_seconds for r in ok])
     row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
@@ -440,11 +442,24 @@ def sweep_design(rows: Sequence[Row], planned: int | None = None) -> Design:
                   last_look=max(rounds))
 
 
+def work_per_sample(rows: Sequence[Row]) -> dict[str, int]:
+    """The unit the judged rows are compared in: where their samples hold different numbers of tokens (a swept
+    model.seq_len) each row's tokens per sample, so that they are ranked and judged in tokens/s; otherwise
+    nothing (samples/s, one sample alike in every row)."""
+    tokens = {r.label: r.tokens_per_sample for r in judged(rows)}
+    if len(set(tokens.values())) > 1 and all(tokens.values()):
+        return {label: int(t or 1) for label, t in tokens.items()}
+    return {}
+
+
 def row_fit(rows: Sequence[Row], figure: str = "run_throughputs", planned: int | None = None) -> Fit:
-    """The judged rows' quiet runs as harness.verdict fits them (a busy row's runs never enter). `figure`:
-    `run_throughputs` or `run_s_per_20` (each run's median window)."""
-    return Fit((Observation(r.label, round_, value) for r in judged(rows) for round_, value in getattr(r, figure)),
-               sweep_design(rows, planned))
+    """The judged rows' quiet runs as harness.verdict fits them (a busy row's runs never enter), each with its
+    place in its round. `figure`: `run_throughputs` (in tokens/s where the rows' samples differ in tokens:
+    `work_per_sample`) or `run_s_per_20` (each run's median window)."""
+    per = work_per_sample(rows) if figure == "run_throughputs" else {}
+    return Fit((Observation(r.label, round_, value * per.get(r.label, 1),
+                            r.run_places.get(round_) if round_ is not None else None)
+                for r in judged(rows) for round_, value in getattr(r, figure)), sweep_design(rows, planned))
 
 
 def apply_intervals(rows: Sequence[Row], planned: int | None = None) -> Fit:
@@ -452,22 +467,19 @@ def apply_intervals(rows: Sequence[Row], planned: int | None = None) -> Fit:
     95 % interval from the runs (rounds), never from the windows of one process. A busy row keeps its own
     runs' geometric mean, without an interval."""
     fit, times = row_fit(rows, planned=planned), row_fit(rows, "run_s_per_20", planned)
+    per = work_per_sample(rows)
     for row in judged(rows):
         level, time_level = fit.level(row.label), times.level(row.label)
         if level is None:
             continue
-        row.throughput, row.throughput_lo, row.throughput_hi = level.point, level.lo, level.hi
+        unit = per.get(row.label, 1)  # the row's own figure stays per sample
+        row.throughput = level.point / unit
+        row.throughput_lo, row.throughput_hi = (level.lo / unit, level.hi / unit) if level.known else (None, None)
         row.spread_known = level.known
         if time_level is not None:
             row.s_per_20, row.s_per_20_lo, row.s_per_20_hi = time_level.point, time_level.lo, time_level.hi
     for row in rows:
         measured_beside_predicted(row)
-    last = max((r % SWEEP_STRIDE for row in rows for r in fit.rounds(row.label)), default=None)
-    if last is not None and last >= 2:
-        for row in rows:
-            ran = fit.rounds(row.label)
-            if ran and max(r % SWEEP_STRIDE for r in ran) < last and row.status == "ok":
-                row.stopped_early = max(r % SWEEP_STRIDE for r in ran)
     return fit
 
 

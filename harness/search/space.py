@@ -23,8 +23,10 @@ class Axis:
 
 # What matters first for the speed of data-parallel training, in the order a reader meets it. The micro-batch
 # axis is gradient accumulation: the global batch the user asked for stays, each step's micro-batch halves.
+# `single` (one process, one device) is in the space: it is the baseline a user would otherwise run, and on a CPU
+# (or for a model too small to gain from more devices) it can be the fastest.
 AXES: dict[str, Axis] = {
-    "strategy": Axis("strategy", ("ddp", "zero", "fsdp"), always=True),
+    "strategy": Axis("strategy", ("single", "ddp", "zero", "fsdp"), always=True),
     "amp": Axis("amp", ("O0", "O1"), always=True),
     "micro_batch": Axis("grad_accum", ("1", "2", "4"), always=True),
     "bucket": Axis("strategy.bucket_cap_mb", ("25", "100")),

@@ -8,6 +8,9 @@ the rounds as blocks: a shared machine's drift moves every row of a round alike)
   pairs, judged by harness.verdict.rule).
 - A pair: the per-round log ratios of the rounds both rows ran, judged by the rule with that pair's own spread
   (rows sharing no round are compared unpaired).
+- A place in the round (the first run after the sweep's pause, the last): the rounds' orders balance it over
+  the rows (harness.verdict.rounds); `place_effects` estimates it from the sweep (combination + round + place),
+  so that the report can say when it is clear.
 """
 
 from __future__ import annotations
@@ -28,6 +31,22 @@ class Observation:
     key: Hashable  # the row
     round: int | None  # None: not part of a round (a single run's repeats): never paired
     rate: float  # throughput, > 0
+    place: int | None = None  # its place in the round (1: first), where known
+
+
+@dataclass(frozen=True)
+class PlaceEffect:
+    """A run at `place` over a run at the round's average place, estimated from the whole sweep, with its 95 %
+    interval (Bonferroni over the places)."""
+
+    place: int
+    ratio: float
+    lo: float
+    hi: float
+
+    @property
+    def clear(self) -> bool:
+        return self.lo > 1 or self.hi < 1
 
 
 @dataclass(frozen=True)
@@ -53,9 +72,12 @@ class Fit:
 
     def __init__(self, observations: Iterable[Observation], design: Design | None = None) -> None:
         self.logs: dict[Hashable, list[tuple[int | None, float]]] = {}
+        self.places: dict[tuple[Hashable, int], int] = {}  # (row, round) -> its run's place in the round
         for o in observations:
             if o.rate > 0 and math.isfinite(o.rate):
                 self.logs.setdefault(o.key, []).append((o.round, math.log(o.rate)))
+                if o.round is not None and o.place is not None:
+                    self.places[(o.key, o.round)] = o.place
         self.design = design or Design(pairs=Design.family(len(self.logs)))
         self.effects, self.df_residual, self.s_residual = self._two_way()
 
@@ -82,6 +104,44 @@ class Fit:
         if df <= 0:
             return effects, 0, None
         return effects, df, math.sqrt(float(np.sum((y - x @ beta) ** 2)) / df)
+
+    def place_effects(self) -> list[PlaceEffect]:
+        """Each place's effect, from the least-squares fit log rate = combination + round + place over the runs
+        whose place is known (sum-to-zero over the places); empty where the sweep cannot estimate it (one place,
+        or too few runs to leave two degrees of freedom)."""
+        cells = [(k, r, y, self.places[(k, r)]) for k, runs in self.logs.items() for r, y in runs
+                 if r is not None and (k, r) in self.places]
+        places = sorted({p for *_, p in cells})
+        if len(places) < 2:
+            return []
+        keys = sorted({k for k, *_ in cells}, key=str)
+        blocks = sorted({r for _, r, *_ in cells})
+        columns = len(keys) + len(blocks) - 1 + len(places) - 1
+        x = np.zeros((len(cells), columns))
+        for i, (k, r, _, p) in enumerate(cells):
+            x[i, keys.index(k)] = 1.0
+            if blocks.index(r):
+                x[i, len(keys) + blocks.index(r) - 1] = 1.0
+            if places.index(p):
+                x[i, len(keys) + len(blocks) - 1 + places.index(p) - 1] = 1.0
+        y = np.array([v for _, _, v, _ in cells])
+        rank = int(np.linalg.matrix_rank(x))
+        df = len(y) - rank
+        if rank < columns or df < 2:
+            return []
+        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+        s2 = float(np.sum((y - x @ beta) ** 2)) / df
+        cov = s2 * np.linalg.inv(x.T @ x)
+        first = len(keys) + len(blocks) - 1
+        # place p's effect against the average place: b_p - mean(b), with b_1 = 0
+        contrast = np.zeros((len(places), columns))
+        for i in range(len(places)):
+            for j in range(1, len(places)):
+                contrast[i, first + j - 1] = (1.0 if i == j else 0.0) - 1.0 / len(places)
+        effects, variances = contrast @ beta, np.diag(contrast @ cov @ contrast.T)
+        half = _t(df, 1 - (1 - CONFIDENCE) / len(places)) * np.sqrt(variances)
+        return [PlaceEffect(p, math.exp(e), math.exp(e - h), math.exp(e + h))
+                for p, e, h in zip(places, effects.tolist(), half.tolist(), strict=True)]
 
     def runs(self, key: Hashable) -> int:
         return len(self.logs.get(key, ()))

@@ -1,9 +1,11 @@
-"""A sweep in rounds: every combination runs once before any runs again, in an order reversed every other
-round (A B C D, D C B A), so a shared machine's drift hits every row alike; with `repeat=N` exactly N rounds, otherwise racing (harness.verdict.racing)
-within `timing.budget_s`: after the first round the rounds that fit the budget are planned (the group-sequential
-design's maximum, harness.verdict.rule), and after each round from the second the rule stops what is slower
-than the leader, until the top is decided or the plan is done. Launcher-agnostic: `launch(jobs)` runs a list of
-override lists and returns each job's results (a dict, or None for a job that returned none)."""
+"""A sweep in rounds: every combination runs once before any runs again, in orders of a Williams design (each
+row takes each place in the round equally often, and follows each other row equally often), so a place that
+costs (the first run after the sweep's pause, a cache cooled by the report) and the run before it fall to every
+row alike; with `repeat=N` exactly N rounds, otherwise racing (harness.verdict.racing) within `timing.budget_s`:
+after the first round the rounds that fit the budget are planned (the group-sequential design's maximum,
+harness.verdict.rule), and after each round from the second the rule stops what is slower than the leader,
+until the top is decided or the plan is done. Launcher-agnostic: `launch(jobs)` runs a list of override lists
+and returns each job's results (a dict, or None for a job that returned none)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class RoundsOutcome:
     busy_only: list[int] = field(default_factory=list)  # left out of the race: every run busy
     started: int = 0  # rounds begun (one more than `rounds` while a round runs)
     round_seconds: list[float] = field(default_factory=list)
+    orders: list[list[int]] = field(default_factory=list)  # each round's combinations, in the order they ran
     ended_by: str = ""  # "repeat", "decided: <how>", "budget", "planned rounds", "no combination left"
 
 
@@ -67,31 +70,54 @@ def combination_names(combinations: Sequence[list[str]], describe: Callable[[int
             for i, own in enumerate(owns)]
 
 
-def counterbalanced(contenders: list[int], number: int) -> list[int]:
-    """The order of a round's runs: as listed in odd rounds, reversed in even ones (A B C, C B A, A B C, ...), so
-    a place in the round (the first after the sweep's pause between rounds, the last) falls to every row alike
-    and a drift within a round cancels over two rounds instead of favouring whoever runs first."""
-    return list(contenders) if number % 2 else list(reversed(contenders))
+def williams(k: int) -> list[list[int]]:
+    """A Williams design for k rows: k orders (2k for odd k, the square and its mirror) in which every row takes
+    every place equally often and follows every other row equally often (Williams 1949). Its first order is
+    0, 1, k-1, 2, k-2, ...; each next order adds 1 to every entry, mod k."""
+    if k <= 1:
+        return [list(range(k))]
+    first, low, high = [0], 1, k - 1
+    while len(first) < k:
+        first.append(low)
+        low += 1
+        if len(first) < k:
+            first.append(high)
+            high -= 1
+    square = [[(x + shift) % k for x in first] for shift in range(k)]
+    return square if k % 2 == 0 else square + [list(reversed(order)) for order in square]
+
+
+def balanced_order(contenders: list[int], since: int) -> list[int]:
+    """The order of a round's runs: the `since`-th order (0 for the first round with this set of rows) of a
+    Williams design over the contenders as listed. When racing stops a row the design starts again over the
+    rows left, so that the places stay balanced among the rows still compared."""
+    design = williams(len(contenders))
+    return [contenders[i] for i in design[since % len(design)]]
 
 
 def round_overrides(combination: list[str], index: int, number: int, subdir_template: str,
-                    suffix: str = "") -> list[str]:
-    """A job's overrides in round `number`: its round; its folder named as the combination is in round 1 (its
+                    suffix: str = "", place: int | None = None, after: int | None = None) -> list[str]:
+    """A job's overrides in round `number`: its round, its place in it and the combination run before it (where
+    given); its folder named as the combination is in round 1 (its
     number, and what sets it apart from its peers: `3_ddp_O0_comm_hook-fp16`), from the second round on in a
     folder of the round's own beside the first round's (`round-2/3_ddp_O0_comm_hook-fp16`)."""
     extra = [f"round={number}"]
+    if place is not None:
+        extra.append(f"place={place}")
+    if after is not None:
+        extra.append(f"after={after}")
     if number > 1 or suffix:
         subdir = subdir_template.replace("${hydra.job.num}", str(index)) + suffix
         extra.append(f"hydra.sweep.subdir='{f'round-{number}/' if number > 1 else ''}{subdir}'")
     return [*combination, *extra]
 
 
-def observations(index: int, number: int, result: RunRecord | None) -> list[Observation]:
+def observations(index: int, number: int, result: RunRecord | None, place: int | None = None) -> list[Observation]:
     """A run that measured a throughput on a quiet machine, as the report judges it (RunRecord.quiet); a busy
     one is kept out (it would mislead)."""
     if result is None or not result.quiet:
         return []
-    return [Observation(index, number, float(result.throughput_img_s or 0))]
+    return [Observation(index, number, float(result.throughput_img_s or 0), place)]
 
 
 def plan_rounds(budget_s: float, elapsed_s: float, round_s: float) -> int:
@@ -117,11 +143,20 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
     job = 0
     number = 0
     family = 0  # the rows that entered the race (ran in round 1): every pair of them may be worded
+    previous: int | None = None  # the combination run last
+    same_set, since = list(contenders), 0  # the rows of the design in use, and the rounds run with it
     while contenders:
         number += 1
         round_started = clock()
-        order = counterbalanced(contenders, number)
-        jobs = [round_overrides(combinations[c], c, number, subdir_template, suffixes[c]) for c in order]
+        if contenders != same_set:
+            same_set, since = list(contenders), 0
+        order = balanced_order(contenders, since)
+        since += 1
+        outcome.orders.append(list(order))
+        jobs = []
+        for place, c in enumerate(order, start=1):
+            jobs.append(round_overrides(combinations[c], c, number, subdir_template, suffixes[c], place, previous))
+            previous = c
         if number > 1:
             log.info("round %d of %s: %s", number, outcome.planned or "?", ", ".join(describe(c) for c in order))
         outcome.started = number
@@ -131,7 +166,7 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
         outcome.rounds, outcome.runs = number, outcome.runs + len(jobs)
         ran_ok = []
         for c in contenders:
-            found += observations(c, number, results[c])
+            found += observations(c, number, results[c], order.index(c) + 1)
             if results[c] is not None and results[c].status == "ok":
                 ran_ok.append(c)
         round_seconds = clock() - round_started
@@ -155,7 +190,8 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
             outcome.busy_only.append(c)
             log.info("not judged: %s was measured only while the machine was busy; it is not run again", describe(c))
         contenders = [c for c in contenders if c in quiet]
-        fit = Fit(found, Design(pairs=Design.family(family), planned_rounds=outcome.planned, margin=margin))
+        fit = Fit(found, Design(pairs=Design.family(family), planned_rounds=outcome.planned, margin=margin,
+                                look=number))
         state = standing(fit, contenders)
         for c, judged in state.stopped.items():
             outcome.stopped[int(c)] = number

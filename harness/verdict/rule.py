@@ -12,12 +12,18 @@ judged), and a racing sweep's pair alpha is spent over its looks, planned for th
 (harness.verdict.sequential: most at the last look, the rest by an O'Brien-Fleming-type spending function over
 the looks before); a sweep of exactly `repeat=N` rounds looks once, at the end, at the whole pair alpha.
 
-Three words, from the interval alone:
-- faster / slower: the interval excludes 1;
-- equivalent: the interval lies within +-`margin` (verdict.margin: the smallest difference a user acts on);
-- undecided: neither; `rounds_needed` then says how many rounds (a sweep of exactly that many, `repeat=N`)
-  would decide it with 80 % power if the observed ratio and spread are the truth, or that no number up to
-  `MAX_ROUNDS_ADVISED` would."""
+A look is counted by the sweep's round it is made after (racing's look after round r, whatever rounds a pair
+missed to a busy run), never by a pair's paired rounds, so no interim level is spent twice; the report's look
+is the last.
+
+Three words, from the intervals alone:
+- faster / slower: the look's (1 - level) interval excludes 1;
+- equivalent: the (1 - 2 x level) interval lies within +-`margin` (verdict.margin: the smallest difference a
+  user acts on): two one-sided tests at the look's level each (TOST), which is the same error rate as the
+  faster/slower word's;
+- undecided: neither; `Advice` then says how many rounds (a sweep of exactly that many, `repeat=N`) would tell
+  a `margin` difference apart, and how many would show equal rows within the margin, each with 80 % power at
+  the pair's spread: planned for the margin, never for the observed ratio."""
 
 from __future__ import annotations
 
@@ -40,29 +46,32 @@ class Design:
     """How a sweep's comparisons are judged. `pairs`: the family (every pair the verdict may word);
     `planned_rounds`: a racing sweep's plan (looks after every round from the second), None for one look at the
     end (`repeat=N`, `--compare`); `last_look`: the round of the last look, where it came before the plan's end
-    (racing decided, or the budget ran out: the report's look there takes the last look's share)."""
+    (racing decided, or the budget ran out: the report's look there takes the last look's share); `look`: the
+    round this look is made after (racing's), None for the last look (the report's)."""
 
     pairs: int = 1
     planned_rounds: int | None = None
     margin: float = 0.05
     alpha: float = ALPHA
     last_look: int | None = None
+    look: int | None = None
 
     @property
     def pair_alpha(self) -> float:
         return self.alpha / max(1, self.pairs)
 
-    def level(self, rounds: int) -> float:
-        """The two-sided level a look after `rounds` paired rounds tests at."""
+    def level(self, look: int | None = None) -> float:
+        """The two-sided level of the look made after round `look` of the sweep (None: this design's look)."""
         from harness.verdict.sequential import FINAL_SHARE, interim_levels
 
         planned = self.planned_rounds
         if planned is None or planned <= MIN_ROUNDS:
             return self.pair_alpha
+        look = self.look if look is None else look
         last = min(planned, self.last_look or planned)
-        if rounds >= last:
+        if look is None or look >= last:
             return FINAL_SHARE * self.pair_alpha
-        return interim_levels(MIN_ROUNDS, planned, self.pair_alpha)[max(rounds, MIN_ROUNDS) - MIN_ROUNDS]
+        return interim_levels(MIN_ROUNDS, planned, self.pair_alpha)[max(look, MIN_ROUNDS) - MIN_ROUNDS]
 
     @staticmethod
     def family(rows: int) -> int:
@@ -88,12 +97,12 @@ class Judgement:
         return self.lo is not None and self.hi is not None
 
     @property
-    def rounds_needed(self) -> int | None:
-        """Undecided and paired: the rounds that would decide it (> MAX_ROUNDS_ADVISED: none would); None when
-        decided or when there is no spread to plan with."""
+    def advice(self) -> Advice | None:
+        """Undecided with a known spread: the rounds that would decide a pair this noisy (planned for the margin,
+        not for the observed ratio); None when decided or when there is no spread to plan with."""
         if self.word != "undecided" or self.sd is None or self.design is None or not self.rounds:
             return None
-        return rounds_needed(math.log(self.ratio), self.sd, self.design)
+        return advise(self.sd, self.design)
 
 
 UNBOUNDED = 100.0  # an interval reaching past 100x (or 1/100x) says only that there are too few rounds yet
@@ -108,14 +117,17 @@ def interval_text(lo: float | None, hi: float | None, digits: int = 2) -> str:
     return f" [{lo:.{digits}f}–{hi:.{digits}f}]"
 
 
-def word(lo: float | None, hi: float | None, margin: float) -> Word:
+def word(lo: float | None, hi: float | None, margin: float, within: tuple[float, float] | None = None) -> Word:
+    """faster/slower from the (1 - level) interval [lo, hi]; equivalent from `within`, the (1 - 2 x level)
+    interval (TOST; the same interval where not given)."""
     if lo is None or hi is None:
         return "undecided"
     if lo > 1:
         return "faster"
     if hi < 1:
         return "slower"
-    if lo >= 1 / (1 + margin) and hi <= 1 + margin:
+    eq_lo, eq_hi = within or (lo, hi)
+    if eq_lo >= 1 / (1 + margin) and eq_hi <= 1 + margin:
         return "equivalent"
     return "undecided"
 
@@ -140,10 +152,11 @@ def paired(log_ratios: Sequence[float], design: Design) -> Judgement:
     if n < MIN_ROUNDS:
         return Judgement(math.exp(mean), None, None, n, None, None, None, "undecided")
     sd = math.sqrt(sum((d - mean) ** 2 for d in log_ratios) / (n - 1))
-    level = design.level(n)
-    half = _t(level, n - 1) * sd / math.sqrt(n)
-    lo, hi = _exp(mean - half), _exp(mean + half)
-    return Judgement(math.exp(mean), lo, hi, n, sd, n - 1, level, word(lo, hi, design.margin), design)
+    level = design.level()
+    se = sd / math.sqrt(n)
+    lo, hi = _exp(mean - _t(level, n - 1) * se), _exp(mean + _t(level, n - 1) * se)
+    within = (_exp(mean - _t(2 * level, n - 1) * se), _exp(mean + _t(2 * level, n - 1) * se))
+    return Judgement(math.exp(mean), lo, hi, n, sd, n - 1, level, word(lo, hi, design.margin, within), design)
 
 
 def unpaired(a: Sequence[float], b: Sequence[float], design: Design) -> Judgement:
@@ -159,34 +172,91 @@ def unpaired(a: Sequence[float], b: Sequence[float], design: Design) -> Judgemen
         df = float(len(a) + len(b) - 2)
     else:
         df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    level = design.pair_alpha
-    half = _t(level, df) * se
+    level = design.level()
     mean = ma - mb
-    lo, hi = _exp(mean - half), _exp(mean + half)
-    return Judgement(math.exp(mean), lo, hi, 0, se, df, level, word(lo, hi, design.margin))
+    lo, hi = _exp(mean - _t(level, df) * se), _exp(mean + _t(level, df) * se)
+    within = (_exp(mean - _t(2 * level, df) * se), _exp(mean + _t(2 * level, df) * se))
+    return Judgement(math.exp(mean), lo, hi, 0, se, df, level, word(lo, hi, design.margin, within))
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What a sweep of exactly N rounds (one look, the same family) would decide for a pair with per-round log
+    ratio SD `sd`, each with POWER: `tell` rounds to call a difference of the margin faster or slower, `within`
+    rounds to show rows that are truly equal equivalent within the margin. MAX_ROUNDS_ADVISED + 1: no number up
+    to it would (the noise itself says so). `tell_twice`: the rounds to tell twice the margin apart (what a
+    user can still learn where the margin's own difference is out of reach)."""
+
+    sd: float
+    tell: int
+    within: int
+    tell_twice: int
+
+    @property
+    def rounds(self) -> int:
+        """The rounds that decide it either way: the larger."""
+        return max(self.tell, self.within)
+
+    @property
+    def possible(self) -> bool:
+        return self.rounds <= MAX_ROUNDS_ADVISED
+
+
+def advise(sd: float, design: Design) -> Advice | None:
+    """The rounds a pair with this spread needs (planned for `design.margin` at the family's pair alpha, one
+    look); None where the spread is unknown."""
+    if not math.isfinite(sd):
+        return None
+    return Advice(sd, rounds_to_tell(sd, design.margin, design.pair_alpha),
+                  rounds_to_show_within(sd, design.margin, design.pair_alpha),
+                  rounds_to_tell(sd, (1 + design.margin) ** 2 - 1, design.pair_alpha))
+
+
+@functools.lru_cache(maxsize=4096)
+def rounds_to_tell(sd: float, margin: float, level: float) -> int:
+    """The fewest rounds at which a true ratio of 1 + margin is called faster with POWER: the two-sided
+    (1 - level) interval of the paired t excludes 1, by the noncentral t distribution."""
+    from scipy.stats import nct
+
+    if sd == 0:
+        return MIN_ROUNDS
+    effect = math.log(1 + margin)
+    for n in range(MIN_ROUNDS, MAX_ROUNDS_ADVISED + 1):
+        if float(nct.sf(_t(level, n - 1), n - 1, effect * math.sqrt(n) / sd)) >= POWER:
+            return n
+    return MAX_ROUNDS_ADVISED + 1
+
+
+@functools.lru_cache(maxsize=4096)
+def rounds_to_show_within(sd: float, margin: float, level: float) -> int:
+    """The fewest rounds at which rows that are truly equal are called equivalent with POWER: the (1 - 2 x level)
+    interval lies within +-margin, i.e. both one-sided tests at `level` pass (TOST). Each side fails with the
+    noncentral t's probability; the power is at least one minus both (the union bound)."""
+    from scipy.stats import nct
+
+    if sd == 0:
+        return MIN_ROUNDS
+    bound = math.log(1 + margin)
+    for n in range(MIN_ROUNDS, MAX_ROUNDS_ADVISED + 1):
+        critical, shift = _t(2 * level, n - 1), math.sqrt(n) / sd
+        if 1 - 2 * float(nct.cdf(critical, n - 1, bound * shift)) >= POWER:
+            return n
+    return MAX_ROUNDS_ADVISED + 1
 
 
 @functools.lru_cache(maxsize=4096)
 def rounds_needed(mean: float, sd: float, design: Design) -> int | None:
     """The fewest rounds of a sweep of exactly that many (one look at the end, the same family) at which a pair
-    with this per-round log ratio and spread is decided with POWER, if they are the truth: its interval then
-    excludes 1 (or lies within the margin) with that probability, by the noncentral t distribution of the
-    paired t statistic. MAX_ROUNDS_ADVISED + 1 where no number up to it would; None where nothing is known."""
+    whose true per-round log ratio is `mean`, with this spread, is called faster/slower with POWER (what a
+    benchmark plans for a known effect; the verdict's advice plans for the margin: `advise`)."""
     from scipy.stats import nct
 
     if not math.isfinite(sd):
         return None
     if sd == 0:
         return MIN_ROUNDS
-    bound = math.log(1 + design.margin)
     level = design.pair_alpha
     for n in range(MIN_ROUNDS, MAX_ROUNDS_ADVISED + 1):
-        critical, shift = _t(level, n - 1), math.sqrt(n) / sd
-        if float(nct.sf(critical, n - 1, abs(mean) * shift)) >= POWER:
-            return n
-        # within the margin: neither end of the interval reaches past it
-        past = float(nct.cdf(critical, n - 1, (bound - abs(mean)) * shift)) + \
-            float(nct.cdf(critical, n - 1, (bound + abs(mean)) * shift))
-        if abs(mean) < bound and 1 - past >= POWER:
+        if float(nct.sf(_t(level, n - 1), n - 1, abs(mean) * math.sqrt(n) / sd)) >= POWER:
             return n
     return MAX_ROUNDS_ADVISED + 1

@@ -27,11 +27,15 @@ class SweepPlan:
     rounds_started: int = 0
     busy_only: list[int] = field(default_factory=list)
     ended_by: str = ""  # empty while it runs (an interrupted sweep leaves it empty)
+    orders: list[list[int]] = field(default_factory=list)  # each round's combinations in the order they ran
     round_seconds: list[float] = field(default_factory=list)  # each finished round's wall time
+    stopped: dict[str, int] = field(default_factory=dict)  # racing: combination name -> the round it stopped after
 
     def update(self, outcome: RoundsOutcome) -> None:
         self.planned, self.rounds_started, self.ended_by = outcome.planned, outcome.started, outcome.ended_by
         self.busy_only, self.round_seconds = list(outcome.busy_only), list(outcome.round_seconds)
+        self.orders = [list(order) for order in outcome.orders]
+        self.stopped = {self.names[c]: number for c, number in outcome.stopped.items()}
 
     def write(self, folder: Path) -> None:
         path = folder / NAME
