@@ -76,3 +76,21 @@ def test_runs_outside_rounds_are_never_paired_and_one_run_a_row_has_no_interval(
 def test_the_default_family_is_every_pair_of_the_rows_fitted():
     fit = Fit(obs("A", [1.0, 1.1]) + obs("B", [1.0, 1.1]) + obs("C", [1.0, 1.1]) + obs("D", [1.0, 1.1]))
     assert fit.design.pairs == 6 and fit.design.planned_rounds is None
+
+
+def test_the_place_effect_is_estimated_from_the_sweep_against_the_rounds_average_place():
+    """3 rows in 6 rounds of the Williams orders, the first run of every round 5 % slower (log 0.95 = -0.0513), a
+    round drift and a +-0.2 % wobble. Against the average of 3 places the first runs at exp(-0.0513 x 2/3) =
+    0.9664x and the others at exp(0.0513 / 3) = 1.0173x; only the first is clearly off."""
+    from harness.verdict.rounds import balanced_order
+
+    found = []
+    for number in range(1, 7):
+        for place, key in enumerate(balanced_order([0, 1, 2], number - 1), start=1):
+            wobble = 1 + 0.002 * math.sin(7 * number + 3 * key)
+            rate = 100 * (1 + 0.04 * number) * (0.95 if place == 1 else 1.0) * wobble
+            found.append(Observation(f"row{key}", number, rate, place))
+    effects = {p.place: p for p in Fit(found).place_effects()}
+    assert effects[1].ratio == pytest.approx(0.9664, abs=0.002) and effects[1].clear
+    assert effects[2].ratio == pytest.approx(1.0173, abs=0.002) == effects[3].ratio
+    assert Fit([Observation(o.key, o.round, o.rate) for o in found]).place_effects() == []  # places unknown

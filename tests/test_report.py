@@ -713,3 +713,23 @@ def test_stopped_early_only_for_the_rows_racing_stopped_as_rounds_json_says(tmp_
     assert dict(zip(header, body[list(rows).index("ddp O0")], strict=True))["runs"] == "2 (stopped r2)"
     (racing / NAME).unlink()
     assert all(r.stopped_early is None for r in compute([racing]).rows)
+
+
+def test_a_clear_place_effect_is_said_in_how_reproducible(tmp_path):
+    """Three rows in the Williams orders, 6 rounds, the first run of each round 10 % slower: the report says the
+    1st run ran at about exp(log 0.9 x 2/3) = 0.93x the round's average; the same runs with no effect say nothing."""
+    from harness.verdict.rounds import balanced_order
+
+    for slow, folder in ((0.9, tmp_path / "placed"), (1.0, tmp_path / "flat")):
+        for number in range(1, 7):
+            for place, key in enumerate(balanced_order([0, 1, 2], number - 1), start=1):
+                data = round_run(["single", "ddp", "zero"][key], number,
+                                 100.0 * (slow if place == 1 else 1.0) * (1 + 0.003 * ((number + key) % 3)), repeat=6)
+                data["place"] = place
+                write(folder, f"r{number}_{key}", data)
+        said = report.decide(list(rows_of(folder).values())).reproducibility
+        if slow < 1:
+            assert re.search(r"a run's place in its round mattered on this machine: the 1st run ran at 0\.93× "
+                             r"\[0\.9\d–0\.9\d\] the round's average", said), said
+        else:
+            assert "place in its round" not in said, said

@@ -48,7 +48,7 @@ class FakeLaunch:
 
 
 def rounds_of(ran: list[tuple[int, int]]) -> list[list[int]]:
-    """The combinations each round ran (in order of combination; the run order is counterbalanced)."""
+    """The combinations each round ran (in order of combination; the run order is a Williams design's)."""
     by_round: dict[int, list[int]] = {}
     for combo, number in ran:
         by_round.setdefault(number, []).append(combo)
@@ -211,11 +211,13 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
                                "round-2/0_single_O0_data.image_size-8/results.json",
                                "round-2/1_single_O0_data.image_size-16/results.json"]  # the swept setting named
     assert [results[k]["round"] for k in sorted(results)] == [1, 1, 2, 2]
+    # each row once in each place; round 2 opens with round 1's last row, so it runs after itself
+    assert [(results[k]["place"], results[k]["after"]) for k in sorted(results)] == [(1, None), (2, 0), (2, 1), (1, 1)]
     assert all(r["phases"]["windows"] > 0 and r["machine"]["cores"] for r in results.values())
     report = json.loads((sweep / "report.json").read_text())
     assert all(r["throughput_lo"] is not None for r in report["rows"])
     plan = json.loads((sweep / "rounds.json").read_text())
-    assert (plan["planned"], plan["rounds_started"]) == (2, 2)
+    assert (plan["planned"], plan["rounds_started"]) == (2, 2) and plan["orders"] == [[0, 1], [1, 0]]
     # 4x the pixels may be told apart at the last planned look (two paired rounds, one degree of freedom) or not:
     # both end the race after round 2, and a decision there is named as one.
     assert plan["ended_by"] in ("planned rounds", "decided: winner"), plan["ended_by"]

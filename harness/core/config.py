@@ -192,7 +192,7 @@ class SearchConfig:
     time budget (timing.budget_s of the search)."""
 
     enabled: bool = False
-    # on a CPU the first three (18 combinations): a CPU run costs seconds, and the full space's 60 and more would
+    # on a CPU the first three (24 combinations): a CPU run costs seconds, and the full space's 60 and more would
     # take longer to run once than the search is worth; compile there costs more than the run it would speed up
     axes: list[str] = field(default_factory=lambda: list(_CPU_SEARCH_AXES), metadata={
         "hydra": f"${{hw:{list(SEARCH_AXES)},{list(_CPU_SEARCH_AXES)}}}"})
