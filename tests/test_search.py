@@ -68,6 +68,7 @@ def test_a_tiny_search_finds_the_larger_micro_batch_and_goes_on_past_a_crash(tmp
     assert report["decided"] in ("winner", None)
     assert report["command"].startswith("python run.py ") and "grad_accum=1" in report["command"]
     assert "search" not in report["command"] and "hydra." not in report["command"]
+    assert not any(w.startswith(("round=", "place=", "after=")) for w in report["command"].split())  # the sweep's
     assert sorted(name for name, _ in report["failed"]) and all("injected fault" in why for _, why in report["failed"])
     assert len(report["failed"]) == 2
     assert report["cost"].startswith("6 runs in ") and "the grid: 4 combinations x 2 rounds = 8 runs" in report["cost"]
@@ -98,3 +99,12 @@ def test_ctrl_c_ends_a_search_with_the_answer_from_what_finished(tmp_path):
     assert answer["best"] is not None and "iterations=40" in answer["command"]
     assert "interrupted before it ended" in answer["cost"]
     assert not run.survivors(grace=10)
+
+
+def test_the_training_command_leaves_out_what_the_sweep_set():
+    """A run's overrides as the rounds sweeper gave them: the training command keeps only the user's settings."""
+    from harness.search.answer import training_command
+
+    overrides = ["strategy=ddp", "amp=O0", "grad_accum=1", "search.enabled=true", "sweep=none", "round=3", "place=2",
+                 "after=0", "hydra.sweep.subdir='round-3/0_ddp_O0'"]
+    assert training_command(overrides) == "python run.py strategy=ddp amp=O0 grad_accum=1"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from harness.report.rows import Row
 
 # overrides that belong to the search, not to the training run it recommends
-NOT_FOR_TRAINING = ("search.", "sweep=", "round=", "repeat=", "hydra.", "timing.budget_s=")
+NOT_FOR_TRAINING = ("search.", "sweep=", "round=", "place=", "after=", "repeat=", "hydra.", "timing.budget_s=")
 
 
 @dataclass(frozen=True)
