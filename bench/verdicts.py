@@ -44,6 +44,7 @@ import common
 
 from harness.core.results import SCHEMA, MachineLoad, RunRecord  # noqa: E402
 from harness.report.decision import decide  # noqa: E402  (after common set sys.path)
+from harness.report.findings import compute  # noqa: E402
 from harness.report.rows import Row, apply_intervals, build_rows, find_results, row_fit  # noqa: E402
 from harness.verdict.racing import standing  # noqa: E402
 from harness.verdict.rounds import run_rounds  # noqa: E402
@@ -429,11 +430,11 @@ def real_four(runs: common.Path, repeat: int | None) -> list[str]:
     how = f"repeat={repeat}" if repeat else "repeat=null"
     folder = common.sweep(["strategy=single", "amp=O0", timeouts, how, "timing.busy_share=1"],
                           runs / f"four-{repeat or 'racing'}")
+    report = compute([folder])  # as `python -m harness.report FOLDER` makes it
     found, _ = find_results([folder])
     plan = read_plan([folder])
-    rows, _ = build_rows(found, planned=plan.planned if plan else None)
-    decision = decide(rows, plan)
-    fit = row_fit(rows, planned=plan.planned if plan else None)
+    decision = report.decision
+    fit = row_fit(report.rows, planned=plan.planned if plan else None)
     places: dict[str, list[int]] = {}
     for _, r in found:
         places.setdefault(str(r.config.get("dist", {}).get("timeout_s")), []).append(r.place or 0)
