@@ -153,6 +153,7 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     # starts from its plan's, and no calibration is timed beside another process
     seconds: list[float] = []
     started = time.monotonic()
+    names = prediction_names([(combo, one.plan.label) for combo, one in predicted])
     try:
         for index, (combo, one) in enumerate(predicted, 1):
             began = time.monotonic()
@@ -161,7 +162,8 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
             if plan.prediction is not None and plan.config.iterations and plan.prediction.fits \
                     and math.isfinite(plan.prediction.s_per_iteration) and plan.prediction.s_per_iteration > 0:
                 seconds.append(plan.prediction.s_per_iteration * plan.config.iterations)  # a misfit is not run
-            log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), plan.label, time.monotonic() - began)
+            log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), names[index - 1],
+                     time.monotonic() - began)
     finally:
         from harness.plan.calibrate import shutdown
 
@@ -220,6 +222,14 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
         for choice in _split_sweep(value):
             if choice not in options and choice != "null":
                 raise ConfigError(key, choice, "one of " + ", ".join(options))
+
+
+def prediction_names(predicted: Sequence[tuple[Sequence[str], str]]) -> list[str]:
+    """`single O0 grad_accum=2`: each predicted combination (its overrides, its plan's `strategy amp` label) as the
+    sweep's logs will name it, with every setting the sweep varies."""
+    from harness.verdict.rounds import combination_names
+
+    return combination_names([list(combo) for combo, _ in predicted], lambda i: predicted[i][1])
 
 
 ROUND_KEYS = ("repeat", "timing.budget_s")  # how many rounds a sweep runs: one value for the whole sweep

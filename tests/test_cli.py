@@ -231,3 +231,11 @@ def test_occupied_run_folder_is_refused_before_hydra_touches_it(tmp_path):
     assert len(lines) == 1 and "hydra.run.dir" in lines[0] and "results.json" in lines[0]
     assert {p: p.stat().st_mtime_ns for p in occupied.rglob("*")} == before
     assert (occupied / ".hydra" / "config.yaml").read_text() == "sentinel"
+
+
+def test_the_prediction_lines_name_every_setting_the_sweep_varies():
+    """`-m search=true` predicted "single O0" three times (grad_accum 1, 2, 4): each line names its micro-batch."""
+    predicted = [(("strategy=single", "amp=O0", f"grad_accum={g}", "search.enabled=true"), "single O0") for g in (1, 2, 4)]
+    predicted.append((("strategy=ddp", "amp=O1", "grad_accum=1", "search.enabled=true"), "ddp O1"))
+    assert cli.prediction_names(predicted) == ["single O0 grad_accum=1", "single O0 grad_accum=2",
+                                               "single O0 grad_accum=4", "ddp O1 grad_accum=1"]
