@@ -107,12 +107,17 @@ class Fit:
 
     def place_effects(self) -> list[PlaceEffect]:
         """Each place's effect, from the least-squares fit log rate = combination + round + place over the runs
-        whose place is known (sum-to-zero over the places); empty where the sweep cannot estimate it (one place,
-        or too few runs to leave two degrees of freedom)."""
+        whose place is known, of the rows that took every place (sum-to-zero over the places); empty where the
+        sweep cannot estimate it (one place, fewer than two such rows, or too few runs to leave two degrees of
+        freedom)."""
         cells = [(k, r, y, self.places[(k, r)]) for k, runs in self.logs.items() for r, y in runs
                  if r is not None and (k, r) in self.places]
         places = sorted({p for *_, p in cells})
-        if len(places) < 2:
+        # only rows that took every place: before the design has come round (fewer rounds than rows) a place is
+        # tied to the few rows that held it, and their own spread would pass for the place's effect
+        held = {k: {p for key, _, _, p in cells if key == k} for k, *_ in cells}
+        cells = [c for c in cells if held[c[0]] >= set(places)]
+        if len(places) < 2 or len({k for k, *_ in cells}) < 2:
             return []
         keys = sorted({k for k, *_ in cells}, key=str)
         blocks = sorted({r for _, r, *_ in cells})
