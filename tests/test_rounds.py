@@ -12,7 +12,7 @@ import pytest
 from harness.core.results import SCHEMA, MachineLoad, RunRecord
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import standing
-from harness.verdict.rounds import balanced_order, round_overrides, run_rounds, williams
+from harness.verdict.rounds import balanced_order, round_overrides, run_rounds, starting_after, williams
 from tests.conftest import TINY, run_sweep
 
 TEMPLATE = "${hydra.job.num}_${hydra.runtime.choices.strategy}_${amp.level}"
@@ -90,6 +90,7 @@ def test_the_orders_start_again_balanced_over_the_rows_racing_leaves():
     its first order, so that within 3 rounds each of them has had each place."""
     assert [balanced_order([0, 1, 2, 3], n) for n in range(4)] == [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0],
                                                                    [3, 0, 2, 1]]
+    assert starting_after([0, 2], 0) == [2, 0] and starting_after([0, 2], 1) == [0, 2]  # round 1 opened with 0
     wobble = [1 + 0.03 * math.sin(2.3 * r) for r in range(40)]
     rates = {0: [100 * w for w in wobble], 1: [100 * w for w in reversed(wobble)], 2: [20 * w for w in wobble],
              3: [100 * w for w in wobble[::-1][3:] + wobble[:3]]}
@@ -108,7 +109,10 @@ def test_the_orders_start_again_balanced_over_the_rows_racing_leaves():
                          clock=launch.clock)
     stop = outcome.stopped[2]
     after = outcome.orders[stop:stop + 3]
-    assert len(after) == 3 and after == [balanced_order([0, 1, 3], n) for n in range(3)]
+    # the rows left, rotated so that the round after the stop does not open with the row that opened the one before
+    rows = [0, 1, 3] if outcome.orders[stop - 1][0] != 0 else [1, 3, 0]
+    assert len(after) == 3 and after == [balanced_order(rows, n) for n in range(3)]
+    assert after[0][0] != outcome.orders[stop - 1][0]
     assert all(sorted(order[place] for order in after) == [0, 1, 3] for place in range(3))
 
 

@@ -95,6 +95,15 @@ def balanced_order(contenders: list[int], since: int) -> list[int]:
     return [contenders[i] for i in design[since % len(design)]]
 
 
+def starting_after(contenders: list[int], first_before: int) -> list[int]:
+    """The rows left, rotated so that the new design's first order does not open with the row that opened the
+    round before (a restarted design would put the same row first twice running, in the place that costs most:
+    the first after the sweep's pause). Rotating the rows keeps every balance of the design."""
+    if len(contenders) > 1 and contenders[0] == first_before:
+        return contenders[1:] + contenders[:1]
+    return list(contenders)
+
+
 def round_overrides(combination: list[str], index: int, number: int, subdir_template: str,
                     suffix: str = "", place: int | None = None, after: int | None = None) -> list[str]:
     """A job's overrides in round `number`: its round, its place in it and the combination run before it (where
@@ -144,13 +153,13 @@ def run_rounds(combinations: Sequence[list[str]], launch: Launch, repeat: int | 
     number = 0
     family = 0  # the rows that entered the race (ran in round 1): every pair of them may be worded
     previous: int | None = None  # the combination run last
-    same_set, since = list(contenders), 0  # the rows of the design in use, and the rounds run with it
+    rows, design_rows, since = list(contenders), list(contenders), 0  # the design in use, and its rounds so far
     while contenders:
         number += 1
         round_started = clock()
-        if contenders != same_set:
-            same_set, since = list(contenders), 0
-        order = balanced_order(contenders, since)
+        if contenders != rows:
+            rows, design_rows, since = list(contenders), starting_after(contenders, outcome.orders[-1][0]), 0
+        order = balanced_order(design_rows, since)
         since += 1
         outcome.orders.append(list(order))
         jobs = []
