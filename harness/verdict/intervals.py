@@ -115,7 +115,9 @@ class Fit:
         places = sorted({p for *_, p in cells})
         # only rows that took every place: before the design has come round (fewer rounds than rows) a place is
         # tied to the few rows that held it, and their own spread would pass for the place's effect
-        held = {k: {p for key, _, _, p in cells if key == k} for k, *_ in cells}
+        held: dict[Hashable, set[int]] = {}
+        for k, _, _, p in cells:
+            held.setdefault(k, set()).add(p)
         cells = [c for c in cells if held[c[0]] >= set(places)]
         if len(places) < 2 or len({k for k, *_ in cells}) < 2:
             return []

@@ -244,19 +244,10 @@ def rounds_to_show_within(sd: float, margin: float, level: float) -> int:
     return MAX_ROUNDS_ADVISED + 1
 
 
-@functools.lru_cache(maxsize=4096)
 def rounds_needed(mean: float, sd: float, design: Design) -> int | None:
     """The fewest rounds of a sweep of exactly that many (one look at the end, the same family) at which a pair
     whose true per-round log ratio is `mean`, with this spread, is called faster/slower with POWER (what a
     benchmark plans for a known effect; the verdict's advice plans for the margin: `advise`)."""
-    from scipy.stats import nct
-
     if not math.isfinite(sd):
         return None
-    if sd == 0:
-        return MIN_ROUNDS
-    level = design.pair_alpha
-    for n in range(MIN_ROUNDS, MAX_ROUNDS_ADVISED + 1):
-        if float(nct.sf(_t(level, n - 1), n - 1, abs(mean) * math.sqrt(n) / sd)) >= POWER:
-            return n
-    return MAX_ROUNDS_ADVISED + 1
+    return rounds_to_tell(sd, math.expm1(abs(mean)), design.pair_alpha)
