@@ -33,7 +33,7 @@ if [ -d apex-src ] && ! "$py" -c "import apex.amp" 2>/dev/null; then
 fi
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 # GPU_CHECK_SELECT="words": only the tests whose names match (pytest -k), e.g. to rerun what failed
-"$py" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider --junitxml="$out/junit.xml" \
+"$py" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider -o junit_family=xunit1 --junitxml="$out/junit.xml" \
     ${GPU_CHECK_SELECT:+-k "$GPU_CHECK_SELECT"} 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 "$py" scripts/gpu_summary.py "$out/junit.xml" "$out/gpu-check.md" "$commit"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
+from harness.core.results import ProcessMemory
+from harness.memory.imbalance import _pid_layout
 from harness.memory.sampler import (
     MIB,
     MemorySampler,
@@ -31,7 +34,15 @@ class FakeProcess:
 
 @dataclass
 class FakeMemoryInfo:
+    """pynvml's c_nvmlMemory_t: `_fields_ = [('total', c_ulonglong), ('free', c_ulonglong), ('used', c_ulonglong)]`
+    (bytes; `free` is `total - used` less what the driver reserves, here nothing)."""
+
     used: int
+    total: int = 80 * 2**30
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
 
 
 class NVMLError(Exception):
@@ -119,6 +130,7 @@ class FakeNvml:
         self.activity = activity or {}
         self.unsupported, self.missing = unsupported or {}, missing
         self.initialised = self.shut_down = 0
+        self.host_pids: dict[int, int] = {}  # a container's PID -> the host's, as NVML reports it
         self.process_samples: dict[int, list[FakeProcessSample]] = {}  # per GPU: nvmlDeviceGetProcessUtilization's
         self.handles_asked: list[int | str] = []
         self.asked: list[tuple[str, int]] = []
@@ -173,8 +185,11 @@ class FakeNvml:
         return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: tuple[str, int]) -> list[FakeProcess]:  # noqa: N802
+        """`host_pids` is the container mode: NVML answers with the PIDs of the host's namespace, which differ
+        from those the processes have inside (NVIDIA/nvidia-docker#179: "nvidia-smi is not able to show the
+        processes ... because of the PID namespace")."""
         self._check("processes")
-        return [FakeProcess(pid, used) for pid, used in self.procs.get(handle[1], [])]
+        return [FakeProcess(self.host_pids.get(pid, pid), used) for pid, used in self.procs.get(handle[1], [])]
 
     def nvmlDeviceGetProcessUtilization(self, handle: tuple[str, int], time_stamp: int) -> list[FakeProcessSample]:  # noqa: N802
         """pynvml: `def nvmlDeviceGetProcessUtilization(handle, timeStamp)`: the samples newer than `timeStamp`
@@ -280,6 +295,51 @@ def test_summarize_nvml_one_process_strategy_launcher_is_the_rank():
     by_pid = {p["pid"]: p for p in memory["per_process"]}
     assert by_pid[LAUNCHER]["role"] == "rank" and by_pid[LAUNCHER]["rank"] == 0
     assert [d["device"] for d in memory["per_device"]] == ["cuda:0"]
+
+
+def test_inside_a_container_nvmls_host_pids_are_matched_to_their_ranks_by_device():
+    """NVML reports host PIDs (RANK0 as 51001, RANK1 as 51002): each is the only new PID on its rank's device,
+    so the memory is the rank's, with NVML's PID beside it; the PID that cannot be matched is not called a
+    stranger (RANK1's device has two new host PIDs in the second run)."""
+    fake = FakeNvml(used={0: mib(100), 3: mib(0)}, procs={0: [(OTHER_USER, mib(100))]})
+    fake.host_pids = {OTHER_USER: 50999, RANK0: 51001, RANK1: 51002, STRANGER: 51003}
+    source = NvmlSource([0, 3], nvml=fake)
+    tracker = MemoryTracker()
+    tracker.add(source.read())
+    fake.used = {0: mib(1100), 3: mib(900)}
+    fake.procs = {0: [(OTHER_USER, mib(100)), (RANK0, mib(1000))], 3: [(RANK1, mib(900))]}
+    tracker.add(source.read())
+    ranks = [RankProcess(0, RANK0, "cuda:0"), RankProcess(1, RANK1, "cuda:3")]
+    memory = summarize(tracker, "nvml", ["cuda:0", "cuda:3"], ranks, launcher_pid=LAUNCHER)
+    rows = sorted((p["pid"], p["rank"], p["device"], p["peak_mib"], p["role"], p.get("nvml_pid"))
+                  for p in memory["per_process"])
+    assert rows == [(RANK0, 0, "cuda:0", 1000.0, "rank", 51001), (RANK1, 1, "cuda:3", 900.0, "rank", 51002)]
+
+    fake.procs = {0: [(OTHER_USER, mib(100)), (RANK0, mib(1000))], 3: [(RANK1, mib(900)), (STRANGER, mib(5))]}
+    tracker.add(source.read())
+    memory = summarize(tracker, "nvml", ["cuda:0", "cuda:3"], ranks, launcher_pid=LAUNCHER)
+    roles = {p["pid"]: (p["rank"], p["role"]) for p in memory["per_process"]}
+    assert roles == {RANK0: (0, "rank"), 51002: (None, "unmatched"), 51003: (None, "unmatched")}
+    processes = [ProcessMemory(**p) for p in memory["per_process"]]
+    _, flags = _pid_layout(SimpleNamespace(ranks=[], world_size=2), processes)  # type: ignore[arg-type]
+    assert flags == [f"PID {pid} on cuda:3 is not a PID this run knows and could not be matched to a rank (NVML "
+                     "inside a container reports the host's PIDs): its memory is not attributed"
+                     for pid in (51002, 51003)]
+
+
+def test_inside_a_container_one_process_on_every_gpu_is_matched_on_each():
+    """DataParallel: one process, the rank on cuda:0, holding memory on both GPUs under one host PID."""
+    fake = FakeNvml(used={0: 0, 1: 0}, procs={})
+    fake.host_pids = {LAUNCHER: 61000}
+    source = NvmlSource([0, 1], nvml=fake)
+    tracker = MemoryTracker()
+    tracker.add(source.read())
+    fake.procs = {0: [(LAUNCHER, mib(3000))], 1: [(LAUNCHER, mib(2000))]}
+    tracker.add(source.read())
+    memory = summarize(tracker, "nvml", ["cuda:0", "cuda:1"], [RankProcess(0, LAUNCHER, "cuda:0")],
+                       launcher_pid=LAUNCHER)
+    assert sorted((p["pid"], p["device"], p["role"], p["peak_mib"]) for p in memory["per_process"]) == [
+        (LAUNCHER, "cuda:0", "rank", 3000.0), (LAUNCHER, "cuda:1", "rank", 2000.0)]
 
 
 def test_summarize_without_any_read():

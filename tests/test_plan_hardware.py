@@ -112,3 +112,37 @@ def test_the_machine_key_names_gpus_through_nvml_without_opening_a_cuda_context(
     assert nvml.initialised == nvml.shut_down == 2
     nvml.used = {0: 0}
     assert hardware.machine_key() != two  # another set of GPUs: measured again
+
+
+def test_this_gpus_memory_is_nvmls_total_and_never_read_through_cuda_in_the_parent(monkeypatch):
+    """NVML's c_nvmlMemory_t `total` (bytes); where NVML fails, a child process asks torch, never the parent."""
+    import subprocess
+    import sys
+
+    import torch
+    from test_memory import FakeNvml, NVMLError
+
+    from harness.plan import targets
+
+    def refuse(*args: object) -> object:
+        raise AssertionError("torch.cuda.get_device_properties initialises CUDA in the parent")
+
+    nvml = FakeNvml(used={0: 3 * 2**30}, procs={})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", refuse)
+    assert targets.local_memory_gib("cuda") == 80.0  # total, not used (3) nor free (77)
+    assert nvml.initialised == nvml.shut_down == 1
+
+    def no_driver() -> None:
+        raise NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+
+    asked: list[list[str]] = []
+
+    def child(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=f"{141 * 2**30}\n", stderr="")
+
+    monkeypatch.setattr(nvml, "nvmlInit", no_driver)
+    monkeypatch.setattr(subprocess, "run", child)
+    assert targets.local_memory_gib("cuda") == 141.0
+    assert asked and asked[0][0] == sys.executable and "total_memory" in asked[0][-1]

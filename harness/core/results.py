@@ -132,9 +132,11 @@ class ProcessMemory:
     device: str
     rank: int | None = None
     peak_mib: float | None = None
-    role: str = "rank"  # rank, launcher, data (a loader worker) or other
+    role: str = "rank"  # rank, launcher, data (a loader worker), other, or unmatched (see `nvml_pid`)
     host: str = ""
     node: int | None = None  # torchrun across nodes: the node's rank
+    # the PID NVML reported, where it is not `pid`: inside a container NVML gives the host's PIDs
+    nvml_pid: int | None = None
 
 
 @dataclass

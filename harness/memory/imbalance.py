@@ -69,6 +69,9 @@ def _pid_layout(results: RunRecord, processes: list[ProcessMemory]) -> tuple[str
                          "before creating anything on the GPU")
         elif p.role == "other":
             flags.append(f"PID {p.pid} (not part of this run) appeared on {p.device} during the run")
+        elif p.role == "unmatched":
+            flags.append(f"PID {p.pid} on {p.device} is not a PID this run knows and could not be matched to a "
+                         "rank (NVML inside a container reports the host's PIDs): its memory is not attributed")
     ranked = [p for p in processes if p.role == "rank"]
     pids = {(p.node, p.pid) for p in ranked}  # a PID is per node (containers repeat them)
     devices = {p.device for p in ranked}

@@ -309,9 +309,34 @@ def summarize(tracker: MemoryTracker, source: str, devices: Sequence[str], ranks
     if source == "psutil":
         per_device = _devices_from_processes(per_process, baseline, rank_of_pid, devices)
     else:
+        _match_host_pids(per_process, rank_of_pid)
         per_device = [{"device": d, "peak_mib": round(tracker.peak_device.get(d, 0.0), 1),
                        "baseline_mib": round(baseline.per_device.get(d, 0.0), 1)} for d in devices]
     return {"source": source, "samples": tracker.samples, "per_device": per_device, "per_process": per_process}
+
+
+def _match_host_pids(per_process: list[dict[str, Any]], rank_of_pid: Mapping[int, RankProcess]) -> None:
+    """Inside a container NVML reports the host's PIDs, which no rank knows as its own. Where a rank's own PID
+    is nowhere in NVML's list and exactly one PID new to the GPU holds memory on that rank's device, that PID is
+    the rank's (as `pid`, NVML's in `nvml_pid`, on every device it holds). PIDs left over while some rank is
+    still unseen are `role: unmatched`: the run cannot say whose they are, and does not call them strangers."""
+    seen = {p["pid"] for p in per_process if p["role"] == "rank"}
+    unseen = [r for r in rank_of_pid.values() if r.pid not in seen]
+    if not unseen:
+        return
+    strangers = [p for p in per_process if p["role"] == "other"]
+    host_pid_of: dict[int, RankProcess] = {}
+    for rank in unseen:
+        on_device = {p["pid"] for p in strangers if p["device"] == rank.device}
+        owners = [r for r in unseen if r.device == rank.device]
+        if len(on_device) == 1 and len(owners) == 1:
+            host_pid_of[next(iter(on_device))] = rank
+    for p in strangers:
+        rank = host_pid_of.get(p["pid"])
+        if rank is not None:
+            p.update(nvml_pid=p["pid"], pid=rank.pid, rank=rank.rank, role="rank", host=rank.host)
+        else:
+            p["role"] = "unmatched"
 
 
 def _devices_from_processes(per_process: list[dict[str, Any]], baseline: Sample,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 
 import psutil
-import torch
 
 from harness.plan.hardware import GIB, LOCAL, load_preset, measure_machine
 from harness.plan.links import Link
@@ -13,7 +14,9 @@ from harness.plan.predict import Target
 
 
 def local_memory_gib(accelerator: str) -> float:
-    """Each GPU's total memory through NVML (the parent creates no CUDA context), or the RAM."""
+    """Each GPU's total memory through NVML, or the RAM. Where NVML fails, torch reads it in a child process:
+    asked here, torch would initialise CUDA in the parent, whose context then holds device memory (and forbids
+    forked workers) through every run it launches."""
     if accelerator == "cuda":
         try:
             import pynvml
@@ -23,9 +26,15 @@ def local_memory_gib(accelerator: str) -> float:
                 return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / GIB
             finally:
                 pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 (no NVML: torch's figure, at the cost of initialising CUDA here)
-            return torch.cuda.get_device_properties(0).total_memory / GIB
+        except Exception:  # noqa: BLE001 (no pynvml, no driver library, no permission)
+            return _total_memory_in_a_child() / GIB
     return psutil.virtual_memory().total / GIB
+
+
+def _total_memory_in_a_child() -> int:
+    code = "import torch; print(torch.cuda.get_device_properties(0).total_memory)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return int(done.stdout.split()[-1])
 
 
 def local_target(accelerator: str, devices: int, threads: int,
