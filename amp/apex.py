@@ -39,7 +39,7 @@ class ApexAmp(Amp):
         spec = self.spec
         options: dict[str, Any] = {"opt_level": spec.level, "verbosity": 0,
                                    "loss_scale": spec.loss_scale}
-        if spec.cast_model:  # apex refuses these for O0/O1
+        if spec.cast_model:  # apex 25.05 refuses them at O1 (amp/frontend.py:72-89); O0 ignores them
             options.update(keep_batchnorm_fp32=spec.keep_batchnorm_fp32, master_weights=spec.master_weights)
         model, self._optimizer = amp.initialize(model, optimizer, **options)
         return model, self._optimizer

@@ -83,6 +83,10 @@ BENCHES = (
           "`-m search=true` against the exhaustive sweep of the same space: three spaces (a clear winner, a tie at "
           "the top, the largest batch not the fastest), five searches each; what pruning threw away",
           "right in ≥ 4 of 5 per space; ≤ 30 % of the exhaustive wall time"),
+    Bench("mutants", "Which test catches each wrong figure",
+          "mutants: each wrong-but-plausible version of a reported figure (timing, report, verdict, planner, search, "
+          "MFU, tokens/s, J/image, memory, apex's frontend) applied to a copy, the tests that cover it run (slow "
+          "ones too)", "every mutant killed"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

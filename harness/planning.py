@@ -77,7 +77,8 @@ def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
                  ", ".join(dict.fromkeys(cfg.plan.hardware for _, cfg in configs)))
         for index, (combo, cfg) in enumerate(configs, start=1):
             begun = time.perf_counter()
-            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": list(combo)}
+            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": list(combo),
+                   **sample_unit(cfg)}
             row["seconds"] = round(time.perf_counter() - begun, 2)
             left = (time.perf_counter() - started) / index * (len(configs) - index)
             log.info("plan: %d/%d %s: %s (%.1f s%s)", index, len(configs), _label(row), row["status"], row["seconds"],
@@ -120,7 +121,8 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
                            "yes" if p["fits"] else "NO")
         parts.append(render(memory, width=110))
         speed = Table(title="Predicted time per iteration, ms", title_justify="left")
-        for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "img/s", "90 % band"):
+        for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "throughput",
+                     "90 % band"):
             speed.add_column(name, justify="left" if name == "combination" else "right")
         for r in predicted:
             t, p = r["prediction"]["time"], r["prediction"]
@@ -130,7 +132,8 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
             busy = " *" if p.get("busy") else ""
             speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
                                                                     "exposed_comm_s", "overlapped_comm_s")],
-                          f"{1000 * p['s_per_iteration']:.2f}", f"{p['throughput_img_s']:.0f}{busy}", band_text(p))
+                          f"{1000 * p['s_per_iteration']:.2f}", rate_text(r, p["throughput_img_s"]) + busy,
+                          band_text(p, r.get("tokens_per_sample")))
         parts.append(render(speed, width=120))
         sources = dict.fromkeys(r["prediction"].get("band_source") for r in predicted)
         parts.append("Band: " + "; ".join(s for s in sources if s))
@@ -149,10 +152,31 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def band_text(prediction: dict[str, Any]) -> str:
-    """`1,234–1,890` img/s: where 90 % of the truths fall by the band's source."""
+def sample_unit(cfg: RunConfig) -> dict[str, Any]:
+    """What the plan's rates count: tokens for a token model (its samples are sequences), else its samples."""
+    from harness.plan.predict import inputs_here
+
+    inputs = inputs_here(cfg)
+    unit = "tokens/s" if inputs.tokens_per_sample else "img/s" if inputs.kind == "images" else "samples/s"
+    return {"tokens_per_sample": inputs.tokens_per_sample, "unit": unit}
+
+
+def _figure(value: float) -> str:
+    """Three significant figures at least, thousands grouped: 0.412, 3.25, 1,234 (never a rate rounded to 0 or 1)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def rate_text(row: dict[str, Any], samples_s: float) -> str:
+    """`1,234 img/s`, or a token model's `142,830 tokens/s` (its samples/s times the sequence's tokens)."""
+    tokens = row.get("tokens_per_sample")
+    return f"{_figure(samples_s * (tokens or 1))} {row.get('unit', 'img/s')}"
+
+
+def band_text(prediction: dict[str, Any], tokens_per_sample: int | None = None) -> str:
+    """`1,234–1,890`, in the rate's unit: where 90 % of the truths fall by the band's source."""
     low, high = prediction.get("throughput_band") or (None, None)
-    return f"{low:,.0f}–{high:,.0f}" if low and high else "—"
+    scale = tokens_per_sample or 1
+    return f"{_figure(low * scale)}–{_figure(high * scale)}" if low and high else "—"
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -70,6 +70,8 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[sub
     def get(*overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
         if overrides not in cache:
             cache[overrides] = run_cli(*overrides, tmp_path=tmp_path_factory.mktemp("cli"))
+        else:  # the run this test needs was started by an earlier one: still a test that starts a process
+            note_process_start(f"run.py {' '.join(overrides)} (cli_run's cached run)")
         proc, results = cache[overrides]
         assert results is not None, describe(proc)
         return proc, results
@@ -450,3 +452,129 @@ def report_statuses(report_md: str) -> dict[str, str]:
             for label in labels.split(", "):
                 said[label] = entry
     return said
+
+
+# ---- Markers that tell the truth: a test that starts a process is marked `slow` ----
+
+PROCESS_MARKS = ("slow", "bench", "gpu", "slurm")  # a test carrying one of these may start processes
+NOT_SLOW = "starts a process: mark it @pytest.mark.slow"
+# Not counted: system tools that answer in milliseconds, asked in passing (the harness's commit for results.json,
+# platform.processor()). What `slow` is about is a Python process: an interpreter and torch starting, seconds.
+QUICK_TOOLS = ("git", "uname")
+
+
+class ProcessWatch:
+    """Every process this pytest process starts, noted where it belongs: to the test whose body, or whose
+    function-scoped fixture, started it; to a fixture of wider scope whose set-up started it (every test asking for
+    that fixture needs the process, not only the one that happened to set it up first), unless that fixture is
+    autouse (every test would be blamed for it: nobody is). Starts elsewhere (a fixture's teardown, a plugin)
+    are nobody's.
+
+    Noted: subprocess.Popen (subprocess.run and check_output, the elastic agent's binaries), multiprocessing's
+    BaseProcess.start (every start method: torch.multiprocessing.start_processes, the elastic agent's workers,
+    ProcessPoolExecutor's), and a bare os.fork; each start once (what it does inside is not noted again)."""
+
+    def __init__(self) -> None:
+        self.target: list[str] | None = None  # where a start is noted now
+        self.by_fixture: dict[tuple[str, str], list[str]] = {}  # (name, baseid) of a wider-scoped fixture -> starts
+        self._depth = threading.local()
+
+    def note(self, what: str | None) -> None:
+        if what is not None and self.target is not None and not getattr(self._depth, "n", 0):
+            self.target.append(what)
+
+    def wrap(self, owner: type, name: str, describe: Callable[..., str | None]) -> None:
+        original = getattr(owner, name)
+        if getattr(original, "_process_watch", False):
+            return
+        watch = self
+
+        def noted(this: Any, *args: Any, **kwargs: Any) -> Any:
+            watch.note(describe(this, *args))
+            watch._depth.n = getattr(watch._depth, "n", 0) + 1
+            try:
+                return original(this, *args, **kwargs)
+            finally:
+                watch._depth.n -= 1
+
+        noted._process_watch = True  # type: ignore[attr-defined]
+        setattr(owner, name, noted)
+
+    def install(self) -> None:
+        import multiprocessing.process
+
+        def command(_: Any, args: Any = "?", *__: Any) -> str | None:
+            words = [os.fsdecode(a) for a in ([args] if isinstance(args, str | bytes | os.PathLike) else args)]
+            program = " ".join(words).split()[:1]
+            return None if program and os.path.basename(program[0]) in QUICK_TOOLS else " ".join(words)
+
+        def process(this: Any, *_: Any) -> str:
+            target = getattr(this, "_target", None)
+            return f"{type(this).__name__} {this.name} ({getattr(target, '__qualname__', target)})"
+
+        self.wrap(subprocess.Popen, "_execute_child", command)
+        self.wrap(multiprocessing.process.BaseProcess, "start", process)
+        os.register_at_fork(before=lambda: self.note("os.fork()"))
+
+    def starts(self, item: pytest.Item) -> list[str]:
+        """What `item` started, or needed started by a fixture it asks for."""
+        started = list(item.stash.get(STARTED, []))
+        for name in getattr(item, "fixturenames", ()):
+            for (fixture, baseid), starts in self.by_fixture.items():
+                if fixture == name and item.nodeid.startswith(baseid):
+                    started += [f"{what} (fixture {name})" for what in starts]
+        return started
+
+    # The hooks, registered as a plugin of their own (pytest_configure below): a conftest's own hooks are not
+    # called for a session-scoped fixture, whose request belongs to the session, above this folder.
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Any:
+        if fixturedef.scope == "function":
+            return (yield)  # the test's own: noted with it
+        outer, own = self.target, []
+        self.target = own
+        try:
+            return (yield)
+        finally:
+            self.target = outer
+            if own and not getattr(fixturedef, "_autouse", False):
+                self.by_fixture.setdefault((fixturedef.argname, fixturedef.baseid), []).extend(own)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Any:
+        self.target = item.stash.setdefault(STARTED, [])
+        try:
+            return (yield)
+        finally:
+            self.target = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """A test not marked slow (nor bench, gpu, slurm) that started a process fails, saying so."""
+        self.target = item.stash.setdefault(STARTED, [])
+        try:
+            result = yield
+        finally:
+            self.target = None
+        started = self.starts(item)
+        if started and not any(item.get_closest_marker(mark) for mark in PROCESS_MARKS):
+            shown = "; ".join(what[:160] for what in started[:3])
+            more = f"; {len(started) - 3} more" if len(started) > 3 else ""
+            pytest.fail(f"{NOT_SLOW} (started: {shown}{more})", pytrace=False)
+        return result
+
+
+WATCH = ProcessWatch()
+WATCH.install()
+STARTED = pytest.StashKey[list[str]]()
+
+
+def note_process_start(what: str) -> None:
+    """A start that a cache saved this time (cli_run's): the test still needs the process, and says so."""
+    WATCH.note(what)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.is_registered(WATCH):
+        config.pluginmanager.register(WATCH, "process-watch")

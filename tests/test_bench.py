@@ -33,6 +33,7 @@ SCRIPTS = {
     "search.py": ["== searches against the exhaustive sweep =="],
     "projection.py": ["== each published result, predicted by factors fitted without it",
                       "== the same prediction, quiet and loaded"],
+    "mutants.py": ["== mutants: the tests that cover each, run against it =="],
 }
 
 
@@ -40,7 +41,7 @@ SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
 # Scripts whose --quick run starts no run.py (or only simulates): in the default suite. The others start real
 # runs for 15-30 s each, over three minutes of the suite's ten together: `python -m pytest -m bench` runs them
 # (tests/README.md), as anyone changing a bench script or what it reads should.
-IN_PROCESS = ("hook_cost.py", "report_speed.py", "sampler.py", "verdicts.py")
+IN_PROCESS = ("hook_cost.py", "mutants.py", "report_speed.py", "sampler.py", "verdicts.py")
 
 
 @pytest.mark.slow

@@ -218,6 +218,7 @@ def test_cpu_defaults_note_names_only_defaults_left_to_the_machine():
                                                        "batch_size": 8})) is None
 
 
+@pytest.mark.slow
 def test_occupied_run_folder_is_refused_before_hydra_touches_it(tmp_path):
     occupied = tmp_path / "old_run"
     (occupied / ".hydra").mkdir(parents=True)

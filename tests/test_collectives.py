@@ -14,6 +14,7 @@ from conftest import REPO, describe
 from harness.collectives.arithmetic import OPS, bus_factor
 
 
+@pytest.mark.slow
 def test_the_package_needs_nothing_of_the_training_command_line():
     """The benchmark's entry point imports neither harness.cli nor what only the CLI needs."""
     code = ("import sys, harness.collectives.__main__; "

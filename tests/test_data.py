@@ -118,6 +118,7 @@ def draws(source: LoaderSource, batches: int) -> list[dict[int, float]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_samples_random_transform_is_the_same_in_one_process_and_in_four():
     """The crop of a sample depends on the sample (seed, epoch, index), not on which loader or worker loads
     it: one process with 2 workers and 4 ranks without workers draw the same for every item; a new epoch
@@ -157,6 +158,7 @@ def test_the_runs_wait_is_the_longest_any_rank_waited():
     assert [w.data_wait_s for w in merged] == [0.4, 0.3] and merged[1].profiled
 
 
+@pytest.mark.slow
 def test_dataloader_workers_note_their_pids_for_the_memory_figures(tmp_path):
     import os
 

@@ -112,6 +112,7 @@ def _fail_on_rank_1(spec: dict) -> None:
         raise RuntimeError("rank 1 gives up")
 
 
+@pytest.mark.slow
 def test_spawn_launcher_reports_a_failing_worker(monkeypatch):
     """launcher=spawn: a worker that raises is a failure with its rank and message (fork keeps it quick)."""
     import harness.launch.launcher as launcher
@@ -150,6 +151,7 @@ def _rank_1_fails_rank_0_waits(spec: dict) -> None:
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_spawn_launcher_stops_the_survivors_at_once_not_after_the_grace_period():
     """torch's ProcessContext.join(grace_period=10) waited 10 s before even sending SIGTERM to the others."""
     import time
@@ -179,6 +181,7 @@ def _note_process(spec: dict) -> None:
     Path(spec["out"], f"{os.getpid()}.json").write_text(json.dumps(found))
 
 
+@pytest.mark.slow
 def test_forked_workers_are_fresh_processes_with_the_runs_own_environment(tmp_path):
     """Two runs through the elastic launcher's fork server: four processes of their own, none carrying the
     state a worker of the first run left (the server only imports), each with its own run's environment

@@ -20,6 +20,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*LINT, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_tree_keeps_the_contract():
     proc = lint_imports(REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -32,6 +33,7 @@ def test_the_tree_keeps_the_contract():
     ("harness/memory/imbalance.py", "harness.parity.report"),  # one feature into another
     ("harness/rank/trainer.py", "harness.launch.launcher"),  # the rank's side into the parent's
 ])
+@pytest.mark.slow
 def test_an_import_against_the_layers_breaks_the_contract(tmp_path, module, upward):
     for package in ("harness", "strategies", "amp"):
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))

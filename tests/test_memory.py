@@ -435,6 +435,7 @@ def two_children():
                 proc.wait()
 
 
+@pytest.mark.slow
 def test_psutil_source_sees_real_worker_processes(two_children):
     launcher = os.getpid()
     source = PsutilSource(launcher)
@@ -446,6 +447,7 @@ def test_psutil_source_sees_real_worker_processes(two_children):
     assert sample.per_device == {}
 
 
+@pytest.mark.slow
 def test_psutil_summary_maps_worker_pids_to_ranks_and_devices(two_children):
     launcher = os.getpid()
     source = PsutilSource(launcher)
@@ -516,6 +518,7 @@ def test_sampler_whose_every_read_fails_takes_no_sample():
     assert sampler.tracker.samples == 0 and "Insufficient Permissions" in sampler.warning
 
 
+@pytest.mark.slow
 def test_psutil_source_lists_new_workers_every_fifth_of_a_second():
     """Workers start after the sampler: a read within 0.2 s of the last listing reads the known processes
     only; the next listing finds the new ones (a sampler that never re-lists would miss every worker)."""

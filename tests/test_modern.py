@@ -136,6 +136,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 # One test reads the trained cases (rather than one per case), so that whichever xdist worker runs it trains
 # every case once.
+@pytest.mark.slow
 def test_replicas_agree_match_one_process_and_the_theory_divides_what_is_sharded(trained):
     """Sharded parameters are gathered whole (a rank's local shard would have half the rows); ZeRO's ranks
     each stepped half the parameters, so without its broadcast the replicas would differ; accumulating
@@ -368,6 +369,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
+@pytest.mark.slow
 def test_compiled_run_times_compilation_apart_and_the_report_labels_it(compiled, tmp_path):
     from harness.report.rows import build_rows
 

@@ -18,6 +18,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_another_process_spinning_beside_the_timing_is_counted():
     spinner = multiprocessing.get_context("fork").Process(target=_spin, args=(3.0,))  # fork: no imports to wait for
     spinner.start()
@@ -77,6 +78,7 @@ def test_no_cached_rate_or_a_quiet_one_is_not_busy(ratio):
     assert Calibration(0.1, 0.01, 5, 8, 2, 0.1, background_cores=0.0, gemm_ratio=ratio).busy is None
 
 
+@pytest.mark.slow
 def test_the_calibration_of_a_gpu_runs_in_a_child_of_the_fork_server_and_comes_back():
     """The path a GPU run's prediction takes with plan.calibration=model (a child process, so the parent never
     opens a CUDA context), here with the CPU as its device: the function sent must pickle by name. The cached

@@ -220,6 +220,7 @@ def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
     assert prediction.hardware == "local"
 
 
+@pytest.mark.slow
 def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     import psutil
 
@@ -240,3 +241,23 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     calibrate.shutdown()
     assert calibrate._pool is None
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("name, optimizer_share", [("ddp", 1), ("zero", 1 / 8), ("fsdp", 1 / 8)])
+def test_eight_ranks_time_by_hand_each_steps_its_share(monkeypatch, name, optimizer_share):
+    """8 ranks on h100x8 with the hand-known step (TRACE) and a calibration of 100 ms forward-backward and 40 ms
+    for the whole optimizer step: DDP steps every parameter on every rank, ZeRO and FSDP their eighth (5 ms).
+    DDP's time adds what of its all-reduce backward cannot hide (the last of its four 25 MiB buckets)."""
+    monkeypatch.setattr(predict_module, "trace_step", lambda *args, **kwargs: TRACE)
+    monkeypatch.setattr(predict_module, "compute_time", lambda *args: (0.1, 0.04, {}, ()))
+    cfg = run_config(name, nprocs=8, batch_size=48)
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=8), in_sweep=True)
+    p = predict(cfg, decided.placement, decided.amp, decided.strategy_cls, Target(load_preset("h100x8"), 1))
+    assert p.world_size == 8 and p.compute_s == 0.1
+    assert p.optimizer_s == pytest.approx(0.04 * optimizer_share)
+    seconds = p.as_dict()["s_per_iteration"]
+    assert seconds == pytest.approx(0.1 + 0.04 * optimizer_share + p.exposed_comm_s)
+    assert p.as_dict()["throughput_img_s"] == pytest.approx(48 / seconds)
+    if name == "ddp":
+        all_reduce = 14 * 2e-6 + 2 * 7 / 8 * 100 * MIB / 360e9  # as in the overlap test above
+        assert (p.comm_s, p.exposed_comm_s) == pytest.approx((all_reduce, all_reduce / 4))

@@ -17,6 +17,7 @@ def report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)
+@pytest.mark.slow
 def test_every_row_shows_predicted_beside_measured(shared_sweep):
     sweep, _ = shared_sweep
     md = (sweep / "report.md").read_text()
@@ -36,6 +37,7 @@ def test_every_row_shows_predicted_beside_measured(shared_sweep):
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)
+@pytest.mark.slow
 def test_project_adds_the_projected_rows_and_the_scaling_plot(shared_sweep, tmp_path):
     sweep, _ = shared_sweep
     out = tmp_path / "projected"
@@ -61,6 +63,7 @@ def test_project_adds_the_projected_rows_and_the_scaling_plot(shared_sweep, tmp_
     assert "Projected past this machine" in terminal and "h100x16-ib" in terminal and "The band:" in terminal
 
 
+@pytest.mark.slow
 def test_an_unknown_preset_to_project_onto_is_refused_before_writing(tmp_path):
     out = tmp_path / "out"
     proc = report(str(tmp_path), "--out", str(out), "--project", "h100x9")
@@ -69,6 +72,7 @@ def test_an_unknown_preset_to_project_onto_is_refused_before_writing(tmp_path):
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)
+@pytest.mark.slow
 def test_the_phase_before_the_first_run_says_what_it_does_and_estimates_the_sweep(shared_sweep):
     """The shared sweep predicts its 3 combinations before the first run: a line as each is predicted, then how
     long that took and the sweep's estimate (a loaded machine once printed nothing for 4 min 27 s)."""

@@ -29,6 +29,7 @@ def plan_json(cwd: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_the_default_grid_on_h100x8_is_predicted_without_training(tmp_path):
     started = time.perf_counter()
     proc = plan_cli("-m", "plan=true", "plan.hardware=h100x8", *PLAN_TINY, cwd=tmp_path)
@@ -51,6 +52,7 @@ def test_the_default_grid_on_h100x8_is_predicted_without_training(tmp_path):
     assert took < 120, f"{took:.0f} s"
 
 
+@pytest.mark.slow
 def test_sweep_modern_across_nodes(tmp_path):
     proc = plan_cli("-m", "plan=true", "plan.hardware=h100x16-ib", "sweep=modern", "compile=false",
                     "strategy.comm_hook=none,powersgd", *PLAN_TINY, cwd=tmp_path)
@@ -100,6 +102,7 @@ def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_this_machine_is_measured_once_then_read(tmp_path):
     cache = tmp_path / "cache"
     proc = plan_cli("plan=true", "strategy=ddp", "nprocs=2", *PLAN_TINY, cwd=tmp_path,
@@ -117,6 +120,7 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
     assert "measuring this machine's link" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
     from conftest import run_cli
 
@@ -130,6 +134,7 @@ def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)
+@pytest.mark.slow
 def test_every_run_records_its_prediction_beside_the_measurement(shared_sweep):
     sweep, _ = shared_sweep
     results = json.loads((sweep / "0_single_O0" / "results.json").read_text())
@@ -143,6 +148,7 @@ def test_every_run_records_its_prediction_beside_the_measurement(shared_sweep):
     assert abs(error["peak_mib"]) < 0.10  # the traced step against the independent instrument
 
 
+@pytest.mark.slow
 def test_a_run_is_not_predicted_with_plan_predict_false(cli_run):
     _, results = cli_run(*SINGLE_RUN)  # the session's runs: HARNESS_PLAN_PREDICT=false (conftest)
     assert results["prediction"] is None and results["prediction_error"] is None
@@ -150,6 +156,7 @@ def test_a_run_is_not_predicted_with_plan_predict_false(cli_run):
 
 
 @pytest.mark.xdist_group(SHARED_GROUP)
+@pytest.mark.slow
 def test_the_ddp_run_predicts_each_rank(shared_sweep):
     sweep, _ = shared_sweep
     results = json.loads((sweep / "1_ddp_O0" / "results.json").read_text())

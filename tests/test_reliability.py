@@ -559,6 +559,7 @@ def minimal_ok_results() -> dict[str, Any]:
                      ).to_dict()  # complete, as the harness writes it
 
 
+@pytest.mark.slow
 def test_report_skips_an_unreadable_results_file_and_names_it(tmp_path):
     good = tmp_path / "0_single_O0" / "results.json"
     torn = tmp_path / "1_ddp_O0" / "results.json"

@@ -652,7 +652,9 @@ def test_undecided_says_how_many_rounds_would_decide_and_the_command(tmp_path):
             write(folder, f"r{n}a", round_run("single", n, a * shift, repeat=3))
             write(folder, f"r{n}b", round_run("ddp", n, b, repeat=3))
         said[shift] = report.decide(list(rows_of(folder).values()), plan).verdict
-    found = re.search(r"Undecided: single O0 \(.*\) leads; still open against it: ddp O0 0\.93× \[[\d.]+–[\d.]+\]; "
+    # ddp over single, paired by round: mean log -0.0774, SE 0.0279; one look at the end at the pair's whole
+    # 0.05 (two rows, repeat=3): t(0.975, 2) = 4.303, so exp(-0.0774 -+ 0.1199) = 0.82-1.04
+    found = re.search(r"Undecided: single O0 \(.*\) leads; still open against it: ddp O0 0\.93× \[0\.82–1\.04\]; "
                       r"to tell 5 % apart: (\d+) rounds; to show them within ±5 %: (\d+) rounds \(at the noisiest open "
                       r"pair's per-round SD 4\.9 %\), about (\d+) min at this sweep's pace: python run\.py -m "
                       r"strategy=single,ddp repeat=(\d+)\.", said[1.0])

@@ -150,6 +150,7 @@ def test_the_root_cause_is_the_first_rank_to_fail_not_its_neighbours():
     assert run_status(records, [], None) == ("oom", "rank 1 (pid 11): OutOfMemoryError: CUDA out of memory")
 
 
+@pytest.mark.slow
 def test_the_records_are_read_only_once_every_started_rank_has_ended(tmp_path):
     """A rank the launcher lost track of (its fork server killed by a job-wide signal) is waited for by its pid
     file; a pid file whose start time does not match the live process (a reused PID) is not waited for."""

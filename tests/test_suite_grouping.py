@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = '''
 import os
 import pytest
@@ -26,6 +28,7 @@ def test_spread(i):
 '''
 
 
+@pytest.mark.slow
 def test_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_grouped.py").write_text(TESTS)
     log = tmp_path / "workers.log"

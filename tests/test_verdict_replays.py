@@ -50,7 +50,25 @@ def test_rows_whose_samples_hold_different_tokens_are_ranked_in_tokens_per_secon
     assert "tokens/s" in said.split(";")[0] and "the runner-up fsdp O0 model.seq_len=64" in said
     found = re.search(r"; ([\d.]+)× \[([\d.]+)–([\d.]+)\] the runner-up", said)
     assert found and float(found.group(2)) > 1 and float(found.group(1)) == pytest.approx(60605 / 43912, abs=0.01)
+    # by hand, paired by round in tokens: 128 x (470, 480, 468, 476) over 64 x (690, 680, 700, 675) has log ratios
+    # of mean 0.3221 and SD 0.0268; one look at repeat=4 at the pair's whole 0.05: t(0.975, 3) = 3.182, so
+    # exp(0.3221 -+ 3.182 x 0.0268 / 2) = 1.32-1.44 (in samples/s it would be 0.69x, and the other row would lead)
+    assert "; 1.38× [1.32–1.44] the runner-up fsdp O0 model.seq_len=64 (faster: its interval excludes 1)" in said
     assert "Ranked in tokens/s: the rows' samples hold different numbers of tokens." in said
+
+
+def test_the_tables_tokens_per_second_are_samples_per_second_times_the_sequences_tokens():
+    """686.2 samples/s of 64 tokens: 43,916 tokens/s; 473.5 of 128: 60,605; the intervals scale alike."""
+    _, page = replay("tokens")
+    table = page.split("| combination | devices | runs | s/20 it [95 %] | samples/s [95 %] | tok/s [95 %] |")[1]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()[2:4]}
+    for label, tokens in (("fsdp O0 model.seq_len=64", 64), ("fsdp O0 model.seq_len=128", 128)):
+        samples = re.match(r"([\d.]+) \[([\d.]+)–([\d.]+)\]", rows[label][4])
+        said = re.match(r"(\d+) \[(\d+)–(\d+)\]", rows[label][5])
+        assert samples and said, rows[label]
+        for sample_figure, token_figure in zip(samples.groups(), said.groups(), strict=True):
+            assert int(token_figure) == pytest.approx(float(sample_figure) * tokens, abs=0.05 * tokens + 1)
+    assert rows["fsdp O0 model.seq_len=64"][5].startswith("43916 ")
 
 
 def test_a_busy_machine_never_gives_a_fastest_that_another_row_beats():

@@ -53,6 +53,7 @@ def test_sigterm_mid_training_ends_at_the_next_iteration_with_its_windows_record
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
 
 
+@pytest.mark.slow
 def test_a_workers_library_noise_goes_to_run_log_and_only_its_records_to_the_terminal(tmp_path):
     """setup_worker points file descriptors 1 and 2 at run.log: a library's print and a C library's write
     (what "No CUDA runtime is found" and the profiler's notes are) land there; the harness's own records reach
