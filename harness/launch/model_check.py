@@ -18,7 +18,7 @@ from torch import nn
 from harness.core.errors import ConfigError
 from harness.core.inputs import Inputs, loss
 from harness.core.stops import last_line
-from harness.plan.trace import hashable
+from harness.plan.trace import hashable, on_meta
 
 log = logging.getLogger(__name__)
 SMALL_MODEL_BYTES = 64 * 2**20
@@ -36,8 +36,7 @@ def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) 
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in model}
     target = options.get("_target_")
     try:
-        with torch.device("meta"):
-            built = instantiate(options, **dict(inputs.provided))
+        built = on_meta(lambda: instantiate(options, **dict(inputs.provided)))
     except Exception as error:  # noqa: BLE001 (any factory's own error: named in one line)
         if isinstance(_root(error), ConfigError):  # the factory named the key itself (model.name=vit_b_17)
             raise _root(error) from error

@@ -68,21 +68,58 @@ class StepTrace:
         return data
 
 
-def _built(options: dict[str, Any], inputs: Inputs, device: torch.device) -> torch.nn.Module:
-    """The model, inside `_tensors`. Where an initialiser cannot run on fake tensors (torchvision's ViT:
-    `trunc_normal_` raised DataDependentOutputException), it is built on the meta device instead and given fake
-    storage of its own: the trace needs the shapes, never the initial values."""
+def _built(build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+    """The model, inside `_tensors`. Where an initialiser cannot run on fake tensors (torchvision's ViT and
+    ConvNeXt: `trunc_normal_` raised DataDependentOutputException), it is built on the meta device instead and
+    given fake storage of its own: the trace needs the shapes, never the initial values."""
     try:
-        return instantiate(options, **dict(inputs.provided))
+        return build()
     except Exception:  # noqa: BLE001 (any initialiser's own error: the meta device's build decides)
         if device.type == "meta":
             raise
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        with unset_fake_temporarily(), torch.device("meta"):
-            model = instantiate(options, **dict(inputs.provided))
+        with unset_fake_temporarily():
+            model = on_meta(build)
         # new fake storage of each shape (to_empty's empty_like would be handed the meta tensors themselves)
         return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
+def on_meta(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The model built on the meta device. Where its constructor computes with tensors it makes itself
+    (torchvision's RegNet: its widths from `torch.arange`, which the meta device cannot read back), those run on
+    the CPU, and each parameter and buffer moves to the meta device as it is registered: at most one of them is
+    ever held in memory."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception:  # noqa: BLE001 (hydra wraps the constructor's error: the second build decides)
+        with _registered_on_meta():
+            return build()
+
+
+@contextlib.contextmanager
+def _registered_on_meta() -> Iterator[None]:
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register_parameter(module, name, param)
+
+    def buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        register_buffer(module, name, None if tensor is None else tensor.to("meta"), persistent)
+
+    nn.Module.register_parameter, nn.Module.register_buffer = parameter, buffer  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer  # type: ignore[method-assign]
+
+
+def _instantiate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs) -> Callable[[], torch.nn.Module]:
+    return lambda: instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg},
+                               **dict(inputs.provided))
 
 
 @contextlib.contextmanager
@@ -118,7 +155,7 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device:
         torch.manual_seed(0)
-        model = _built({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, inputs, device)
+        model = _built(_instantiate(model_cfg, inputs), device)
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(model)
         units = tuple(sum(_bytes(p) for p in dict(model.named_modules())[name].parameters())
@@ -169,13 +206,10 @@ def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim:
 @functools.lru_cache(maxsize=64)
 def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
                optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int) -> StepOps:
-    def build() -> nn.Module:
-        return instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
-
     def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.example(micro_batch * grad_accum, device)
 
-    return workload_ops(build, batch, loss, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
+    return workload_ops(_instantiate(model_cfg, inputs), batch, loss, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
                         micro_batch * grad_accum)
 
 
@@ -190,7 +224,7 @@ def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device],
     with _tensors(spec.autocast) as device:
         torch.manual_seed(0)
         plugin = NativeAmp(spec, torch.device("cpu"))
-        model = plugin.cast_module(build())
+        model = plugin.cast_module(_built(build, device))
         optimizer = optim.build(plugin.optimizer_params(model))
         wrapped = plugin.wrap_module(model)
         inputs, targets = batch(device)

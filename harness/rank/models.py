@@ -25,7 +25,10 @@ def torchvision_model(name: str, num_classes: int) -> nn.Module:
         close = difflib.get_close_matches(name, available, n=3)
         raise ConfigError("model.name", name, "a torchvision classification model, e.g. "
                           + ", ".join(close or [n for n in available if n.startswith("resnet")]))
-    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    # GoogLeNet and Inception v3 return their auxiliary classifiers' logits beside the main ones when training;
+    # trained on the main output alone (one loss, as every other model here), they are built without them
+    auxiliary = {"aux_logits": False} if name in ("googlenet", "inception_v3") else {}
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **auxiliary)
 
 
 class TinyCNN(nn.Module):
