@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     gone = [m.name for m in MUTANTS if stale(m)]
     chosen = [m for m in MUTANTS if m.name == QUICK] if args.quick else \
         [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
+    settings = {"mutants": len(chosen), "OMP_NUM_THREADS": "the test suite's own (tests/conftest.py)"}
+    common.print_settings("mutants", settings)
     table = common.Table("mutants: the tests that cover each, run against it", ["mutant", "where", "verdict", "s"])
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                  "- Each mutant ran the tests that cover its module (its mirrors and the tests it names, slow ones "
                  "included), then the fast suite only where those passed; the verdict names the first test that "
                  "failed."]
-        common.write_results("mutants", common.results_page("mutants", {"mutants": len(chosen)}, [table], lines),
+        common.write_results("mutants", common.results_page("mutants", settings, [table], lines),
                              args.results_dir)
     return 1 if survived or gone else 0
 

@@ -662,6 +662,22 @@ def test_energy_per_image_over_the_steady_windows_by_hand():
     assert gpu1["sm_clock_mhz"] is None and activity["readings"] == 3
 
 
+def test_energy_is_read_over_the_steady_windows_only():
+    """Three windows of rank 0: the warm-up (0-2 s), a steady one (2-3 s), a profiled one (3-5 s): only 2-3 s is
+    steady. With the counter rising 100 J/s and 64 images a window, that is 100 J / 64 images, not 500 / 192."""
+    from harness.core.timing import Window
+    from harness.launch.activity import activity_section, steady_spans
+
+    windows = [Window(20, 2.0, 2.0, warmup=True), Window(40, 1.0, 3.0, warmup=False),
+               Window(60, 2.0, 5.0, warmup=False, profiled=True)]
+    spans = steady_spans(windows, [[0.0, 2.0], [2.0, 3.0], [3.0, 5.0]])
+    assert spans == [(2.0, 3.0)]
+    readings = [(t / 2, {"cuda:0": {"utilization_pct": 50.0, "sm_clock_mhz": 1500.0, "power_w": 100.0,
+                                    "energy_j": 50.0 * t}}) for t in range(11)]
+    _, per_image = activity_section(readings, spans, 64 * len(spans), {})
+    assert per_image == pytest.approx(100.0 / 64)
+
+
 def test_energy_per_image_is_none_when_a_gpu_has_no_counter():
     from harness.launch.activity import activity_section
 

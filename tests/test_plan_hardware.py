@@ -146,3 +146,37 @@ def test_this_gpus_memory_is_nvmls_total_and_never_read_through_cuda_in_the_pare
     monkeypatch.setattr(subprocess, "run", child)
     assert targets.local_memory_gib("cuda") == 141.0
     assert asked and asked[0][0] == sys.executable and "total_memory" in asked[0][-1]
+
+
+def test_a_users_own_gpu_file_plans_like_a_shipped_preset(tmp_path, monkeypatch):
+    """plan.hardware=my_gpu.yaml (relative to where run.py was started): the same checks and the same prediction
+    as the shipped preset it copies; a file that is not there is one line naming it."""
+    from conftest import run_config
+
+    from harness.launch.on_preset import predict_on
+    from harness.plan.hardware import PRESET_DIR
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_gpu.yaml").write_text((PRESET_DIR / "l40sx8.yaml").read_text())
+    cfg = run_config("ddp", nprocs=8, batch_size=64)
+    own, shipped = predict_on(cfg, "my_gpu.yaml", 2), predict_on(cfg, "l40sx8", 2)
+    assert own["status"] == shipped["status"] == "predicted"
+    assert own["prediction"]["s_per_iteration"] == shipped["prediction"]["s_per_iteration"]
+    assert load_preset("my_gpu.yaml").device_memory_gib == 44.99
+    with pytest.raises(ConfigError) as missing:
+        load_preset("their_gpu.yaml")
+    assert str(missing.value).startswith("plan.hardware=their_gpu.yaml is not allowed: a preset file that exists")
+    (tmp_path / "bad.yaml").write_text(GOOD.replace("device_memory_gib: 24", "device_memory_gib: 0"))
+    with pytest.raises(ConfigError) as bad:
+        load_preset("bad.yaml")
+    assert "`device_memory_gib` is a number of GiB > 0" in str(bad.value)
+
+
+@pytest.mark.parametrize("name", ["l40sx8", "l4x8", "a10x4", "rtx4090x8"])
+def test_the_rented_gpus_presets_load_with_their_datasheets_dense_rates(name):
+    """Dense rates (a sparse figure would double them), half types above float32, GDDR bandwidths."""
+    preset = load_preset(name)
+    assert preset.accelerator == "cuda" and preset.devices_per_node in (4, 8)
+    rates = preset.peak_tflops
+    assert rates["bfloat16"] == rates["float16"] == pytest.approx(2 * rates["tf32"], rel=0.02) or name == "rtx4090x8"
+    assert rates["float32"] < rates["bfloat16"] < 400 and 250 <= preset.memory_gbps <= 1008

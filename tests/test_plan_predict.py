@@ -87,6 +87,18 @@ def test_the_misfit_line_names_the_device_and_the_largest_part():
     assert not p.fits and dataclasses.replace(p, device_memory_mib=14 * 1024).misfit() is None
 
 
+def test_a_training_scripts_one_batch_is_said_beside_the_harnesss_pool():
+    """10,000 MiB live on a GPU, 800 of them inputs in 8 batches, and the 10 % allocator share: 11,000 MiB, over
+    10.5 GiB. One batch keeps 100 MiB of inputs: 11,000 - 700 x 1.1 = 10,230 MiB (9.99 GiB), which fits."""
+    rank = RankMemory("cuda:0", 1000, 1000, 2000, 5000, 800, 200, 1000)
+    p = Prediction("mine", 1, (rank,), 10.5 * 1024, False, 0, 0, 0, 0, 0, 8, (), input_batches=8)
+    assert p.one_batch_mib() == pytest.approx(10230)
+    assert p.misfit() == ("predicted peak 10.7 GiB > 10.5 GiB on cuda:0 (activations 4.9 GiB); a training script "
+                          "that keeps one batch on the device instead of the harness's 8: 10.0 GiB, would fit")
+    assert dataclasses.replace(p, input_batches=1).misfit() == ("predicted peak 10.7 GiB > 10.5 GiB on cuda:0 "
+                                                                "(activations 4.9 GiB)")
+
+
 def test_overlapped_communication_hides_under_backward_except_its_last_bucket():
     h100 = load_preset("h100x8")
     ddp = Traffic((Collective("all_reduce", "grads", "backward"),))
@@ -216,7 +228,10 @@ def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
     target = Target(load_preset("local", machine=machine), 2)
     prediction = predict(cfg, decided.placement, decided.amp, decided.strategy_cls, target)
     assert not prediction.fits and prediction.as_dict()["s_per_iteration"] is None
-    assert prediction.misfit().startswith("predicted peak ") and prediction.misfit().endswith("GiB > 1.0 GiB on the RAM (activations 83.0 GiB)")
+    # 8 synthetic batches of 4,096 images at 256 px (3.0 GiB each): one batch instead would take 7 x 3.0 GiB off
+    assert prediction.misfit() == ("predicted peak 107.0 GiB > 1.0 GiB on the RAM (activations 83.0 GiB); a training "
+                                   "script that keeps one batch on the device instead of the harness's 8: 86.0 GiB, "
+                                   "would not fit either")
     assert prediction.hardware == "local"
 
 
@@ -261,3 +276,29 @@ def test_eight_ranks_time_by_hand_each_steps_its_share(monkeypatch, name, optimi
     if name == "ddp":
         all_reduce = 14 * 2e-6 + 2 * 7 / 8 * 100 * MIB / 360e9  # as in the overlap test above
         assert (p.comm_s, p.exposed_comm_s) == pytest.approx((all_reduce, all_reduce / 4))
+
+
+def test_a_gpu_preset_is_predicted_with_the_kernel_settings_the_run_would_have():
+    """kernels.channels_last (the GPU default) spares a half-precision convolution the NCHW layout changes, and
+    kernels.matmul_precision=high lets float32 matmuls take TF32: each setting reaches the GPU model."""
+    from harness.core.config import KernelsConfig
+    from harness.plan.predict import gpu_compute_time
+
+    preset = load_preset("a100x8")
+
+    resnet = {"_target_": "harness.rank.models.torchvision_model", "name": "resnet18"}
+    gpt = {"_target_": "harness.rank.gpt.GPT", "layers": 2, "width": 512, "heads": 8, "seq_len": 128}
+
+    def seconds(level: str, model: dict, **kernels: object) -> tuple[float, str]:
+        cfg = run_config("single", batch_size=32, amp={"level": level}, kernels=dataclasses.asdict(
+            KernelsConfig(**{"channels_last": False, **kernels})),  # type: ignore[arg-type]
+            model=model, data={"name": "synthetic", "image_size": 64, "num_classes": 100})
+        compute, _, _, notes = gpu_compute_time(cfg, resolve(AmpConfig(level=level), "cuda"), preset, 32, 1)
+        return compute, notes[0]
+
+    nchw, said = seconds("O1", resnet)
+    nhwc, said_nhwc = seconds("O1", resnet, channels_last=True)
+    assert nhwc < nchw and "images NCHW" in said and "images channels_last" in said_nhwc
+    highest, said = seconds("O0", gpt)
+    tf32, said_tf32 = seconds("O0", gpt, matmul_precision="high")
+    assert tf32 < highest and "not for float32 matmuls" in said and "and for float32 matmuls" in said_tf32

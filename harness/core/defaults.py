@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 
 def on_hardware(gpu: object, cpu: object, hydra: str | None = None) -> Any:
     """A default that depends on the machine: `cpu` for Python callers and on a CPU-only machine, `gpu` where
     Hydra composes on GPUs (or plans for a GPU preset): `${hw:GPU,CPU}` (harness.compose.register_resolvers)."""
-    return field(default=cpu, metadata={"hydra": hydra or f"${{hw:{_text(gpu)},{_text(cpu)}}}"})
+    return field(default=cpu, metadata={"hydra": hydra or f"${{hw:{_text(gpu)},{_text(cpu)}}}", "gpu": gpu})
+
+
+def gpu_defaults(record: type) -> dict[str, Any]:
+    """The fields of a config dataclass whose default differs on GPUs, with their GPU values."""
+    return {f.name: f.metadata["gpu"] for f in fields(record) if "gpu" in f.metadata}
 
 
 def from_env(variable: str, default: object) -> Any:

@@ -68,10 +68,15 @@ def preset_names(preset_dir: Path = PRESET_DIR) -> list[str]:
     return sorted(p.stem for p in preset_dir.glob("*.yaml"))
 
 
+def user_file(name: str) -> Path | None:
+    """`plan.hardware=path/to/my_gpu.yaml`: a user's own preset, outside the package (None: a shipped name)."""
+    return Path(name).expanduser() if name.endswith((".yaml", ".yml")) else None
+
+
 def preset_accelerator(name: str, preset_dir: Path = PRESET_DIR) -> str | None:
     """The preset's accelerator as its file says (None: no such preset, or unreadable: checked later, in full)."""
     try:
-        data = yaml.safe_load((preset_dir / f"{name}.yaml").read_text())
+        data = yaml.safe_load((user_file(name) or preset_dir / f"{name}.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
     return data.get("accelerator") if isinstance(data, Mapping) else None
@@ -79,14 +84,19 @@ def preset_accelerator(name: str, preset_dir: Path = PRESET_DIR) -> str | None:
 
 def load_preset(name: str, preset_dir: Path = PRESET_DIR, machine: Mapping[str, Any] | None = None) -> Preset:
     """The preset `name`, every field checked (ConfigError naming plan.hardware, the file and the field).
-    `local` needs this machine's measurements (`machine`, from `measure_machine`)."""
+    `local` needs this machine's measurements (`machine`, from `measure_machine`). A name ending in .yaml is a
+    user's own file, checked like a shipped one (docs/plan.md says what goes in each field)."""
     names = preset_names(preset_dir)
-    if name not in names:
+    own = user_file(name)
+    if own is not None and not own.is_file():
+        raise ConfigError("plan.hardware", name, "a preset file that exists (relative to where run.py was started), "
+                          "or a preset of conf/plan/hardware/: " + ", ".join(names))
+    if own is None and name not in names:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError("plan.hardware", name, f"{hint}a preset of conf/plan/hardware/: " + ", ".join(names) +
                           " (or add <name>.yaml there)")
-    path = preset_dir / f"{name}.yaml"
+    path = own or preset_dir / f"{name}.yaml"
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:

@@ -74,6 +74,7 @@ class Prediction:
     busy: str | None = None  # why this machine's calibration cannot be trusted (it was busy), or None
     peak_tflops: float | None = None  # one device's (CPU: one process's) peak in the dtype the run computes in
     peak_source: str = ""  # where that peak comes from: this machine's measured GEMM rate, or a datasheet
+    input_batches: int = 1  # the batches each rank's data source keeps on its device (the synthetic pool's)
 
     @property
     def peak_mib(self) -> float:
@@ -114,8 +115,25 @@ class Prediction:
                       key=lambda kv: kv[1])
         where = (f"the RAM the {len(self.ranks)} ranks share" if len(self.ranks) > 1 else "the RAM") \
             if self.shared_memory else worst.device
-        return (f"predicted peak {self.needed_mib() / 1024:.1f} GiB > {self.device_memory_mib / 1024:.1f} GiB on "
+        said = (f"predicted peak {self.needed_mib() / 1024:.1f} GiB > {self.device_memory_mib / 1024:.1f} GiB on "
                 f"{where} ({largest[0]} {largest[1] / 1024:.1f} GiB)")
+        one = self.one_batch_mib()
+        if one is None:
+            return said
+        verdict = "would fit" if one <= self.device_memory_mib else "would not fit either"
+        return (f"{said}; a training script that keeps one batch on the device instead of the harness's "
+                f"{self.input_batches}: {one / 1024:.1f} GiB, {verdict}")
+
+    def one_batch_mib(self) -> float | None:
+        """What `needed_mib` would be with one input batch per rank on its device, as a training script's loader
+        keeps it (None where the harness keeps one already): the other batches' bytes and their allocator share
+        taken off."""
+        if self.input_batches <= 1:
+            return None
+        spare = (self.input_batches - 1) / self.input_batches
+        cut = [r.peak_mib - r.inputs_mib * spare * (1 + r.allocator_mib / max(r.peak_mib - r.allocator_mib, 1e-9))
+               for r in self.ranks]
+        return sum(cut) if self.shared_memory else max(cut)
 
     def as_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "world_size": self.world_size, "peak_mib": self.peak_mib,
@@ -205,7 +223,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                       time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
                       busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
                       peak_source=f"{preset.name}: " + ("this machine's measured GEMM rate" if preset.name == "local"
-                                                         else "the preset's datasheet figure") + f", {amp.dtype}")
+                                                         else "the preset's datasheet figure") + f", {amp.dtype}",
+                      input_batches=input_batches(cfg))
 
 
 class NotPredictable(ValueError):
@@ -231,8 +250,7 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or b.size != "unit_params")
     sample = inputs_here(cfg).input_bytes  # fp32 pixels and an int64 label, or token ids and their next ones
     local_batch = cfg.batch_size // n
-    kept = cfg.data.pool if cfg.data.name == "synthetic" else 2  # a loader: the batch in use and the next
-    inputs = kept * local_batch * sample
+    inputs = input_batches(cfg) * local_batch * sample
     overhead = CUDA_ALLOCATOR_OVERHEAD if preset.accelerator == "cuda" else 0.0
 
     def rank(device: str, params: float, grads: float, state: float, acts: float, inputs: float,
@@ -280,9 +298,17 @@ def half_kernels(amp: AmpSpec, preset: Preset) -> str | None:
     return cpu_half_kernels(amp.dtype, amp.cpu_half)
 
 
+def input_batches(cfg: RunConfig) -> int:
+    """The input batches a rank keeps on its device: the synthetic pool's (data.pool), or a loader's batch in use
+    and the next."""
+    return cfg.data.pool if cfg.data.name == "synthetic" else 2
+
+
 def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | None) -> tuple[str, ...]:
     notes = ["memory: a step traced by torch's MemTracker on meta/fake tensors (two steps: the second's peak)",
-             f"inputs: {cfg.data.pool if cfg.data.name == 'synthetic' else 2} batches kept on the device"]
+             f"inputs: {input_batches(cfg)} batches kept on the device"
+             + (" (data.pool: the harness's synthetic batches; a training script's loader keeps one or two)"
+                if cfg.data.name == "synthetic" and input_batches(cfg) > 2 else "")]
     if kernels == "aten":
         notes.append(f"memory: {amp.dtype} convolutions on ATen's reference kernels (no native {amp.dtype} "
                      f"kernels on this CPU{', as amp.cpu_half=emulated takes it' if amp.cpu_half == 'emulated' else ''}):"
@@ -340,13 +366,18 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
     machine's load cannot move it."""
     ops = trace_ops(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum)
     factors = load_factors()
-    time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors)
+    # the kernel settings the run would have there (on a GPU preset, the GPU defaults: channels_last)
+    tf32_matmul = cfg.kernels.matmul_precision != "highest"
+    time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors, tf32_matmul=tf32_matmul,
+                     channels_last=cfg.kernels.channels_last)
     wait = straggle(ranks, factors)
     low, high = factors.band()
     notes = (f"compute: each of the step's {time.kernels} kernels at its roofline time on {preset.name} (FLOPs at "
              f"the peak of its dtype, bytes at {preset.memory_gbps:g} GB/s, each times a fraction fitted to "
              f"{factors.cases} published training results) plus {factors.launch_us:.1f} us per launch; TF32 for "
-             "float32 convolutions, not for float32 matmuls (torch's defaults)",
+             f"float32 convolutions, {'and' if tf32_matmul else 'not'} for float32 matmuls "
+             f"(kernels.matmul_precision={cfg.kernels.matmul_precision}); images "
+             f"{'channels_last' if cfg.kernels.channels_last else 'NCHW'} (kernels.channels_last)",
              f"time band x{low:.2f}-x{high:.2f}: 90 % of the fit's leave-one-out errors (harness/plan/published.csv)")
     if ranks > 1:
         notes += (f"{ranks} ranks wait for the slowest each step: x{wait:.3f} (rank-to-rank variation "

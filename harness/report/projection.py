@@ -46,6 +46,7 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
                            "reason": str(error)} for p in presets]
             continue
         strategy_cls = get_class(cfg.strategy["_target_"])
+        cfg = _as_on_a_gpu(cfg, row.overrides)
         for name in presets:
             preset = load_preset(name)
             devices = preset.devices if strategy_cls.one_process_per_device else \
@@ -64,6 +65,17 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
                               "band_source": prediction.get("band_source", ""),
                               "assumptions": prediction.get("assumptions", [])})
     return projected
+
+
+def _as_on_a_gpu(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """The run's kernel settings as they would default on a GPU (kernels.channels_last), except those the command
+    line chose: a run measured here recorded this machine's defaults, not the preset's."""
+    from harness.core.config import KernelsConfig
+    from harness.core.defaults import gpu_defaults
+
+    typed = {o.lstrip("+~").split("=")[0] for o in overrides}
+    on_gpu = {k: v for k, v in gpu_defaults(KernelsConfig).items() if f"kernels.{k}" not in typed}
+    return dataclasses.replace(cfg, kernels=dataclasses.replace(cfg.kernels, **on_gpu))
 
 
 HEADERS = ("combination", "hardware", "devices", "global batch", "img/s", "90 % band", "peak MiB/rank", "fits", "note")
