@@ -197,7 +197,7 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
      "devices = preset.devices_per_node if strategy_cls.one_process_per_device else", ("tests/test_plan_report.py",)),
     # the planner
     ("ZeRO/FSDP optimizer time not divided by the ranks", "harness/plan/predict.py",
-     "            optimizer /= n\n", ""),
+     "            optimizer /= n\n", "            pass\n"),
     ("plan: ZeRO's optimizer state not sharded", "harness/plan/predict.py",
      "state = trace.optimizer_state / n if state_sharded else", "state = trace.optimizer_state if state_sharded else"),
     ("plan: inputs of the global batch on every rank", "harness/plan/predict.py",
@@ -263,11 +263,23 @@ def stale(mutant: Mutant, root: Path = REPO) -> bool:
     return (root / mutant.path).read_text().count(mutant.old) != 1
 
 
+def compiles(mutant: Mutant, root: Path = REPO) -> bool:
+    """A mutant that breaks the syntax would be "killed" by every test that imports it: no evidence."""
+    path = root / mutant.path
+    try:
+        compile(path.read_text().replace(mutant.old, mutant.new), str(path), "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
 def run(mutant: Mutant, root: Path, timeout: float) -> tuple[str, float]:
     target = root / mutant.path
     original = target.read_text()
     if stale(mutant, root):
         return "stale", 0.0
+    if not compiles(mutant, root):
+        return "invalid: the mutated file does not compile", 0.0
     target.write_text(original.replace(mutant.old, mutant.new))
     started = time.monotonic()
     try:

@@ -18,4 +18,6 @@ def test_no_mutant_is_stale(monkeypatch):
     spec.loader.exec_module(mutants)
     stale = [m.name for m in mutants.MUTANTS if mutants.stale(m)]
     assert not stale, f"update bench/mutants.py with the code: {stale}"
+    invalid = [m.name for m in mutants.MUTANTS if not mutants.compiles(m)]
+    assert not invalid, f"mutants that do not compile (a test would fail on the syntax, not the figure): {invalid}"
     assert len({m.name for m in mutants.MUTANTS}) == len(mutants.MUTANTS)
