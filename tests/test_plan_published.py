@@ -124,3 +124,23 @@ def test_the_gpu_check_names_each_lent_gpus_preset_and_writes_rows_the_table_rea
     assert [(r.gpu, r.precision, r.batch_per_gpu, r.published, r.source) for r in rows] == \
         [("h100x8", "amp", 8, 1234.5, "GPU-CHECK")]
     assert "| resnet50 h100x8 x1 amp b8 | 1234.5 |" in (tmp_path / "gpu-projection.md").read_text()
+
+
+def test_whole_gpu_types_and_workloads_are_held_out_of_the_fit(monkeypatch):
+    """On data made by known factors, holding out any GPU type leaves the rest to recover them: its cases predicted
+    exactly. Where one GPU type's published figures are 1.3x what the truth gives, holding it out shows it: every
+    one of its cases is off by 1 / 1.3 - 1 = -23 %, and its RMS of log errors is log 1.3 = 0.262."""
+    monkeypatch.setattr(published, "case_ops", _synthetic_ops)
+    monkeypatch.setattr(published, "DISPATCH_US", 0.0)
+    truth = GpuFactors(conv=0.6, matmul=0.45, memory=0.7, launch_us=4.0, sync_cv=0.05, nchw=1.5, dispatch_us=0.0)
+    exact = [dataclasses.replace(c, published=published.predict_case(c, truth))
+             for c in published.load_table() if c.gpu in ("a100x8", "h100x8", "v100x8")]
+    held = published.leave_group_out(exact, published.gpu_type, truth)
+    assert set(held) == {"a100", "h100", "v100"} and sum(map(len, held.values())) == len(exact)
+    assert max(abs(c.error) for group in held.values() for c in group) < 0.01
+    cases = [dataclasses.replace(c, published=c.published * 1.3) if c.gpu == "v100x8" else c for c in exact]
+    held = published.leave_group_out(cases, published.gpu_type, truth)
+    assert [round(c.error, 2) for c in held["v100"]] == [round(1 / 1.3 - 1, 2)] * len(held["v100"])
+    assert published.log_rms(held["v100"]) == pytest.approx(math.log(1.3), rel=0.01)
+    only = [c for c in cases if c.workload == "resnet50"]
+    assert published.leave_group_out(only, lambda c: c.workload, truth) == {}  # nothing left to fit: not held out

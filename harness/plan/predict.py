@@ -378,13 +378,15 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
              f"float32 convolutions, {'and' if tf32_matmul else 'not'} for float32 matmuls "
              f"(kernels.matmul_precision={cfg.kernels.matmul_precision}); images "
              f"{'channels_last' if cfg.kernels.channels_last else 'NCHW'} (kernels.channels_last)",
-             f"time band x{low:.2f}-x{high:.2f}: 90 % of the fit's leave-one-out errors (harness/plan/published.csv)")
+             f"time band x{low:.2f}-x{high:.2f}: 90 % of the errors on published results whose workload or GPU type "
+             "the fit had not seen (harness/plan/published.csv, benchmark 14)")
     if ranks > 1:
         notes += (f"{ranks} ranks wait for the slowest each step: x{wait:.3f} (rank-to-rank variation "
                   f"{factors.sync_cv:.1%}, fitted)",)
     return time.forward_backward_s * wait, time.optimizer_s, {
         "gpu_model": {**time.as_dict(), "straggle": wait, "factors": factors.as_dict()}, "band": [low, high],
-        "band_source": "leave-one-out errors of the GPU model on published training results"}, notes
+        "band_source": "the GPU model's errors on published training results of workloads and GPU types held out of "
+                       "its fit"}, notes
 
 
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int) -> Calibration:

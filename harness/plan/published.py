@@ -246,3 +246,29 @@ def leave_one_out(cases: Sequence[Case]) -> tuple[GpuFactors, list[Check]]:
     logs = [math.log(c.left_out / c.case.published) for c in checks]
     sd = math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
     return dataclasses.replace(whole, log_sd=sd), checks
+
+
+def gpu_type(case: Case) -> str:
+    """The GPU a case ran on (its preset's name without the count: h100x8 -> h100)."""
+    return case.gpu.split("x")[0]
+
+
+def leave_group_out(cases: Sequence[Case], group: Callable[[Case], str], whole: GpuFactors,
+                    ) -> dict[str, list[Check]]:
+    """For each group (a workload family, a GPU type), its cases predicted by factors fitted without any case of it:
+    what the model does on an architecture or a GPU it was not fitted on. A group whose removal leaves no case to
+    fit is not held out."""
+    held: dict[str, list[Check]] = {}
+    for name in sorted({group(c) for c in cases}):
+        rest = [c for c in cases if group(c) != name]
+        if not rest:
+            continue
+        without = fit(rest)
+        held[name] = [Check(c, predict_case(c, whole), predict_case(c, without)) for c in cases if group(c) == name]
+    return held
+
+
+def log_rms(checks: Sequence[Check]) -> float:
+    """The RMS of log(left-out prediction / published): the band's width, x1.645 for 90 %."""
+    logs = [math.log(c.left_out / c.case.published) for c in checks]
+    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
