@@ -163,6 +163,11 @@ def test_a_users_own_gpu_file_plans_like_a_shipped_preset(tmp_path, monkeypatch)
     assert own["status"] == shipped["status"] == "predicted"
     assert own["prediction"]["s_per_iteration"] == shipped["prediction"]["s_per_iteration"]
     assert load_preset("my_gpu.yaml").device_memory_gib == 44.99
+    from harness.core.config import check_plan
+
+    assert check_plan({"enabled": True, "hardware": "gpus/my_gpu.yaml"}).hardware == "gpus/my_gpu.yaml"
+    with pytest.raises(ConfigError, match="or a preset file of your own"):
+        check_plan({"enabled": True, "hardware": "h100 x8"})
     with pytest.raises(ConfigError) as missing:
         load_preset("their_gpu.yaml")
     assert str(missing.value).startswith("plan.hardware=their_gpu.yaml is not allowed: a preset file that exists")

@@ -169,7 +169,7 @@ class PlanConfig:
     memory is skipped unless `enforce` is false."""
 
     enabled: bool = False
-    hardware: str = "local"  # a preset of conf/plan/hardware/: local (this machine, measured), h100x8, ...
+    hardware: str = "local"  # a preset of conf/plan/hardware/ (local: this machine, measured; h100x8, ...) or a .yaml file
     enforce: bool = True
     # every run predicted on this machine before it starts (false: none, and nothing skipped)
     predict: bool = from_env("HARNESS_PLAN_PREDICT", True)
@@ -497,9 +497,10 @@ def check_plan(section: Any) -> PlanConfig:
     """`plan=true|false` or the section. Whether `plan.hardware` names a preset, and the preset's own fields,
     are checked where presets are read (harness.plan.hardware), before anything starts."""
     plan = switch_or_section("plan", section, PlanConfig)
-    if not plan.hardware or not str(plan.hardware).replace("-", "").replace("_", "").isalnum():
+    own_file = str(plan.hardware).endswith((".yaml", ".yml"))
+    if not plan.hardware or not (own_file or str(plan.hardware).replace("-", "").replace("_", "").isalnum()):
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
-                          "digits, - and _)")
+                          "digits, - and _) or a preset file of your own (path/to/gpu.yaml)")
     return plan
 
 
