@@ -493,11 +493,14 @@ def check_search_axes(axes: Sequence[str]) -> None:
         raise ConfigError("search.axes", list(axes), f"a list of distinct axes from {', '.join(SEARCH_AXES)}")
 
 
+PRESET_FILE_SUFFIXES = (".yaml", ".yml")  # plan.hardware=path/to/gpu.yaml: a user's own preset file
+
+
 def check_plan(section: Any) -> PlanConfig:
     """`plan=true|false` or the section. Whether `plan.hardware` names a preset, and the preset's own fields,
     are checked where presets are read (harness.plan.hardware), before anything starts."""
     plan = switch_or_section("plan", section, PlanConfig)
-    own_file = str(plan.hardware).endswith((".yaml", ".yml"))
+    own_file = str(plan.hardware).endswith(PRESET_FILE_SUFFIXES)
     if not plan.hardware or not (own_file or str(plan.hardware).replace("-", "").replace("_", "").isalnum()):
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
                           "digits, - and _) or a preset file of your own (path/to/gpu.yaml)")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import yaml
 
-from harness.core.config import CONF_DIR
+from harness.core.config import CONF_DIR, PRESET_FILE_SUFFIXES
 from harness.core.errors import ConfigError
 from harness.plan.links import Link
 
@@ -70,7 +70,7 @@ def preset_names(preset_dir: Path = PRESET_DIR) -> list[str]:
 
 def user_file(name: str) -> Path | None:
     """`plan.hardware=path/to/my_gpu.yaml`: a user's own preset, outside the package (None: a shipped name)."""
-    return Path(name).expanduser() if name.endswith((".yaml", ".yml")) else None
+    return Path(name).expanduser() if name.endswith(PRESET_FILE_SUFFIXES) else None
 
 
 def preset_accelerator(name: str, preset_dir: Path = PRESET_DIR) -> str | None:

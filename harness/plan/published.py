@@ -243,9 +243,7 @@ def leave_one_out(cases: Sequence[Case]) -> tuple[GpuFactors, list[Check]]:
     whole = fit(cases)
     checks = [Check(c, predict_case(c, whole), predict_case(c, fit([o for o in cases if o is not c])))
               for c in cases]
-    logs = [math.log(c.left_out / c.case.published) for c in checks]
-    sd = math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
-    return dataclasses.replace(whole, log_sd=sd), checks
+    return dataclasses.replace(whole, log_sd=log_rms(checks)), checks
 
 
 def gpu_type(case: Case) -> str:
