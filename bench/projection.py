@@ -47,6 +47,41 @@ def preset_prediction(overrides: list[str]) -> tuple[float, str | None]:
     return row["prediction"]["throughput_img_s"], row["prediction"].get("busy")
 
 
+AMP_OF = {"tf32": "O0", "fp32": "O0", "amp": "O1", "fp16-o2": "O2"}  # the published precisions as amp levels
+
+
+def published_fits(cases: list) -> tuple[common.Table, bool]:
+    """Each published image configuration planned by the harness on its preset (plan=true, strategy=single, the
+    harness's 8 synthetic batches on the device): every one trained, so every one must be predicted to fit."""
+    from harness.launch.on_preset import predict_on  # noqa: PLC0415
+
+    table = common.Table("memory: every published image configuration, planned on its preset (each trained: each must "
+                         "fit)", ["case", "peak GiB", "of GiB", "allocator (limit / with room)", "fits", "goal"])
+    seen: set[tuple] = set()
+    met_all = True
+    for c in cases:
+        key = (c.workload, c.gpu, c.precision, c.batch_per_gpu)
+        if c.seq_len or key in seen:
+            continue
+        seen.add(key)
+        model = (["model=custom", f"model._target_=harness.plan.published.{c.workload}"] if "resnext" in c.workload
+                 else ["model=resnet50", f"model.name={c.workload}"])
+        overrides = ["plan.enabled=true", f"plan.hardware={c.gpu}", "strategy=single", *model,
+                     f"batch_size={c.batch_per_gpu}", f"amp={AMP_OF[c.precision]}",
+                     f"data.image_size={380 if c.workload == 'efficientnet_b4' else 224}"]
+        cfg = common.compose_config(overrides).run
+        row = predict_on(cfg, c.gpu, common.cores())
+        p = row.get("prediction") or {}
+        trace = (p.get("calibration") or {}).get("trace") or {}
+        fits = bool(p.get("fits"))
+        met_all &= fits
+        table.add(f"{c.workload} {c.gpu} {c.precision} b{c.batch_per_gpu}", f"{p.get('peak_mib', 0) / 1024:.1f}",
+                  f"{p.get('device_memory_mib', 0) / 1024:.1f}",
+                  f"{100 * trace.get('allocator_overhead', 0):.1f} % / {100 * trace.get('reserved_overhead', 0):.1f} %",
+                  "yes" if fits else f"no: {p.get('misfit') or row.get('reason')}", common.verdict(fits))
+    return table, met_all
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="write the fitted factors to harness/plan/gpu_factors.yaml")
@@ -58,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = cases[:QUICK_CASES]
     settings = {"cases": f"{len(cases)} published results (harness/plan/published.csv)",
                 "fit": "least squares on log(predicted / published), factors " + ", ".join(published.PARAMETERS),
-                "band": "z 1.645 x the widest RMS of log errors: leave-one-out, workloads held out, GPU types held out",
+                "band": "z 1.645 x the widest RMS of log errors: leave-one-out, architecture families held out, GPU types "
+                        "held out",
                 "load check": "a plan=true prediction on h100x8 and on this machine, quiet, then with both cores spinning "
                               "(goal: within 10 %, or the loaded one flagged busy)",
                 "cores": common.cores(),
@@ -67,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     factors, checks = published.leave_one_out(cases)
     # whole workload families and GPU types held out of the fit: what the model does where it was not fitted
-    held = {"workload": published.leave_group_out(cases, lambda c: c.workload, factors),
+    held = {"architecture family": published.leave_group_out(cases, published.family, factors),
             "GPU type": published.leave_group_out(cases, published.gpu_type, factors)}
     held_sd = {kind: published.log_rms([c for group in groups.values() for c in group]) for kind, groups in held.items()}
     loo_sd = factors.log_sd
@@ -85,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = common.Table("leave-one-out errors by workload",
                            ["workload", "cases", "median |error|", "worst |error|", "within ±30 %", "goals"])
     met_all = True
-    for workload in sorted({c.case.workload for c in checks}):
+    for workload in sorted({c.case.workload for c in checks}, key=list(published.WORKLOADS).index):
         errors = [abs(c.error) for c in checks if c.case.workload == workload]
         met = statistics.median(errors) <= MEDIAN_GOAL and max(errors) <= CASE_GOAL
         met_all &= met
@@ -93,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{sum(e <= CASE_GOAL for e in errors)}/{len(errors)}", common.verdict(met))
     summary.print()
     reach = BAND_Z * factors.log_sd
-    held_table = common.Table("errors where the fit did not see the case, its workload or its GPU type",
+    held_table = common.Table("errors where the fit did not see the case, its architecture family or its GPU type",
                               ["held out", "cases", "median |error|", "worst |error|", "RMS of log errors",
                                "within the band", "goals (median ≤ 15 %, every case ≤ 35 %, band ≥ 80 %)"])
 
@@ -118,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit and not args.quick:
         header = ("# Written by `python bench/projection.py --fit`: harness/plan/gpu_model.py's factors fitted to "
                   "every\n# case of harness/plan/published.csv; log_sd is the band: the widest RMS of log errors of "
-                  "leave-one-out,\n# workloads held out and GPU types held out (benchmark 14).\n")
+                  "leave-one-out,\n# architecture families held out and GPU types held out (benchmark 14).\n")
         gpu_model.write_factors(dataclasses.replace(
             factors, source=f"harness/plan/published.csv, {len(cases)} cases, fitted {time.strftime('%Y-%m-%d')}"),
             header=header)
@@ -150,18 +186,23 @@ def main(argv: list[str] | None = None) -> int:
                        f"quiet: {'yes' if quiet_busy else 'no'}; loaded: {'yes' if loaded_busy else 'no'}",
                        common.verdict(met))
     load_table.print()
+    if not args.quick:
+        fits_table, _ = published_fits(cases)
+        fits_table.print()
     print(f"leave-one-out over {len(cases)} cases took {fitted_s:.0f} s", flush=True)
 
     lines = [f"Every case's prediction in the second table comes from the factors fitted to the other {len(cases) - 1}: "
              "the error is what the model does on a figure it has not seen. The first table also holds out whole "
-             "workloads and whole GPU types (every case of one, the fit made on the rest), what a user projecting "
+             "architecture families (ResNet, EfficientNet, BERT) and whole GPU types (every case of one, the fit made on "
+             "the rest), what a user projecting "
              "another architecture or GPU meets. The band is the widest RMS of log errors of the three "
-             f"(leave-one-out {loo_sd:.3f}, workloads held out {held_sd['workload']:.3f}, GPU types held out "
+             f"(leave-one-out {loo_sd:.3f}, families held out {held_sd['architecture family']:.3f}, GPU types held out "
              f"{held_sd['GPU type']:.3f}), x1.645: x{low:.2f}–x{high:.2f}. A preset's compute is computed from the "
              "traced operators, not timed here, so this machine's load cannot move it; this machine's own prediction "
              "is calibrated here, and says so when other processes kept the cores busy meanwhile (the last table).",
              "", "Sources (full rows, commits and quotes in harness/plan/published.csv): NVIDIA DeepLearningExamples "
-             "ResNet-50 v1.5 and BERT READMEs (PyTorch), lambdal/deeplearning-benchmark's PyTorch CSVs."]
+             "ResNet-50 v1.5, ResNeXt-101 32x4d, SE-ResNeXt-101 32x4d, EfficientNet and BERT READMEs (PyTorch), "
+             "lambdal/deeplearning-benchmark's PyTorch CSVs (data-centre and GDDR cards), this project's own GPU check."]
     bounded = [f"{name} {getattr(factors, name):g} (bounds {low_b:g}–{high_b:g})"
                for name, (low_b, high_b) in zip(published.PARAMETERS, published.BOUNDS, strict=True)
                if math.isclose(getattr(factors, name), low_b, rel_tol=1e-3) or

@@ -177,7 +177,7 @@ def test_a_users_own_gpu_file_plans_like_a_shipped_preset(tmp_path, monkeypatch)
     assert "`device_memory_gib` is a number of GiB > 0" in str(bad.value)
 
 
-@pytest.mark.parametrize("name", ["l40sx8", "l4x8", "a10x4", "rtx4090x8"])
+@pytest.mark.parametrize("name", ["l40sx8", "l4x8", "a10x4", "rtx4090x8", "rtx3090x8", "a6000x8", "rtx6000adax8"])
 def test_the_rented_gpus_presets_load_with_their_datasheets_dense_rates(name):
     """Dense rates (a sparse figure would double them), half types above float32, GDDR bandwidths."""
     preset = load_preset(name)

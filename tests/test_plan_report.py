@@ -56,8 +56,8 @@ def test_project_adds_the_projected_rows_and_the_scaling_plot(shared_sweep, tmp_
     assert (out / "scaling.png").stat().st_size > 10_000
     md = (out / "report.md").read_text()
     assert "## Projected past this machine" in md and md.count("| h100x16-ib |") == 3
-    assert ("The band: the GPU model's errors on published training results of workloads and GPU types held out of "
-            "its fit") in md
+    assert ("The band: the GPU model's errors on published training results of architecture families and GPU types "
+            "held out of its fit") in md
     page = (out / "index.html").read_text()
     assert 'id="projection"' in page and "90 % band" in page and "published training results" in page
     terminal = proc.stdout + proc.stderr  # --project is shown in the terminal too, not only written

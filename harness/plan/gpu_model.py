@@ -6,10 +6,13 @@ bytes it reads and writes. On a preset each operator then costs its roofline tim
 
 - its FLOPs at the peak of the dtype it computes in (tensor cores for half types; TF32 for float32 convolutions,
   torch's default, and for float32 matrix products only where TF32 is allowed) times the fraction of that peak
-  its class reaches (convolutions, matrix products and attention apart), and
-- its bytes at the device's memory bandwidth times the fraction of it that bandwidth-bound kernels reach,
+  its class reaches, and
+- its bytes at the device's memory bandwidth times the fraction of it its class reaches,
 
-plus a fixed cost per kernel launched; the CPU dispatching the kernels runs ahead, so a phase takes at least its
+the classes being those that run differently on a GPU (OPERATOR_CLASSES says what each factor means): dense,
+grouped and depthwise convolution, matrix products, fused attention, normalisations, reductions and the other
+(elementwise) kernels. In eager mode nothing fuses: each aten operator is its kernel. Each
+kernel also pays a fixed launch cost; the CPU dispatching the kernels runs ahead, so a phase takes at least its
 kernels x the CPU's cost per kernel (what bounds small batches). Ranks that wait for each other every iteration wait for the slowest:
 a step of n ranks takes E[max of n] of their times, with a fitted rank-to-rank variation. The fractions, the
 launch cost and the variation are few, and fitted to published training results (harness.plan.published,
@@ -35,17 +38,54 @@ import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
 FACTORS_FILE = Path(__file__).with_name("gpu_factors.yaml")
 CONV_OPS = frozenset({"convolution", "convolution_backward", "_convolution", "cudnn_convolution"})
+WEIGHT_ARG = {"convolution_backward": 2}  # where a convolution op's weight is (1 for the others)
+GROUPS_ARG = {"convolution": 8, "_convolution": 8, "convolution_backward": 9, "cudnn_convolution": 5}
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"})
 ATTENTION_PREFIX = "_scaled_dot_product"
+NORM_NAMES = ("batch_norm", "layer_norm", "group_norm", "rms_norm", "instance_norm")
+REDUCTION_OPS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "norm",
+                           "linalg_vector_norm", "_foreach_norm", "_softmax", "_log_softmax", "_softmax_backward_data",
+                           "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward",
+                           "nll_loss2d_forward", "nll_loss2d_backward", "_adaptive_avg_pool2d",
+                           "_adaptive_avg_pool2d_backward", "cumsum", "topk", "sort"})
 NO_KERNEL_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
                            "_record_function_enter_new", "_record_function_exit", "lift_fresh",
                            "_local_scalar_dense", "set_", "resize_"})
 FOREACH_TENSORS_PER_LAUNCH = 64  # CUDA's multi_tensor_apply takes 36-110 tensors per launch by depth: a middle figure
-KINDS = ("conv", "matmul", "attention", "memory")
+
+
+@dataclass(frozen=True)
+class OperatorClass:
+    """What an operator class reaches on a GPU: the factor of its peak FLOP rate (None: its FLOPs never bound it),
+    the factor of the memory bandwidth, and whether its FLOPs run on tensor cores."""
+
+    compute: str | None
+    bandwidth: str
+    tensor_cores: bool
+    meaning: str
+
+
+OPERATOR_CLASSES = {
+    "conv": OperatorClass("conv", "memory", True, "dense convolutions (groups=1), forward and both backward kernels"),
+    "conv_grouped": OperatorClass("grouped", "memory", True, "grouped convolutions (1 < groups < channels, "
+                                  "ResNeXt's): narrow per-group GEMMs that fill tensor cores worse"),
+    "conv_depthwise": OperatorClass(None, "depthwise", False, "depthwise convolutions (one channel a group: "
+                                    "MobileNet's, EfficientNet's): CUDA-core kernels bound by their memory traffic"),
+    "matmul": OperatorClass("matmul", "memory", True, "matrix products (mm, addmm, bmm: linear layers, unfused "
+                            "attention)"),
+    "attention": OperatorClass("attention", "memory", True, "fused attention (SDPA's flash or memory-efficient "
+                               "backend, as the GPU run would take it)"),
+    "norm": OperatorClass(None, "norm", False, "batch, layer, group and RMS normalisations, forward and backward: "
+                          "two passes over their input (statistics, then the output)"),
+    "reduction": OperatorClass(None, "memory", False, "reductions (sums, means, softmax, the loss)"),
+    "elementwise": OperatorClass(None, "memory", False, "every other kernel (activations, additions, copies, "
+                                 "pooling, the optimizer's updates): bandwidth-bound"),
+}
+KINDS = tuple(OPERATOR_CLASSES)
 BAND_Z = 1.645  # a band holding 90 % of lognormal errors
 PHASES = ("forward_backward", "optimizer")
 
@@ -54,7 +94,7 @@ PHASES = ("forward_backward", "optimizer")
 class OpCost:
     """One operator as traced: what it computes and moves; its time is the preset's business."""
 
-    kind: str  # conv | matmul | attention | memory
+    kind: str  # a key of OPERATOR_CLASSES
     dtype: str  # the dtype it computes in: float32 | bfloat16 | float16
     phase: str  # forward_backward | optimizer
     flops: float
@@ -84,11 +124,14 @@ class StepOps:
         return sum(op.flops for op in self.ops if op.phase == "forward_backward")
 
     def arrays(self, tf32_matmul: bool) -> _Arrays:
-        """The ops as numpy columns: a fit evaluates thousands of factor sets on one trace."""
-        return _arrays(self, tf32_matmul)
+        """The ops as numpy columns: a fit evaluates thousands of factor sets on one trace (kept on the instance:
+        hashing thousands of ops per call would cost more than the arithmetic)."""
+        cache = self.__dict__.setdefault("_arrays", {})  # beside the frozen fields: not part of eq or hash
+        if tf32_matmul not in cache:
+            cache[tf32_matmul] = _arrays(self, tf32_matmul)
+        return cache[tf32_matmul]
 
 
-@functools.lru_cache(maxsize=256)
 def _arrays(step: StepOps, tf32_matmul: bool) -> _Arrays:
     import numpy as np
 
@@ -105,16 +148,24 @@ def _arrays(step: StepOps, tf32_matmul: bool) -> _Arrays:
 class GpuFactors:
     """What a GPU reaches of its datasheet, fitted to published training results."""
 
-    conv: float  # achieved / peak for convolutions (forward and both backward kernels)
-    matmul: float  # achieved / peak for matrix products and attention
-    memory: float  # achieved / memory bandwidth for every other kernel (normalisations, pointwise, optimizer)
+    # achieved / peak for dense convolutions (forward and both backward kernels); above 1 where cuDNN takes Winograd or
+    # FFT algorithms, which multiply less than the direct count torch.utils.flop_counter makes
+    conv: float
+    matmul: float  # achieved / peak for matrix products
+    memory: float  # achieved / memory bandwidth for elementwise kernels and reductions (and every class's bytes)
     launch_us: float  # per kernel, on the GPU: launch and the gap between kernels
     sync_cv: float  # rank-to-rank variation of a step's time, for ranks that wait for each other
     nchw: float = 0.0  # a tensor-core convolution on NCHW tensors moves this many times its bytes more (layout changes)
+    grouped: float = 0.5  # achieved / peak for grouped convolutions
+    depthwise: float = 0.5  # achieved / memory bandwidth for depthwise convolutions
+    norm: float = 0.5  # achieved / memory bandwidth for normalisations (their bytes counted once: two passes show here)
+    # achieved / peak for fused attention, forward and backward: sourced, not fitted (no published case here runs
+    # SDPA): FlashAttention-2 reaches 50-73 % of an A100's peak (Dao 2023, arXiv 2307.08691), backward the lower end
+    attention: float = 0.5
     # the CPU's side of eager execution, per kernel: it runs ahead of the GPU, so a step takes the longer of the two.
     # Assumed, not fitted (every published case is GPU-bound, so none can tell it); the GPU check measures it
     dispatch_us: float = 10.0
-    log_sd: float = 0.0  # leave-one-out SD of log(predicted / published): the band's width
+    log_sd: float = 0.0  # SD of log(predicted / published) where the fit had not seen the case: the band's width
     cases: int = 0  # published results it was fitted to
     source: str = ""
 
@@ -141,14 +192,64 @@ def write_factors(factors: GpuFactors, path: Path = FACTORS_FILE, header: str = 
 
 # ---- tracing ----
 
-def _kind(name: str) -> str:
+def conv_backward_flop(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,
+                       _dilation: Any, transposed: bool, _output_padding: Any, _groups: Any, output_mask: Any,
+                       out_shape: Any = None, **_kwargs: Any) -> int:
+    """A convolution's backward FLOPs: its forward's for each gradient it computes (input's, weight's). torch's
+    own formula (torch.utils.flop_counter.conv_backward_flop) counts a grouped convolution's weight gradient as if
+    it were dense, `groups` times too many: 64x for a depthwise 3x3 over 64 channels."""
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+def _attention_flops(query: Any, key: Any, value: Any) -> int:
+    """QK^T and PV of fused attention: 2 x b x heads x s_q x s_k x (d + d_v), as torch counts its CUDA kernels'."""
+    batch, heads, s_q, d = query
+    return 2 * batch * heads * s_q * key[-2] * (d + value[-1])
+
+
+def cpu_flash_attention_flop(query: Any, key: Any, value: Any, *_args: Any, out_shape: Any = None,
+                             **_kwargs: Any) -> int:
+    """The fused attention a CPU trace takes (SDPA's flash kernel for the CPU), counted as torch counts the CUDA
+    flash kernel: torch.utils.flop_counter has no formula for it, so it counted 0."""
+    return _attention_flops(query, key, value)
+
+
+def cpu_flash_attention_backward_flop(_grad_out: Any, query: Any, key: Any, value: Any, *_args: Any,
+                                      out_shape: Any = None, **_kwargs: Any) -> int:
+    """Its backward: the four products of the gradients, twice the forward (torch's count for the CUDA kernels)."""
+    return 2 * _attention_flops(query, key, value)
+
+
+FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flop,  # FlopCounterMode(custom_mapping=...)
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention_flop,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                     cpu_flash_attention_backward_flop}
+_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in FLOP_FORMULAS.items()}}
+
+
+def _kind(name: str, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    """The operator class of an aten operator called with `args` (convolutions told apart by their groups)."""
     if name in CONV_OPS:
-        return "conv"
+        return _conv_kind(name, args, kwargs or {})
     if name in MATMUL_OPS:
         return "matmul"
     if name.startswith(ATTENTION_PREFIX):
         return "attention"
-    return "memory"
+    if any(norm in name for norm in NORM_NAMES):
+        return "norm"
+    if name in REDUCTION_OPS:
+        return "reduction"
+    return "elementwise"
+
+
+def _conv_kind(name: str, args: Any, kwargs: Mapping[str, Any]) -> str:
+    index = GROUPS_ARG.get(name)
+    groups = kwargs.get("groups", args[index] if index is not None and len(args) > index else 1)
+    weight = args[WEIGHT_ARG.get(name, 1)] if len(args) > WEIGHT_ARG.get(name, 1) else None
+    if int(groups) <= 1 or not isinstance(weight, torch.Tensor):
+        return "conv"
+    return "conv_depthwise" if weight.shape[1] == 1 else "conv_grouped"  # weight: (out, in / groups, *kernel)
 
 
 def _tensor_bytes(values: Any) -> tuple[float, int]:
@@ -175,12 +276,12 @@ class OperatorRecorder(TorchDispatchMode):
         read, _ = _tensor_bytes((args, kwargs))
         lists = max((len(a) for a in args if isinstance(a, list | tuple)), default=0)
         written, _ = _tensor_bytes(out)
-        counter = flop_registry.get(func.overloadpacket)
+        counter = _FORMULAS.get(func.overloadpacket)
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
         first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
         kernels = math.ceil(lists / FOREACH_TENSORS_PER_LAUNCH) if name.startswith("_foreach") and lists else 1
-        self.ops.append(OpCost(_kind(name), dtype, self.phase, flops, read + written, kernels))
+        self.ops.append(OpCost(_kind(name, args, kwargs), dtype, self.phase, flops, read + written, kernels))
         return out
 
     @contextlib.contextmanager
@@ -221,10 +322,15 @@ class GpuTime:
 
 def peak_key(op: OpCost, tf32_matmul: bool) -> str:
     """The peak an operator computes at: its dtype, or TF32 for a float32 convolution (cuDNN's default in torch)
-    or a float32 matrix product where TF32 is allowed (torch.backends.cuda.matmul.allow_tf32)."""
-    if op.dtype != "float32" or op.kind == "memory":
+    or a float32 matrix product where TF32 is allowed (torch.backends.cuda.matmul.allow_tf32); CUDA cores'
+    (float32's) for a class without tensor cores."""
+    if op.kind == "conv_depthwise":
+        return "float32"
+    if not OPERATOR_CLASSES[op.kind].tensor_cores:
         return op.dtype
-    return "tf32" if op.kind == "conv" or tf32_matmul else "float32"
+    if op.dtype != "float32":
+        return op.dtype
+    return "tf32" if op.kind.startswith("conv") or tf32_matmul else "float32"
 
 
 def step_time(step: StepOps, peaks: Mapping[str, float], memory_gbps: float, factors: GpuFactors,
@@ -232,20 +338,22 @@ def step_time(step: StepOps, peaks: Mapping[str, float], memory_gbps: float, fac
     """One step of one device, each operator at its roofline time and a launch each. `peaks`: TFLOP/s per
     dtype (`tf32` absent: float32's). Tensor-core convolutions (half types, TF32) on NCHW tensors (torch's default
     layout) pay the layout changes those kernels make, a fitted multiple of their bytes; channels_last ones do
-    not."""
+    not. A depthwise convolution's FLOPs go at the CUDA cores' (float32) peak: only its bytes are scaled."""
     import numpy as np
 
     arrays = step.arrays(tf32_matmul)
     rates = np.array([peaks.get(key) or peaks["float32"] for key in arrays.peak_keys]) * 1e12
-    efficiency = np.array([{"conv": factors.conv, "matmul": factors.matmul, "attention": factors.matmul,
-                            "memory": 1.0}[kind] for kind in KINDS])
-    compute = np.where(arrays.kind < 3, arrays.flops / (rates[arrays.peak] * efficiency[arrays.kind]), 0.0)
-    bandwidth = memory_gbps * 1e9 * factors.memory
-    seconds = np.maximum(compute, arrays.bytes / bandwidth)
+    classes = list(OPERATOR_CLASSES.values())
+    efficiency = np.array([getattr(factors, c.compute) if c.compute else 1.0 for c in classes])
+    computes = np.array([c.compute is not None or k == "conv_depthwise" for k, c in OPERATOR_CLASSES.items()])
+    bandwidth = np.array([getattr(factors, c.bandwidth) for c in classes]) * memory_gbps * 1e9
+    compute = np.where(computes[arrays.kind], arrays.flops / (rates[arrays.peak] * efficiency[arrays.kind]), 0.0)
+    seconds = np.maximum(compute, arrays.bytes / bandwidth[arrays.kind])
     if not channels_last:
         tensor_cores = np.array([key in ("float16", "bfloat16") or (key == "tf32" and "tf32" in peaks)
                                  for key in arrays.peak_keys])[arrays.peak]
-        seconds = seconds + (arrays.kind == 0) * tensor_cores * arrays.bytes * factors.nchw / bandwidth
+        layout = np.array([k in ("conv", "conv_grouped") for k in KINDS])[arrays.kind]
+        seconds = seconds + layout * tensor_cores * arrays.bytes * factors.nchw / bandwidth[arrays.kind]
     launches = arrays.kernels * factors.launch_us * 1e-6
     total = seconds + launches
     by_kind = {kind: float(seconds[arrays.kind == i].sum()) for i, kind in enumerate(KINDS)}

@@ -28,7 +28,6 @@ from harness.plan.trace import StepTrace, trace_ops, trace_step
 from strategies.capabilities import ShardedParameters
 
 MIB = 2**20
-CUDA_ALLOCATOR_OVERHEAD = 0.10  # reserved beyond allocated at the peak: assumed (block rounding, fragmentation)
 FORWARD_SHARE = 1 / 3  # of forward + backward: backward computes about twice the forward's FLOPs
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -200,7 +199,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         comm, exposed = comm_time(traffic, trace, n, preset, compute)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
-    assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels),
+    assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
                    f"communication: {', '.join(_describe(c) for c in traffic.collectives) or 'none'}; "
                    f"latency-bandwidth model over {preset.name}'s links" if traffic.collectives else
                    "communication: none")
@@ -251,7 +250,7 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     sample = inputs_here(cfg).input_bytes  # fp32 pixels and an int64 label, or token ids and their next ones
     local_batch = cfg.batch_size // n
     inputs = input_batches(cfg) * local_batch * sample
-    overhead = CUDA_ALLOCATOR_OVERHEAD if preset.accelerator == "cuda" else 0.0
+    overhead = trace.allocator_overhead if preset.accelerator == "cuda" else 0.0
 
     def rank(device: str, params: float, grads: float, state: float, acts: float, inputs: float,
              buffers: float) -> RankMemory:
@@ -304,7 +303,8 @@ def input_batches(cfg: RunConfig) -> int:
     return cfg.data.pool if cfg.data.name == "synthetic" else 2
 
 
-def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | None) -> tuple[str, ...]:
+def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | None, trace: StepTrace,
+                 ) -> tuple[str, ...]:
     notes = ["memory: a step traced by torch's MemTracker on meta/fake tensors (two steps: the second's peak)",
              f"inputs: {input_batches(cfg)} batches kept on the device"
              + (" (data.pool: the harness's synthetic batches; a training script's loader keeps one or two)"
@@ -317,8 +317,12 @@ def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | No
         notes.append(f"memory: {amp.dtype} convolutions on oneDNN's native kernels (their scratch space is outside "
                      "torch's allocator and not counted)")
     if preset.accelerator == "cuda":
-        notes.append(f"allocator overhead assumed {CUDA_ALLOCATOR_OVERHEAD:.0%} of the live peak (reserved beyond "
-                     "allocated); the CUDA context is outside the allocator and not counted")
+        notes.append(f"allocator: {trace.allocator_overhead:.1%} of the live peak beyond it, torch's CUDA caching "
+                     "allocator's rules (512-byte rounding, 2 and 20 MiB segments, best fit, splits, cached blocks) "
+                     "replayed on the traced step's allocations, cached segments handed back at the device's limit as "
+                     f"it does before it reports out of memory; on a GPU with room it would reserve "
+                     f"{trace.reserved_overhead:.1%} beyond (max_memory_reserved); the CUDA context is outside the "
+                     "allocator and not counted")
     else:
         notes.append("CPU: peak of live tensor bytes (no caching allocator)")
     return tuple(notes)
@@ -378,15 +382,15 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
              f"float32 convolutions, {'and' if tf32_matmul else 'not'} for float32 matmuls "
              f"(kernels.matmul_precision={cfg.kernels.matmul_precision}); images "
              f"{'channels_last' if cfg.kernels.channels_last else 'NCHW'} (kernels.channels_last)",
-             f"time band x{low:.2f}-x{high:.2f}: 90 % of the errors on published results whose workload or GPU type "
-             "the fit had not seen (harness/plan/published.csv, benchmark 14)")
+             f"time band x{low:.2f}-x{high:.2f}: 90 % of the errors on published results whose architecture family "
+             "or GPU the fit had not seen (harness/plan/published.csv, benchmark 14)")
     if ranks > 1:
         notes += (f"{ranks} ranks wait for the slowest each step: x{wait:.3f} (rank-to-rank variation "
                   f"{factors.sync_cv:.1%}, fitted)",)
     return time.forward_backward_s * wait, time.optimizer_s, {
         "gpu_model": {**time.as_dict(), "straggle": wait, "factors": factors.as_dict()}, "band": [low, high],
-        "band_source": "the GPU model's errors on published training results of workloads and GPU types held out of "
-                       "its fit"}, notes
+        "band_source": "the GPU model's errors on published training results of architecture families and GPU "
+                       "types held out of its fit"}, notes
 
 
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int) -> Calibration:

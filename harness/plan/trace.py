@@ -37,7 +37,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
 from harness.core.inputs import Inputs, loss
-from harness.plan.gpu_model import StepOps, record_step
+from harness.plan.allocator import AllocationRecorder
+from harness.plan.gpu_model import FLOP_FORMULAS, StepOps, record_step
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class StepTrace:
     aten_convolutions: bool = False  # ATen's reference convolution's buffers counted (CPU half types, emulated)
     grad_dtype: str = "float32"  # what backward leaves (the model's, as cast)
     param_dtype: str = "float32"
+    # what torch's CUDA caching allocator needs beyond the tensors' peak, as a share of it: its rules replayed on the
+    # two steps' allocations (harness.plan.allocator), cached segments handed back at the device's limit as it does
+    allocator_overhead: float = 0.0
+    reserved_overhead: float = 0.0  # the same on a device with room: what torch.cuda.max_memory_reserved would show
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -153,9 +158,10 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
     from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
 
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
-    with _tensors(spec.autocast) as device:
+    with _tensors(spec.autocast) as device, AllocationRecorder() as allocations:
         torch.manual_seed(0)
         model = _built(_instantiate(model_cfg, inputs), device)
+        allocations.track(list(model.parameters()), list(model.buffers()))  # where built on meta, then given storage
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(model)
         units = tuple(sum(_bytes(p) for p in dict(model.named_modules())[name].parameters())
@@ -166,7 +172,7 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
         # next; the gradients it made kept, as they are through a plain step), and MemTracker refuses a module
         # called twice in one tracked step ("does not support memory tracking for multiple iterative calls")
         images, labels = inputs.example(micro_batch)
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
         with counter:  # the first step, untracked: it makes the optimizer state the tracked second step keeps
             _forward_backward(wrapped, plugin, images, labels, 1)
         _step(plugin, optimizer)
@@ -193,7 +199,8 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
             matrices=tuple((p.shape[0], p.numel() // p.shape[0]) for p in grads if p.dim() > 0),
             units=units, tracer="fake" if spec.autocast else "meta", aten_convolutions=aten_convolutions,
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
-            param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32")
+            param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32",
+            allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead)
 
 
 def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
