@@ -94,12 +94,74 @@ def search_precheck(overrides: list[str], multirun: bool) -> list[str]:
 
     base = compose_one([*[o for o in overrides if _key(o) != SWEEP_GROUP and swept(o) is None],
                         f"{SWEEP_GROUP}={NO_GRID}"])
+    if base.run.plan.enabled and not multirun:
+        raise ConfigError("search", "true", "with -m: a search predicts many combinations (python run.py -m "
+                          f"search=true plan=true plan.hardware={base.run.plan.hardware} ...)")
     if not multirun:
         raise ConfigError("search", "true", "with -m: a search runs many combinations (python run.py -m search=true)")
+    if base.run.plan.enabled:  # a layout found without running: predicted on plan.hardware, nothing trained
+        sys.exit(search_on_preset(overrides, base.run))
     candidates = planner.space(overrides, base.run.search)
     check_runs([(combo, compose_one(combo)) for combo in candidates], multirun=True)
     planner.settle(candidates, base.run.search, " ".join(["run.py", "-m", *overrides]))
     return [*[o for o in overrides if _key(o) != SWEEP_GROUP], f"{SWEEP_GROUP}={NO_GRID}"]
+
+
+def search_on_preset(overrides: list[str], base: RunConfig) -> int:
+    """`-m search=true plan=true plan.hardware=<preset>`: every candidate of the space predicted on the preset as
+    plan=true predicts (harness.search.preset), nothing trained, no worker, no sweep; the answer, and plan.json
+    (its rows and a `search` section), plan.md and plan.log in runs/plan/<time>/. 0; a space where nothing is
+    predicted to fit is bad input (ConfigError: one line, exit 2), its predictions kept."""
+    import json
+    import time
+
+    from harness import planning
+    from harness.core.logs import add_file, setup_cli
+    from harness.launch.on_preset import predict_on
+    from harness.launch.placement import usable_cores
+    from harness.plan.calibrate import shutdown
+    from harness.plan.hardware import LOCAL
+    from harness.search import preset
+
+    planning.check_plan_presets([base])
+    found = preset.preset_space(overrides, base)
+    setup_cli()
+    out = planning.PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=False)
+    handler = add_file(out / "plan.log")
+    started = time.perf_counter()
+    cores, link = usable_cores(), planning.measure_link if found.hardware == LOCAL else None
+
+    def predict(combo: list[str], cfg: RunConfig) -> dict[str, Any]:
+        return {**predict_on(cfg, found.hardware, cores, link), **planning.sample_unit(cfg)}
+
+    def figure(row: dict[str, Any]) -> tuple[str, str]:
+        p = row["prediction"]
+        return planning.rate_text(row, p["throughput_img_s"]), planning.band_text(p, row.get("tokens_per_sample"))
+
+    try:
+        log.info("search on %s: %d candidates, predicted one by one (nothing trained); %s", found.hardware,
+                 len(found.candidates), "; ".join(found.axes))
+        try:
+            rows = preset.predict_all(found, predict)
+        finally:
+            shutdown()
+        said = preset.answer(rows, found.hardware, found.nodes, base.verdict.margin, figure)
+        took = time.perf_counter() - started
+        (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows, "seconds": took,
+                                                   "search": said.as_json()}, indent=1, default=str))
+        labelled = [{**r, "strategy": r["name"], "amp": "", "variant": ""} for r in rows]  # the tables name each row
+        tables = planning.tables(labelled).rstrip()
+        (out / "plan.md").write_text("\n".join([*said.markdown(figure), "```", tables, "```", ""]))
+        if said.winner is None:
+            raise preset.nothing_fits(said, str(out / "plan.md"))
+        for line in said.lines:
+            log.info("%s", line)
+        log.info("search: %d candidates in %.1f s, nothing trained: %s", len(rows), took, out / "plan.md")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    return 0
 
 
 RUN_OVERHEAD_S = 4.0  # a CPU run's wall time beyond its windows (process start, set-up, record): benchmark 9

@@ -122,19 +122,19 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
         parts.append(render(memory, width=110))
         speed = Table(title="Predicted time per iteration, ms", title_justify="left")
         for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "throughput",
-                     "90 % band"):
+                     "90 % band", "MFU"):
             speed.add_column(name, justify="left" if name == "combination" else "right")
         for r in predicted:
             t, p = r["prediction"]["time"], r["prediction"]
             if p["s_per_iteration"] is None:  # would not fit: no time
-                speed.add_row(_label(r), *["—"] * 8)
+                speed.add_row(_label(r), *["—"] * 9)
                 continue
             busy = " *" if p.get("busy") else ""
             speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
                                                                     "exposed_comm_s", "overlapped_comm_s")],
                           f"{1000 * p['s_per_iteration']:.2f}", rate_text(r, p["throughput_img_s"]) + busy,
-                          band_text(p, r.get("tokens_per_sample")))
-        parts.append(render(speed, width=120))
+                          band_text(p, r.get("tokens_per_sample")), mfu_text(p.get("mfu")))
+        parts.append(render(speed, width=130))
         sources = dict.fromkeys(r["prediction"].get("band_source") for r in predicted)
         parts.append("Band: " + "; ".join(s for s in sources if s))
         busy_rows = [f"{_label(r)}: {r['prediction']['busy']}" for r in predicted if r["prediction"].get("busy")]
@@ -177,6 +177,11 @@ def band_text(prediction: dict[str, Any], tokens_per_sample: int | None = None) 
     low, high = prediction.get("throughput_band") or (None, None)
     scale = tokens_per_sample or 1
     return f"{_figure(low * scale)}–{_figure(high * scale)}" if low and high else "—"
+
+
+def mfu_text(mfu: float | None) -> str:
+    """`41.2 %`: the model's FLOPs per second over the devices' peak (harness.plan.predict.Prediction.mfu)."""
+    return "—" if mfu is None else f"{100 * mfu:.1f} %"
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -70,7 +70,9 @@ def test_the_recorder_sees_each_kernel_once_with_its_flops_and_bytes():
     assert addmm.bytes == 4 * (32 + 16 * 64 + 64 * 32 + 16 * 32)  # bias, input, weight (a view: same bytes), output
     optimizer_ops = [o for o in ops.ops if o.phase == "optimizer"]
     assert optimizer_ops and all(o.kind == "elementwise" for o in optimizer_ops)
-    assert all(o.kernels == 1 for o in optimizer_ops)  # two tensors: one launch per foreach op
+    # two tensors: one launch per foreach op, and 1/64 of one more (affine in the tensors: a step grown from fewer
+    # blocks counts its multi-tensor launches as the full trace does)
+    assert all(o.kernels == pytest.approx(1 + 1 / 64) for o in optimizer_ops)
     assert ops.samples == 16 and ops.flops == 4 * 16 * 64 * 32
 
 
@@ -148,7 +150,8 @@ def test_each_class_takes_its_own_factor():
 def test_fused_attention_traced_on_the_cpu_counts_its_flops():
     """SDPA on fake CPU tensors takes the CPU's flash kernel, which torch.utils.flop_counter has no formula for
     (it counted 0); counted as torch counts the CUDA flash kernel: QK^T and PV, 2 x 2 x b x h x s^2 x d forward,
-    twice that backward."""
+    twice that backward. The operator's time takes half of them: a causal kernel skips the blocks above the
+    diagonal (the counter, for MFU, counts them all, as torch and PaLM's convention do)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -160,6 +163,6 @@ def test_fused_attention_traced_on_the_cpu_counts_its_flops():
         with recorder, FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
             torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     forward = 2 * 2 * 2 * 4 * 128 * 128 * 32
-    assert [(o.kind, o.flops) for o in recorder.ops if o.kind == "attention"] == [("attention", forward),
-                                                                               ("attention", 2 * forward)]
+    assert [(o.kind, o.flops) for o in recorder.ops if o.kind == "attention"] == [("attention", forward / 2),
+                                                                               ("attention", forward)]
     assert counter.get_total_flops() == 3 * forward

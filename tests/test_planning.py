@@ -94,7 +94,7 @@ def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_pa
     text = (hardware.PRESET_DIR / "h100x8.yaml").read_text().replace("device_memory_gib: 79.1", "device_memory_gib: 0")
     (presets / "mine.yaml").write_text(text)
     monkeypatch.setattr(hardware, "PRESET_DIR", presets)
-    monkeypatch.setattr(hardware.load_preset, "__defaults__", (presets, None))
+    monkeypatch.setattr(hardware.load_preset, "__defaults__", (presets, None, 0))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stopped:
         cli.precheck(["plan=true", "plan.hardware=mine", *PLAN_TINY])

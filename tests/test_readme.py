@@ -108,16 +108,24 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
 @pytest.fixture
 def checks_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Acceptance, not prediction: the predictions precheck makes for every run (tests/test_plan_*.py check
-    them) are skipped, and `plan=true` composes and checks its presets without predicting."""
+    them) are skipped, and `plan=true` composes and checks its presets without predicting (a search on a preset:
+    its space composed; tests/test_search_preset.py predicts)."""
     from harness import planning
     from harness.launch import runner
+    from harness.search import preset
 
     def plan_checked(configs):  # noqa: ANN001, ANN202
         planning.check_plan_presets([cfg for _, cfg in configs])
         return 0
 
+    def search_checked(overrides, base):  # noqa: ANN001, ANN202
+        planning.check_plan_presets([base])
+        assert preset.preset_space(overrides, base).candidates
+        return 0
+
     monkeypatch.setattr(runner, "predict_run", lambda *args, **kwargs: None)
     monkeypatch.setattr(planning, "plan_command", plan_checked)
+    monkeypatch.setattr(cli, "search_on_preset", search_checked)
 
 
 TOKEN_FILES = re.compile(r"^    python -m examples\.tokens (.*)$")

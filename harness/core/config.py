@@ -170,6 +170,9 @@ class PlanConfig:
 
     enabled: bool = False
     hardware: str = "local"  # a preset of conf/plan/hardware/ (local: this machine, measured; h100x8, ...) or a .yaml file
+    # how many of the preset's nodes (0: as many as the preset has): h100x8 with nodes=8 is 64 GPUs, joined by the
+    # preset's `inter` link
+    nodes: int = 0
     enforce: bool = True
     # every run predicted on this machine before it starts (false: none, and nothing skipped)
     predict: bool = from_env("HARNESS_PLAN_PREDICT", True)
@@ -504,6 +507,11 @@ def check_plan(section: Any) -> PlanConfig:
     if not plan.hardware or not (own_file or str(plan.hardware).replace("-", "").replace("_", "").isalnum()):
         raise ConfigError("plan.hardware", plan.hardware, "the name of a preset in conf/plan/hardware/ (letters, "
                           "digits, - and _) or a preset file of your own (path/to/gpu.yaml)")
+    if isinstance(plan.nodes, bool) or not isinstance(plan.nodes, int) or plan.nodes < 0:
+        raise ConfigError("plan.nodes", plan.nodes, "an integer >= 1 (or 0: the preset's own node count)")
+    if plan.nodes and plan.hardware == "local":
+        raise ConfigError("plan.nodes", plan.nodes, "0 with plan.hardware=local (this machine is one node); name a "
+                          "preset to plan more nodes, e.g. plan.hardware=h100x8 plan.nodes=8")
     return plan
 
 

@@ -6,11 +6,13 @@ A model plugin says what it takes with a class method `inputs(options, data) -> 
 (harness.rank.gpt.GPT does); one that says nothing takes images of `data.image_size` and `data.num_classes`
 classes, as every torchvision classifier does. The loss is the same for every workload: cross-entropy over
 the output's last dimension (a classifier's (N, classes) logits, a language model's (N, T, vocabulary)),
-averaged over every target (each image, each token)."""
+averaged over every target (each image, each token); a model may take it its own way with a method
+`loss(outputs, targets)` (harness.rank.gpt.GPT with loss_chunks: the same value, in pieces), which `loss_for`
+finds."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -144,3 +146,19 @@ def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the last dimension, averaged over every target: a classifier's (N, C) logits against
     (N,) classes, a language model's (N, T, V) against (N, T) next tokens."""
     return F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
+
+
+def loss_for(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss a run takes for `model`: the model's own `loss(outputs, targets)` method where it defines one,
+    looked for through the wrappers that hold it as `.module` (DistributedDataParallel, DataParallel, apex's DDP)
+    or `._orig_mod` (torch.compile); else `loss`. The same value either way, by contract: a model's own loss
+    changes how it is computed (memory), never what."""
+    seen: set[int] = set()
+    current: object = model
+    while isinstance(current, torch.nn.Module) and id(current) not in seen:
+        seen.add(id(current))
+        own = getattr(current, "loss", None)
+        if callable(own) and getattr(own, "__self__", None) is current:  # a bound method, not a submodule
+            return own  # type: ignore[no-any-return]
+        current = getattr(current, "module", None) or getattr(current, "_orig_mod", None)
+    return loss

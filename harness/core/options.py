@@ -48,6 +48,22 @@ def _spelled_in_yaml(value: Any) -> bool:
     return isinstance(value, list | tuple) and all(_spelled_in_yaml(v) for v in value)
 
 
+def option_choices(target: str, name: str) -> tuple[str, ...] | None:
+    """The values the keyword argument `name` of the callable `target` names takes, as a command line spells
+    them: its Literal's (a `bool | Literal[...]` takes its named values, true and false being their aliases), or
+    false and true for a bool; None for any other type, or none known. A search's axis over a model option takes
+    its values from here (model.checkpoint: what the model's own signature allows, written once there)."""
+    obj = pydoc.locate(target)
+    if not callable(obj):
+        return None
+    hint = _signature(obj)[1].get(name)
+    parts = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    named = [value for part in parts if get_origin(part) is Literal for value in get_args(part)]
+    if named:
+        return tuple(dict.fromkeys(str(v).lower() if isinstance(v, bool) else str(v) for v in named))
+    return ("false", "true") if bool in parts else None
+
+
 def option_target(option: Mapping[str, Any]) -> str | None:
     """The plugin a conf/<group>/<option>.yaml names: its `_target_`, or the one its defaults list takes the
     signature of."""

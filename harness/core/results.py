@@ -94,6 +94,7 @@ class PredictionRecord:
     time: dict[str, float | None] = field(default_factory=dict)
     flops_per_iteration: int | None = None  # torch's FLOP counter over one traced step, every rank's batch
     misfit: str | None = None
+    mfu: float | None = None  # the model's FLOPs per second over every device's peak (harness.plan.predict)
     peak_tflops: float | None = None  # one device's (CPU: one process's) peak in the run's compute dtype
     peak_source: str = ""
     peak_mib_band: list[float | None] = field(default_factory=list)  # where 90 % of the truths fall

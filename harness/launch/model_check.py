@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from harness.core.errors import ConfigError
-from harness.core.inputs import Inputs, loss
+from harness.core.inputs import Inputs, loss_for
 from harness.core.stops import last_line
 from harness.plan.trace import hashable, on_meta
 
@@ -75,7 +75,7 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     model.to_empty(device=x.device)
     try:
         with torch.no_grad():
-            loss(model.train()(x), y)
+            loss_for(model)(model.train()(x), y)
     finally:
         model.to_empty(device="meta")
 

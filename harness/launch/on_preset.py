@@ -18,28 +18,37 @@ from harness.plan.hardware import LOCAL, load_preset
 from harness.plan.links import Link
 from harness.plan.predict import NotPredictable, predict
 from harness.plan.targets import local_target, preset_target
+from harness.rank.run_plan import RunPlan
 
 LinkMeasure = Callable[[int], tuple[Link, dict[str, Link]]]  # measures this machine's link over n ranks
+
+
+def decide_on(cfg: RunConfig, hardware: str, cores: int) -> RunPlan:
+    """The combination placed on the preset's devices (or this machine's) as a run would be there: Incompatible
+    where it cannot run at all."""
+    local = hardware == LOCAL
+    if local:
+        hw, torchrun = probe_hardware(), None
+    else:
+        preset = load_preset(hardware, nodes=cfg.plan.nodes)
+        hw = Hardware(visible_gpus=tuple(range(preset.devices_per_node)) if preset.accelerator == "cuda" else (),
+                      cores=cores)
+        one_per_device = get_class(cfg.strategy["_target_"]).one_process_per_device
+        torchrun = TorchrunWorld(local_world_size=preset.devices_per_node, nodes=preset.nodes, node_rank=0) \
+            if preset.nodes > 1 and one_per_device else None
+    # here, what is not installed does not run either; on a preset it is the user's to install
+    return run_plan(cfg, hw, in_sweep=True, torchrun=torchrun, installed_here=local)
 
 
 def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeasure | None = None) -> dict[str, Any]:
     """A row: the combination, `status` (predicted, skipped, not predicted), `reason`, and the prediction."""
     row: dict[str, Any] = {"strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
-                           "variant": variant_fields(cfg)["variant"], "hardware": hardware,
+                           "variant": variant_fields(cfg)["variant"],
+                           "hardware": f"{hardware}*{cfg.plan.nodes}" if cfg.plan.nodes else hardware,
                            "global_batch": cfg.batch_size}
     local = hardware == LOCAL
     try:
-        if local:
-            hw, torchrun = probe_hardware(), None
-        else:
-            preset = load_preset(hardware)
-            hw = Hardware(visible_gpus=tuple(range(preset.devices_per_node)) if preset.accelerator == "cuda" else (),
-                          cores=cores)
-            one_per_device = get_class(cfg.strategy["_target_"]).one_process_per_device
-            torchrun = TorchrunWorld(local_world_size=preset.devices_per_node, nodes=preset.nodes, node_rank=0) \
-                if preset.nodes > 1 and one_per_device else None
-        # here, what is not installed does not run either; on a preset it is the user's to install
-        decided = run_plan(cfg, hw, in_sweep=True, torchrun=torchrun, installed_here=local)
+        decided = decide_on(cfg, hardware, cores)
     except Incompatible as error:
         return {**row, "status": "skipped", "reason": str(error)}
     reason = decided.skipped_because()
@@ -50,7 +59,7 @@ def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeas
         target = local_target(placement.accelerator, ranks, placement.threads_per_process,
                               (lambda: measure_link(ranks)) if measure_link else None)
     else:
-        target = preset_target(hardware, cores)
+        target = preset_target(hardware, cores, cfg.plan.nodes)
     try:
         prediction = predict(cfg, placement, decided.amp, decided.strategy_cls, target)
     except NotPredictable as error:

@@ -25,8 +25,7 @@ from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.inputs import Inputs, inputs_of
-from harness.core.inputs import loss as loss_of
+from harness.core.inputs import Inputs, inputs_of, loss_for
 from harness.plan.trace import hashable
 
 WARMUP_STEPS = 2
@@ -164,6 +163,7 @@ def _measure(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpe
         model = plugin.cast_module(model.to(device))
         optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
         model = plugin.wrap_module(model).train()
+        loss_of = loss_for(model)
         images, labels = inputs.example(micro_batch * grad_accum, device)
         def forward_backward() -> None:
             for part, part_labels in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
@@ -260,6 +260,7 @@ def _strategy_child(key: bytes) -> Calibration:
         plugin = build_amp(cfg.amp_plugin, spec, strategy.device)
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
         model.train()
+        loss_of = loss_for(model)
         images, labels = inputs.example(micro_batch * cfg.grad_accum, strategy.device)
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
 

@@ -55,6 +55,9 @@ REDUCTION_OPS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "
 NO_KERNEL_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
                            "_record_function_enter_new", "_record_function_exit", "lift_fresh",
                            "_local_scalar_dense", "set_", "resize_"})
+# where fused attention's is_causal is (forward, backward): its time is half the FLOPs torch counts
+CAUSAL_ARG = {"_scaled_dot_product_flash_attention_for_cpu": 4, "_scaled_dot_product_flash_attention_for_cpu_backward": 7,
+              "_scaled_dot_product_flash_attention": 4, "_scaled_dot_product_flash_attention_backward": 11}
 FOREACH_TENSORS_PER_LAUNCH = 64  # CUDA's multi_tensor_apply takes 36-110 tensors per launch by depth: a middle figure
 
 
@@ -99,29 +102,35 @@ class OpCost:
     phase: str  # forward_backward | optimizer
     flops: float
     bytes: float
-    kernels: int
+    kernels: float  # launches (a multi-tensor kernel's: its mean over list lengths)
 
 
 @dataclass(frozen=True)
 class StepOps:
-    """A traced step's operators, in order; `samples` is what one step processes (images or sequences)."""
+    """A traced step's operators, in order; `samples` is what one step processes (images or sequences).
+    `weights`: how many times each operator counts (None: once each), for a step assembled from traces of fewer
+    repeated blocks (`repeated`)."""
 
     ops: tuple[OpCost, ...]
     samples: int
+    weights: tuple[float, ...] | None = None
+
+    def weighted(self) -> list[tuple[OpCost, float]]:
+        return list(zip(self.ops, self.weights or (1.0,) * len(self.ops), strict=True))
 
     def totals(self) -> dict[str, dict[str, float]]:
         """FLOPs, bytes and kernels by kind (what the page and plan.json show)."""
         out: dict[str, dict[str, float]] = {}
-        for op in self.ops:
+        for op, weight in self.weighted():
             row = out.setdefault(op.kind, {"flops": 0.0, "bytes": 0.0, "kernels": 0})
-            row["flops"] += op.flops
-            row["bytes"] += op.bytes
-            row["kernels"] += op.kernels
+            row["flops"] += op.flops * weight
+            row["bytes"] += op.bytes * weight
+            row["kernels"] += op.kernels * weight
         return out
 
     @property
     def flops(self) -> float:
-        return sum(op.flops for op in self.ops if op.phase == "forward_backward")
+        return sum(op.flops * weight for op, weight in self.weighted() if op.phase == "forward_backward")
 
     def arrays(self, tf32_matmul: bool) -> _Arrays:
         """The ops as numpy columns: a fit evaluates thousands of factor sets on one trace (kept on the instance:
@@ -130,6 +139,16 @@ class StepOps:
         if tf32_matmul not in cache:
             cache[tf32_matmul] = _arrays(self, tf32_matmul)
         return cache[tf32_matmul]
+
+
+def repeated(fewer: StepOps, more: StepOps, extra: int, blocks: int) -> StepOps:
+    """The step of a model with `blocks` more repeated blocks than `more`, which has `extra` more than `fewer`:
+    every operator's time is linear in the number of blocks (a block's own operators repeat; the optimizer's
+    multi-tensor kernels grow with the parameters), so the step is `more` plus blocks/extra times (more -
+    fewer), operators weighted (negative weights cancel `fewer`'s operators that `more` repeats)."""
+    scale = blocks / extra
+    return StepOps(more.ops + fewer.ops, more.samples,
+                   tuple(w * (1 + scale) for _, w in more.weighted()) + tuple(-w * scale for _, w in fewer.weighted()))
 
 
 def _arrays(step: StepOps, tf32_matmul: bool) -> _Arrays:
@@ -141,7 +160,8 @@ def _arrays(step: StepOps, tf32_matmul: bool) -> _Arrays:
                    np.array([peak_keys.index(k) for k in keys], dtype=int), peak_keys,
                    np.array([op.flops for op in step.ops]), np.array([op.bytes for op in step.ops]),
                    np.array([op.kernels for op in step.ops]),
-                   np.array([op.phase == "optimizer" for op in step.ops], dtype=int))
+                   np.array([op.phase == "optimizer" for op in step.ops], dtype=int),
+                   np.array(step.weights if step.weights is not None else [1.0] * len(step.ops)))
 
 
 @dataclass(frozen=True)
@@ -280,7 +300,12 @@ class OperatorRecorder(TorchDispatchMode):
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
         first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
-        kernels = math.ceil(lists / FOREACH_TENSORS_PER_LAUNCH) if name.startswith("_foreach") and lists else 1
+        # a multi-tensor kernel's launches: one, and one more per FOREACH_TENSORS_PER_LAUNCH further tensors (affine in
+        # the tensors, so that a step of many blocks grown from fewer, harness.plan.gpu_model.repeated, counts them)
+        kernels = 1 + (lists - 1) / FOREACH_TENSORS_PER_LAUNCH if name.startswith("_foreach") and lists else 1.0
+        causal = CAUSAL_ARG.get(name)
+        if causal is not None and len(args) > causal and args[causal] is True:
+            flops /= 2  # a causal flash kernel skips the score blocks above the diagonal (torch counts them all)
         self.ops.append(OpCost(_kind(name, args, kwargs), dtype, self.phase, flops, read + written, kernels))
         return out
 
@@ -354,12 +379,14 @@ def step_time(step: StepOps, peaks: Mapping[str, float], memory_gbps: float, fac
                                  for key in arrays.peak_keys])[arrays.peak]
         layout = np.array([k in ("conv", "conv_grouped") for k in KINDS])[arrays.kind]
         seconds = seconds + layout * tensor_cores * arrays.bytes * factors.nchw / bandwidth[arrays.kind]
-    launches = arrays.kernels * factors.launch_us * 1e-6
+    kernels = arrays.kernels * arrays.weight
+    seconds = seconds * arrays.weight
+    launches = kernels * factors.launch_us * 1e-6
     total = seconds + launches
     by_kind = {kind: float(seconds[arrays.kind == i].sum()) for i, kind in enumerate(KINDS)}
     phases = [max(float(total[arrays.optimizer == k].sum()),
-                  float(arrays.kernels[arrays.optimizer == k].sum()) * factors.dispatch_us * 1e-6) for k in (0, 1)]
-    return GpuTime(phases[0], phases[1], by_kind, float(launches.sum()), int(arrays.kernels.sum()))
+                  float(kernels[arrays.optimizer == k].sum()) * factors.dispatch_us * 1e-6) for k in (0, 1)]
+    return GpuTime(phases[0], phases[1], by_kind, float(launches.sum()), round(float(kernels.sum())))
 
 
 @dataclass(frozen=True)
@@ -371,6 +398,7 @@ class _Arrays:
     bytes: Any
     kernels: Any
     optimizer: Any  # 1 for the optimizer's step
+    weight: Any  # how many times each operator counts (StepOps.weights)
 
 
 @functools.lru_cache(maxsize=64)

@@ -82,10 +82,19 @@ def preset_accelerator(name: str, preset_dir: Path = PRESET_DIR) -> str | None:
     return data.get("accelerator") if isinstance(data, Mapping) else None
 
 
-def load_preset(name: str, preset_dir: Path = PRESET_DIR, machine: Mapping[str, Any] | None = None) -> Preset:
+def load_preset(name: str, preset_dir: Path = PRESET_DIR, machine: Mapping[str, Any] | None = None,
+                nodes: int = 0) -> Preset:
     """The preset `name`, every field checked (ConfigError naming plan.hardware, the file and the field).
     `local` needs this machine's measurements (`machine`, from `measure_machine`). A name ending in .yaml is a
-    user's own file, checked like a shipped one (docs/plan.md says what goes in each field)."""
+    user's own file, checked like a shipped one (docs/plan.md says what goes in each field). `nodes` (plan.nodes):
+    that many of its nodes instead of its own count (0: its own), joined by its `inter` link."""
+    preset = _load_preset(name, preset_dir, machine)
+    if not nodes or nodes == preset.nodes:
+        return preset
+    return dataclasses.replace(preset, nodes=nodes, name=f"{preset.name}*{nodes}")
+
+
+def _load_preset(name: str, preset_dir: Path, machine: Mapping[str, Any] | None) -> Preset:
     names = preset_names(preset_dir)
     own = user_file(name)
     if own is not None and not own.is_file():

@@ -21,10 +21,10 @@ from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.inputs import Inputs, inputs_of
 from harness.core.traffic import Buffer, Collective, Traffic
 from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
-from harness.plan.gpu_model import BAND_Z, load_factors, step_time, straggle
+from harness.plan.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
 from harness.plan.hardware import GIB, Preset
 from harness.plan.links import collective_seconds
-from harness.plan.trace import StepTrace, trace_ops, trace_step
+from harness.plan.trace import PhasePeak, StepTrace, trace_ops, trace_step
 from strategies.capabilities import ShardedParameters
 
 MIB = 2**20
@@ -64,7 +64,7 @@ class Prediction:
     optimizer_s: float
     comm_s: float
     exposed_comm_s: float
-    flops_per_iteration: int
+    flops_per_iteration: int  # the model's FLOPs (MFU's: recomputation not counted), every rank's
     global_batch: int
     assumptions: tuple[str, ...]
     calibration: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +90,15 @@ class Prediction:
     @property
     def throughput_img_s(self) -> float:
         return self.global_batch / self.s_per_iteration if self.s_per_iteration > 0 else math.inf
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: the model's FLOPs per second (no recomputation) over every device's peak in the
+        dtype the run computes in (None where no time or no peak is known)."""
+        seconds = self.s_per_iteration
+        if not self.peak_tflops or not math.isfinite(seconds) or seconds <= 0:
+            return None
+        return self.flops_per_iteration / seconds / (self.world_size * self.peak_tflops * 1e12)
 
     @property
     def worst(self) -> RankMemory:
@@ -142,7 +151,7 @@ class Prediction:
                 "time": {k: _finite(v) for k, v in (("compute_s", self.compute_s), ("optimizer_s", self.optimizer_s),
                                                     ("comm_s", self.comm_s), ("exposed_comm_s", self.exposed_comm_s),
                                                     ("overlapped_comm_s", self.overlapped_comm_s))},
-                "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(),
+                "flops_per_iteration": self.flops_per_iteration, "misfit": self.misfit(), "mfu": self.mfu,
                 "peak_tflops": self.peak_tflops, "peak_source": self.peak_source,
                 "peak_mib_band": [self.peak_mib * b for b in memory_band()],
                 "s_per_iteration_band": [_finite(self.s_per_iteration * b) for b in self.time_band],
@@ -183,7 +192,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
     kernels = half_kernels(amp, preset)
     trace = trace_step(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum, unit_names,
-                       aten_convolutions=kernels == "aten")
+                       aten_convolutions=kernels == "aten", device=preset.accelerator)
     ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
@@ -217,7 +226,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     return Prediction(hardware=preset.name, world_size=n, ranks=ranks,
                       device_memory_mib=device_memory, shared_memory=preset.shared_memory,
                       compute_s=compute, optimizer_s=optimizer, comm_s=comm, exposed_comm_s=exposed,
-                      flops_per_iteration=trace.flops * n * replicas, global_batch=cfg.batch_size,
+                      flops_per_iteration=(trace.model_flops or trace.flops) * n * replicas, global_batch=cfg.batch_size,
                       assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()},
                       time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
                       busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
@@ -230,20 +239,39 @@ class NotPredictable(ValueError):
     """A strategy the planner has no model of (it says why)."""
 
 
+@dataclass(frozen=True)
+class UnitNames:
+    """A sharding strategy's units of a model (strategies.capabilities.ShardedParameters.unit_names), equal for
+    equal strategies and options: the traces that take it are cached across combinations and predictions."""
+
+    strategy_cls: Any
+    options: tuple[tuple[str, Any], ...]
+
+    def __call__(self, model: Any) -> list[str]:
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options}
+        return self.strategy_cls(**options).unit_names(model)
+
+
 def _unit_names(strategy_cls: Any, cfg: RunConfig) -> Callable[[Any], list[str]] | None:
     """A sharding strategy's units (strategies.capabilities.ShardedParameters); None for any other."""
     if not issubclass(strategy_cls, ShardedParameters):
         return None
-    options = {k: v for k, v in cfg.strategy.items() if k != "_target_"}
-    return strategy_cls(**options).unit_names
+    names = UnitNames(strategy_cls, tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                                 for k, v in cfg.strategy.items() if k != "_target_")))
+    try:
+        hash(names)
+    except TypeError:  # an option holding a mapping: traced afresh each time, as any unhashable key would be
+        options = {k: v for k, v in cfg.strategy.items() if k != "_target_"}
+        return strategy_cls(**options).unit_names  # type: ignore[no-any-return]
+    return names
 
 
 def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool, bool], n: int, cfg: RunConfig,
                    placement: Placement, preset: Preset, replicas: int) -> tuple[RankMemory, ...]:
+    """Each rank's memory at the larger of its two peaks: forward and backward's (the activations), and the
+    optimizer step's (every gradient alive, and the step's own temporaries, which a sharded optimizer makes for
+    its shard only)."""
     params_sharded, grads_sharded, state_sharded = shards
-    params = trace.stored_params / n if params_sharded else trace.params + trace.masters
-    grads = trace.grads / n if grads_sharded and cfg.grad_accum == 1 else trace.grads
-    state = trace.optimizer_state / n if state_sharded else trace.optimizer_state
     # one rank: FSDP's all-gather of its only shard is the shard itself (no gathered units); its gradients still
     # pass through a reduce-scatter buffer
     buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or b.size != "unit_params")
@@ -251,6 +279,24 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     local_batch = cfg.batch_size // n
     inputs = input_batches(cfg) * local_batch * sample
     overhead = trace.allocator_overhead if preset.accelerator == "cuda" else 0.0
+    grads_kept = trace.model_grads / n if grads_sharded else trace.model_grads
+
+    def phase(peak: PhasePeak, stepping: bool) -> tuple[float, float, float, float]:
+        """params, grads, state, activations of one phase's peak, as this strategy holds them."""
+        params = trace.stored_params / n if params_sharded else peak.params + peak.masters
+        if stepping:
+            grads = grads_kept
+        elif cfg.grad_accum > 1:  # later micro-batches run with the earlier ones' gradients kept
+            grads = max(peak.grads / n if grads_sharded else peak.grads, grads_kept)
+        else:
+            grads = peak.grads / n if grads_sharded else peak.grads
+        state = peak.optimizer_state / n if state_sharded else peak.optimizer_state
+        acts = peak.activations / n if stepping and state_sharded else peak.activations
+        return params, grads, state, acts
+
+    phases = trace.phases or (PhasePeak(trace.peak, trace.params, trace.masters, trace.grads, trace.optimizer_state,
+                                        trace.activations),)
+    params, grads, state, acts = max((phase(p, i == 1) for i, p in enumerate(phases)), key=sum)
 
     def rank(device: str, params: float, grads: float, state: float, acts: float, inputs: float,
              buffers: float) -> RankMemory:
@@ -260,10 +306,10 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
 
     labels = _device_labels(placement, preset, n, replicas)
     if replicas > 1:  # DataParallel: the base device keeps everything, each other a replica and its activations
-        first = rank(labels[0], params, grads, state, trace.activations, inputs, buffers)
+        first = rank(labels[0], params, grads, state, acts, inputs, buffers)
         others = [rank(label, trace.params, trace.grads, 0, trace.activations, 0, 0) for label in labels[1:]]
         return (first, *others)
-    return tuple(rank(label, params, grads, state, trace.activations, inputs, buffers) for label in labels)
+    return tuple(rank(label, params, grads, state, acts, inputs, buffers) for label in labels)
 
 
 def _device_labels(placement: Placement, preset: Preset, n: int, replicas: int) -> list[str]:
@@ -365,11 +411,11 @@ def _local_band() -> dict[str, Any]:
 
 
 def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, ranks: int,
-                     ) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
+                     factors: GpuFactors | None = None) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
     """A preset's compute from the step's operators (harness.plan.gpu_model): nothing is timed here, so this
-    machine's load cannot move it."""
+    machine's load cannot move it. `factors`: the shipped ones unless given (a fit tries others)."""
     ops = trace_ops(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum)
-    factors = load_factors()
+    factors = factors or load_factors()
     # the kernel settings the run would have there (on a GPU preset, the GPU defaults: channels_last)
     tf32_matmul = cfg.kernels.matmul_precision != "highest"
     time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors, tf32_matmul=tf32_matmul,

@@ -46,7 +46,7 @@ def local_target(accelerator: str, devices: int, threads: int,
     return Target(preset, threads, link_measured=devices <= 1 or machine["link_measured"])
 
 
-def preset_target(name: str, threads: int) -> Target:
-    """A named preset: its compute comes from the step's operators (harness.plan.gpu_model), nothing measured
-    here."""
-    return Target(load_preset(name), threads)
+def preset_target(name: str, threads: int, nodes: int = 0) -> Target:
+    """A named preset (`nodes` of its nodes, 0: its own count): its compute comes from the step's operators
+    (harness.plan.gpu_model), nothing measured here."""
+    return Target(load_preset(name, nodes=nodes), threads)

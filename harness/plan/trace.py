@@ -14,6 +14,13 @@ allocator too (oneDNN's scratch space is its own), but not what ATen's reference
 without native half kernels (or amp.cpu_half=emulated) runs every half convolution on it, with column buffers
 of up to kernel-area times the input (`aten_convolutions=True` adds them: AtenConvolutionBuffers).
 
+Attention: scaled_dot_product_attention picks its kernel by the tensors' device, and the meta device picks
+none but the math path, which materialises each head's s x s scores. The trace takes the kernel the run would
+take on its own device instead: on a GPU the flash or memory-efficient kernel (both keep the
+output and a float32 log-sum-exp per row, grouped-query heads as they are); on a CPU the CPU's flash kernel
+where torch's CPU dispatch takes it (no mask, no dropout, as many key/value heads as query heads), else the
+math path, as there (harness.plan.trace.fused_attention).
+
 What this single process cannot show (communication buffers, shards, the data the run keeps on the device)
 is added by harness.plan.predict from the strategy's declared Traffic."""
 
@@ -36,9 +43,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
-from harness.core.inputs import Inputs, loss
+from harness.core.inputs import Inputs, loss, loss_for
 from harness.plan.allocator import AllocationRecorder
-from harness.plan.gpu_model import FLOP_FORMULAS, StepOps, record_step
+from harness.plan.gpu_model import FLOP_FORMULAS, StepOps, record_step, repeated
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """Bytes at one phase's peak (forward and backward, or the optimizer's step), by kind."""
+
+    peak: int
+    params: int
+    masters: int
+    grads: int
+    optimizer_state: int
+    activations: int
 
 
 @dataclass(frozen=True)
@@ -51,7 +70,7 @@ class StepTrace:
     grads: int  # gradients alive at the peak
     optimizer_state: int  # at the peak, master copies excluded
     activations: int  # activations and temporaries (what backward keeps, and what an op needs briefly)
-    flops: int  # forward and backward of one micro-batch
+    flops: int  # forward and backward of the step's micro-batches, as computed (recomputation included)
     model_params: int  # the model's parameters as cast (whole, not at the peak)
     model_grads: int  # every gradient backward leaves, in its dtype
     stored_params: int  # what a sharding strategy shards: the masters if any, else the model's parameters
@@ -66,10 +85,16 @@ class StepTrace:
     # two steps' allocations (harness.plan.allocator), cached segments handed back at the device's limit as it does
     allocator_overhead: float = 0.0
     reserved_overhead: float = 0.0  # the same on a device with room: what torch.cuda.max_memory_reserved would show
+    blocks: int = 0  # a model of many repeated blocks: how many it has, traced at TRACED_BLOCKS and extrapolated
+    phases: tuple[PhasePeak, ...] = ()  # forward and backward's peak, the optimizer step's: the step's is the larger
+    # the model's FLOPs for the step's micro-batches: 3 x the forward's (backward computes twice the forward), what
+    # MFU counts (PaLM's convention: 6 N per token and the attention's 12 L s d, no recomputation); 0: not counted
+    model_flops: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("matrices")
+        data.pop("phases")
         return data
 
 
@@ -139,12 +164,73 @@ def _tensors(fake: bool) -> Iterator[torch.device]:
 
 def trace_step(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
                micro_batch: int, grad_accum: int = 1, unit_names: Any = None,
-               aten_convolutions: bool = False) -> StepTrace:
+               aten_convolutions: bool = False, device: str = "cpu") -> StepTrace:
     """`unit_names(model) -> list[str]`: the strategy's units (FSDP), measured on the cast model.
     `aten_convolutions`: half convolutions take ATen's reference kernels (harness.core.devices.cpu_half_kernels),
-    whose buffers are counted."""
-    return _trace(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, unit_names,
-                  aten_convolutions)
+    whose buffers are counted. `device`: the run's device type (cpu, cuda), whose attention kernels it takes.
+    A model of more than TRACED_BLOCKS[1] repeated blocks is traced at TRACED_BLOCKS and extrapolated
+    (`grown`): a 70B model's 80 blocks cost what 3 do."""
+    blocks = repeated_blocks(model_cfg)
+
+    def at(layers: int | None) -> StepTrace:
+        cfg = model_cfg if layers is None else {**model_cfg, "layers": layers}
+        return _trace(hashable(cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, unit_names,
+                      aten_convolutions, device)
+
+    if blocks is None:
+        return at(None)
+    fewer, more = (at(n) for n in TRACED_BLOCKS)
+    return grown(fewer, more, blocks)
+
+
+# a model with a `layers` option and `block_names` (its blocks are alike: harness.rank.gpt's) and more blocks than the
+# second of these is traced at these two counts; each figure grows by their difference per further block
+TRACED_BLOCKS = (2, 3)
+
+
+def repeated_blocks(model_cfg: Mapping[str, Any]) -> int | None:
+    """How many alike blocks the model has, where it says so and has more than TRACED_BLOCKS[1]; else None."""
+    from hydra.utils import get_class
+
+    layers = model_cfg.get("layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers <= TRACED_BLOCKS[1]:
+        return None
+    try:
+        cls = get_class(str(model_cfg.get("_target_", "")))
+    except Exception:  # noqa: BLE001 (not a class: a factory function, whose blocks are not known)
+        return None
+    return layers if callable(getattr(cls, "block_names", None)) else None
+
+
+LINEAR_FIELDS = ("flops", "model_flops", "model_params", "model_grads", "stored_params", "param_count")
+PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(PhasePeak))
+
+
+def grown(fewer: StepTrace, more: StepTrace, blocks: int) -> StepTrace:
+    """The trace of `blocks` blocks from those of TRACED_BLOCKS: each phase's bytes by kind at its peak, the FLOPs
+    and the parameters grow by (more - fewer) per block, and the step's peak is the larger phase's (the optimizer's
+    step can overtake forward and backward as blocks are added); the per-parameter matrices and the units repeat the
+    block's own; the allocator's shares are the larger trace's. Checked against full traces in tests/test_plan_trace.py."""
+    extra = blocks - TRACED_BLOCKS[1]
+    step = TRACED_BLOCKS[1] - TRACED_BLOCKS[0]
+
+    def line(low: Any, high: Any, names: tuple[str, ...]) -> dict[str, int]:
+        return {name: getattr(high, name) + (getattr(high, name) - getattr(low, name)) * extra // step
+                for name in names}
+
+    phases = tuple(PhasePeak(**line(low, high, PEAK_FIELDS)) for low, high in zip(fewer.phases, more.phases,
+                                                                                    strict=True))
+    return dataclasses.replace(more, **line(fewer, more, LINEAR_FIELDS), **dataclasses.asdict(max(
+        phases, key=lambda p: p.peak)), phases=phases, matrices=_repeat(fewer.matrices, more.matrices, extra // step),
+        units=_repeat(fewer.units, more.units, extra // step), blocks=blocks)
+
+
+def _repeat(fewer: tuple[Any, ...], more: tuple[Any, ...], times: int) -> tuple[Any, ...]:
+    """`more` and `times` more of what it has beyond `fewer` (one block's own entries)."""
+    import collections
+
+    block = list((collections.Counter(more) - collections.Counter(fewer)).elements())
+    return more + tuple(block) * times
 
 
 def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -153,12 +239,13 @@ def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 @functools.lru_cache(maxsize=64)
 def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
-           micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool) -> StepTrace:
+           micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool, device_type: str,
+           ) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
     from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
 
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
-    with _tensors(spec.autocast) as device, AllocationRecorder() as allocations:
+    with _tensors(spec.autocast) as device, AllocationRecorder() as allocations, fused_attention(device_type):
         torch.manual_seed(0)
         model = _built(_instantiate(model_cfg, inputs), device)
         allocations.track(list(model.parameters()), list(model.buffers()))  # where built on meta, then given storage
@@ -174,26 +261,34 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
         images, labels = inputs.example(micro_batch)
         counter = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
         with counter:  # the first step, untracked: it makes the optimizer state the tracked second step keeps
-            _forward_backward(wrapped, plugin, images, labels, 1)
+            _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model))
         _step(plugin, optimizer)
-        tracker = MemTracker()
-        tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters are no module's
+        forward_count = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
+        with forward_count, torch.no_grad(), plugin.forward_context():  # the model's FLOPs: no recomputation in them
+            loss_for(model)(wrapped(images), labels)
         buffers = AtenConvolutionBuffers() if aten_convolutions else contextlib.nullcontext()
-        with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
-            _forward_backward(wrapped, plugin, images, labels, 1)
-            _step(plugin, optimizer)
-        peak = tracker.get_tracker_snapshot("peak")[device]
         masters = sum(_bytes(p) for p in plugin.optimizer_params(model)) if spec.master_weights and spec.cast_model \
             else 0
+        phases = []  # each phase's peak apart: a model of many blocks grows each (`grown`), then takes the larger
+        for phase in (lambda: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model)),
+                      lambda: _step(plugin, optimizer)):
+            tracker = MemTracker()
+            tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters: no module's
+            with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
+                phase()
+            phases.append(_phase_peak(tracker.get_tracker_snapshot("peak")[device], masters))
         model_params = sum(_bytes(p) for p in model.parameters())
         grads = [p for p in model.parameters() if p.requires_grad]
-        by_kind = {str(k).rpartition(".")[2]: int(v) for k, v in peak.items()}
-        other = min(masters, by_kind.get("OTH", 0))  # O2's masters, registered as tensors of their own
+        # the step's peak by what is known to be alive through it (MemTracker files some parameters under the
+        # optimizer's state once the step has begun): the rest is the step's own temporaries
+        forward, stepping = phases
+        kept = forward.params + forward.masters + forward.optimizer_state + sum(_bytes(p) for p in grads)
+        phases[1] = dataclasses.replace(forward, peak=stepping.peak, grads=sum(_bytes(p) for p in grads),
+                                        activations=max(0, stepping.peak - kept))
         return StepTrace(
-            peak=by_kind["Total"], params=by_kind.get("PARAM", 0) + by_kind.get("BUFFER", 0), masters=other,
-            grads=by_kind.get("GRAD", 0), optimizer_state=by_kind.get("OPT", 0),
-            activations=by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0) - other,
-            flops=int(counter.get_total_flops()) * grad_accum, model_params=model_params,
+            **dataclasses.asdict(max(phases, key=lambda p: p.peak)), phases=tuple(phases),
+            flops=int(counter.get_total_flops()) * grad_accum, model_flops=3 * int(forward_count.get_total_flops()) * grad_accum,
+            model_params=model_params,
             model_grads=sum(_bytes(p) for p in grads), stored_params=masters or model_params,
             param_count=sum(p.numel() for p in model.parameters()),
             matrices=tuple((p.shape[0], p.numel() // p.shape[0]) for p in grads if p.dim() > 0),
@@ -203,11 +298,26 @@ def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
             allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead)
 
 
+def _phase_peak(peak: Mapping[Any, int], masters: int) -> PhasePeak:
+    """MemTracker's breakdown at a phase's peak, by the planner's kinds."""
+    by_kind = {str(k).rpartition(".")[2]: int(v) for k, v in peak.items()}
+    other = min(masters, by_kind.get("OTH", 0))  # O2's masters, registered as tensors of their own
+    return PhasePeak(peak=by_kind["Total"], params=by_kind.get("PARAM", 0) + by_kind.get("BUFFER", 0), masters=other,
+                     grads=by_kind.get("GRAD", 0), optimizer_state=by_kind.get("OPT", 0),
+                     activations=by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0) - other)
+
+
 def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
               micro_batch: int, grad_accum: int = 1) -> StepOps:
     """One rank's step as operators (harness.plan.gpu_model), for a GPU: the optimizer's multi-tensor (foreach)
-    kernels, as torch takes them on CUDA by default."""
-    return _trace_ops(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum)
+    kernels, as torch takes them on CUDA by default. Many repeated blocks: traced at TRACED_BLOCKS and extrapolated,
+    as trace_step's."""
+    blocks = repeated_blocks(model_cfg)
+    if blocks is None:
+        return _trace_ops(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum)
+    fewer, more = (_trace_ops(hashable({**model_cfg, "layers": n}), inputs, amp, hashable(optim), micro_batch,
+                              grad_accum) for n in TRACED_BLOCKS)
+    return repeated(fewer, more, TRACED_BLOCKS[1] - TRACED_BLOCKS[0], blocks - TRACED_BLOCKS[1])
 
 
 @functools.lru_cache(maxsize=64)
@@ -216,25 +326,26 @@ def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpS
     def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.example(micro_batch * grad_accum, device)
 
-    return workload_ops(_instantiate(model_cfg, inputs), batch, loss, amp, OptimizerSpec.from_config(dict(optim)), grad_accum,
-                        micro_batch * grad_accum)
+    return workload_ops(_instantiate(model_cfg, inputs), batch, None, amp, OptimizerSpec.from_config(dict(optim)),
+                        grad_accum, micro_batch * grad_accum)
 
 
 def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]],
-                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], amp: AmpSpec, optim: OptimizerSpec,
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None, amp: AmpSpec, optim: OptimizerSpec,
                  grad_accum: int, samples: int) -> StepOps:
     """Any model, batch and loss traced as harness.plan.gpu_model's operators, cast and stepped by the amp
-    plugin as a run would be."""
+    plugin as a run would be. `loss_fn` None: the model's own (harness.core.inputs.loss_for)."""
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     if "foreach" in inspect.signature(optim.cls).parameters:
         optim = dataclasses.replace(optim, kwargs={**optim.kwargs, "foreach": True})
-    with _tensors(spec.autocast) as device:
+    with _tensors(spec.autocast) as device, fused_attention("cuda"):
         torch.manual_seed(0)
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(_built(build, device))
         optimizer = optim.build(plugin.optimizer_params(model))
         wrapped = plugin.wrap_module(model)
         inputs, targets = batch(device)
+        loss_fn = loss_fn or loss_for(model)
         return record_step(lambda: _forward_backward(wrapped, plugin, inputs, targets, grad_accum, loss_fn),
                            lambda: _step(plugin, optimizer), samples)
 
@@ -262,6 +373,38 @@ def _dtype_name(tensor: torch.Tensor) -> str:
 
 def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+@contextlib.contextmanager
+def fused_attention(device: str) -> Iterator[None]:
+    """scaled_dot_product_attention as the run's device would compute it (the module docstring says why):
+    `device` cuda takes a fused kernel always; cpu takes the CPU's flash kernel where torch's CPU dispatch
+    does (sdp_utils_cpp.cpp's use_flash_attention_cpp: no mask, no dropout, equal head counts), else the math
+    path. The fused kernel stands in for CUDA's flash and memory-efficient ones: the same FLOPs (as torch
+    counts them) and what backward keeps (the output and a float32 log-sum-exp per query row).
+
+    The function itself is replaced for the trace, not intercepted by a TorchFunctionMode: a mode is local to
+    its thread, and activation checkpointing recomputes in the autograd engine's thread (a mismatched
+    recomputation is an error there)."""
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        fused = attn_mask is None and query.dim() == 4 and (
+            device == "cuda" or (dropout_p == 0.0 and query.shape[-3] == key.shape[-3]))
+        if not fused:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, float(dropout_p), bool(is_causal), scale=scale)[0]
+
+    functional.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
 
 
 class AtenConvolutionBuffers(TorchDispatchMode):

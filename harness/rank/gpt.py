@@ -1,44 +1,79 @@
 """A decoder-only transformer language model with random weights, built offline: GPT-2-shaped (LayerNorm, GELU
-MLP, learned positions) or Llama-shaped (RMSNorm, SwiGLU MLP, rotary positions), sized by typed keys.
+MLP, learned positions) or Llama-shaped (RMSNorm, SwiGLU MLP, rotary positions), sized by typed keys, with the
+variations the published models train with: grouped-query attention (`kv_heads`), Llama's SwiGLU hidden size
+(`ffn_multiplier`, `multiple_of`, or `mlp_hidden`), no biases (`bias`), tied embeddings, the rotary base
+(`rope_theta`), no positions at all (`positions`), three activation checkpointing modes (`checkpoint`) and a
+cross-entropy taken in pieces (`loss_chunks`). conf/model/ names published sizes (gpt2_124m, mpt_7b, llama3_8b...).
 
 The project's own compact definition rather than a model library's: the harness needs nothing but the shape
 (no tokenizer, no hub, no weights), its blocks are one `nn.ModuleList` that FSDP2 and ZeRO shard block by block
 and activation checkpointing wraps, and it adds no dependency. It trains on next-token prediction:
-`forward(tokens)` gives (batch, sequence, vocabulary) logits, which harness.core.inputs.loss compares with the
-next tokens."""
+`forward(tokens)` gives (batch, sequence, vocabulary) logits, which `GPT.loss` (harness.core.inputs.loss, or the
+same in pieces) compares with the next tokens."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.checkpoint import checkpoint as recompute
 
 from harness.core.config import DataConfig
 from harness.core.errors import ConfigError
-from harness.core.inputs import Inputs, bound_options, tokens
+from harness.core.inputs import Inputs, bound_options, loss, tokens
 
 Shape = Literal["gpt2", "llama"]
+Positions = Literal["learned", "rotary", "none"]
+CheckpointMode = Literal["none", "full", "selective"]
+CHECKPOINT_MODES: tuple[str, ...] = get_args(CheckpointMode)
+# scaled_dot_product_attention(enable_gqa=True) (torch >= 2.5): key and value heads shared by groups of query heads
+# inside the kernel; before it, they are repeated to every query head
+_GQA_KERNEL = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def checkpoint_mode(value: object) -> CheckpointMode:
+    """`model.checkpoint` as one of CHECKPOINT_MODES: true (what it always meant: each block recomputed) is
+    "full", false "none"; the names as they are (any case)."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if isinstance(value, str):
+        name = {"true": "full", "false": "none"}.get(value.strip().lower(), value.strip().lower())
+        if name in CHECKPOINT_MODES:
+            return name  # type: ignore[return-value]
+    raise ConfigError("model.checkpoint", value, "none, full or selective (true means full, false none)")
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, shape: Shape, dropout: float) -> None:
+    """Causal self-attention over `heads` query heads sharing `kv_heads` key and value heads (grouped-query
+    attention; `kv_heads` = `heads` is multi-head attention, 1 multi-query)."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, bias: bool, rotary: bool, dropout: float) -> None:
         super().__init__()
-        self.heads, self.dropout, self.rotary = heads, dropout, shape == "llama"
-        self.qkv = nn.Linear(width, 3 * width, bias=shape == "gpt2")
-        self.out = nn.Linear(width, width, bias=shape == "gpt2")
+        self.heads, self.kv_heads, self.dropout, self.rotary = heads, kv_heads, dropout, rotary
+        self.kv_width = kv_heads * (width // heads)
+        self.qkv = nn.Linear(width, width + 2 * self.kv_width, bias=bias)
+        self.out = nn.Linear(width, width, bias=bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(width, dim=-1))
+        q, k, v = self.qkv(x).split((width, self.kv_width, self.kv_width), dim=-1)
+        q = q.view(batch, length, self.heads, -1).transpose(1, 2)
+        k, v = (t.view(batch, length, self.kv_heads, -1).transpose(1, 2) for t in (k, v))
         if self.rotary:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        grouped: dict[str, bool] = {}
+        if self.kv_heads != self.heads:
+            if _GQA_KERNEL:
+                grouped["enable_gqa"] = True
+            else:
+                k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                                           **grouped)
         return self.out(y.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -48,13 +83,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
 
 
+def swiglu_hidden(width: int, ffn_multiplier: float | None, multiple_of: int) -> int:
+    """Llama's SwiGLU hidden size as Meta's llama code computes it: two thirds of 4 x width (the gate keeps the
+    parameters of a 4 x width GELU MLP), times `ffn_multiplier` if given, rounded up to a multiple of `multiple_of`
+    (Llama 3 8B: 4096, 1.3, 1024 -> 14336). With multiple_of 8 and no multiplier it is 8 x ceil(8 x width / 3 / 8),
+    this model's size before these options (int() drops less than 1/3, never past a multiple of 8)."""
+    hidden = int(2 * 4 * width / 3)
+    if ffn_multiplier is not None:
+        hidden = int(ffn_multiplier * hidden)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
 class MLP(nn.Module):
-    def __init__(self, width: int, shape: Shape, dropout: float) -> None:
+    def __init__(self, width: int, hidden: int, gated: bool, bias: bool, dropout: float) -> None:
         super().__init__()
-        self.gated = shape == "llama"
-        hidden = 8 * math.ceil(8 * width / 3 / 8) if self.gated else 4 * width  # SwiGLU keeps the parameters
-        self.up = nn.Linear(width, (2 if self.gated else 1) * hidden, bias=not self.gated)
-        self.down = nn.Linear(hidden, width, bias=not self.gated)
+        self.gated = gated
+        self.up = nn.Linear(width, (2 if gated else 1) * hidden, bias=bias)
+        self.down = nn.Linear(hidden, width, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,30 +109,74 @@ class MLP(nn.Module):
         return self.drop(self.down(F.gelu(self.up(x))))
 
 
+def _norm(shape: Shape, width: int, bias: bool) -> nn.Module:
+    return nn.LayerNorm(width, bias=bias) if shape == "gpt2" else nn.RMSNorm(width)
+
+
 class Block(nn.Module):
     """Pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). The unit FSDP2 shards and checkpointing wraps."""
 
-    def __init__(self, width: int, heads: int, shape: Shape, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, kv_heads: int, hidden: int, shape: Shape, bias: bool, rotary: bool,
+                 dropout: float) -> None:
         super().__init__()
-        norm = nn.LayerNorm if shape == "gpt2" else nn.RMSNorm
-        self.attention_norm, self.attention = norm(width), Attention(width, heads, shape, dropout)
-        self.mlp_norm, self.mlp = norm(width), MLP(width, shape, dropout)
+        self.attention_norm = _norm(shape, width, bias)
+        self.attention = Attention(width, heads, kv_heads, bias, rotary, dropout)
+        self.mlp_norm, self.mlp = _norm(shape, width, bias), MLP(width, hidden, shape == "llama", bias, dropout)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
 
+# checkpoint="selective": torchtitan's per-op selective activation checkpointing ("op" mode). A block's forward runs
+# under a policy that keeps the outputs of its matrix products, all but every second one, and of the fused attention
+# kernels, and recomputes the rest (norms, activations, rotations, reshapes) in backward. A Linear with a bias
+# dispatches to addmm rather than mm, so addmm counts as a matrix product too (torchtitan's Llama has no biases).
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.linear.default})
+_ATTENTION = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+def selective_policy() -> Callable[..., CheckpointPolicy]:
+    """A fresh policy for one checkpointed call: matrix products counted apart in the forward and in the
+    recomputation (which must make the same choices), every second one recomputed."""
+    counts = {False: 0, True: 0}  # ctx.is_recompute -> matrix products seen
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in _MATMULS:
+            counts[ctx.is_recompute] += 1
+            return CheckpointPolicy.PREFER_RECOMPUTE if counts[ctx.is_recompute] % 2 == 0 \
+                else CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if op in _ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _selective_contexts() -> Any:
+    return create_selective_checkpoint_contexts(selective_policy())
+
+
+def _piece_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The summed cross-entropy of some tokens, in float32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
 class GPT(nn.Module):
-    """`layers` blocks of `width` over `heads` heads; `vocab_size` tokens, sequences of `seq_len`. `checkpoint`:
-    each block's activations recomputed in backward instead of kept (activation checkpointing). `dropout` 0:
-    the same update whatever the strategy (strict numerical parity)."""
+    """`layers` blocks of `width` over `heads` heads; `vocab_size` tokens, sequences of `seq_len`. `dropout` 0:
+    the same update whatever the strategy (strict numerical parity). The other options keep this model's first
+    behaviour at their defaults; conf/model/gpt.yaml and docs/workloads.md say what each does."""
 
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, vocab_size: int = 256, seq_len: int = 64,
-                 shape: Shape = "gpt2", dropout: float = 0.0, checkpoint: bool = False, name: str = "gpt") -> None:
+                 shape: Shape = "gpt2", dropout: float = 0.0,
+                 checkpoint: bool | CheckpointMode = False, name: str = "gpt",
+                 kv_heads: int | None = None, mlp_hidden: int | None = None, ffn_multiplier: float | None = None,
+                 multiple_of: int = 8, bias: bool | None = None, tie_embeddings: bool = False,
+                 rope_theta: float = 10000.0, positions: Positions | None = None, loss_chunks: int = 0) -> None:
         super().__init__()
         for key, value in (("layers", layers), ("width", width), ("heads", heads), ("vocab_size", vocab_size),
-                           ("seq_len", seq_len)):
+                           ("seq_len", seq_len), ("multiple_of", multiple_of)):
             if value < 1:
                 raise ConfigError(f"model.{key}", value, "an integer >= 1")
         if width % heads or (width // heads) % 2:
@@ -95,16 +184,39 @@ class GPT(nn.Module):
                               "an even width")
         if shape not in ("gpt2", "llama"):
             raise ConfigError("model.shape", shape, "gpt2 or llama")
-        self.seq_len, self.checkpoint = seq_len, checkpoint
+        kv_heads = heads if kv_heads is None else kv_heads
+        if kv_heads < 1 or heads % kv_heads:
+            raise ConfigError("model.kv_heads", kv_heads, f"a divisor of model.heads ({heads}): each key and value "
+                              "head serves the same number of query heads (null: as many as model.heads)")
+        if mlp_hidden is not None and mlp_hidden < 1:
+            raise ConfigError("model.mlp_hidden", mlp_hidden, "an integer >= 1, or null (the shape's own)")
+        if ffn_multiplier is not None and (ffn_multiplier <= 0 or shape != "llama"):
+            raise ConfigError("model.ffn_multiplier", ffn_multiplier, "a number > 0 with model.shape=llama (it scales "
+                              "the SwiGLU hidden size; model.mlp_hidden sets any shape's), or null")
+        if not rope_theta > 0:
+            raise ConfigError("model.rope_theta", rope_theta, "a number > 0 (the rotary base: 10000, Llama 3 500000)")
+        if positions is not None and positions not in get_args(Positions):
+            raise ConfigError("model.positions", positions, "learned, rotary, none, or null (as the shape: gpt2 "
+                              "learned, llama rotary)")
+        if loss_chunks < 0:
+            raise ConfigError("model.loss_chunks", loss_chunks, "an integer >= 0 (0: the cross-entropy in one piece)")
+        bias = shape == "gpt2" if bias is None else bias
+        positions = positions or ("learned" if shape == "gpt2" else "rotary")
+        if mlp_hidden is None:
+            mlp_hidden = swiglu_hidden(width, ffn_multiplier, multiple_of) if shape == "llama" else 4 * width
+        self.seq_len, self.checkpoint, self.loss_chunks = seq_len, checkpoint_mode(checkpoint), loss_chunks
         self.embedding = nn.Embedding(vocab_size, width)
-        self.positions = nn.Embedding(seq_len, width) if shape == "gpt2" else None
+        self.positions = nn.Embedding(seq_len, width) if positions == "learned" else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, shape, dropout) for _ in range(layers))
-        self.norm = nn.LayerNorm(width) if shape == "gpt2" else nn.RMSNorm(width)
-        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.blocks = nn.ModuleList(Block(width, heads, kv_heads, mlp_hidden, shape, bias, positions == "rotary",
+                                          dropout) for _ in range(layers))
+        self.norm = _norm(shape, width, bias)
+        # tied: the logits are made with the embedding's own weight (no parameter of the head's), which stays one
+        # tensor wherever the model is moved or sharded
+        self.head = None if tie_embeddings else nn.Linear(width, vocab_size, bias=False)
         half = width // heads // 2
         angles = torch.outer(torch.arange(seq_len, dtype=torch.float32),
-                             10000.0 ** (-torch.arange(half, dtype=torch.float32) / half))
+                             float(rope_theta) ** (-torch.arange(half, dtype=torch.float32) / half))
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
@@ -125,9 +237,26 @@ class GPT(nn.Module):
             x = x + self.positions(torch.arange(length, device=tokens.device))
         x = self.drop(x)
         cos, sin = self.cos[:length], self.sin[:length]
+        recomputed = self.checkpoint != "none" and torch.is_grad_enabled()
         for block in self.blocks:
-            if self.checkpoint and torch.is_grad_enabled():
+            if recomputed and self.checkpoint == "selective":
+                x = recompute(block, x, cos, sin, use_reentrant=False, context_fn=_selective_contexts)
+            elif recomputed:
                 x = recompute(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)
-        return self.head(self.norm(x))
+        x = self.norm(x)
+        return F.linear(x, self.embedding.weight) if self.head is None else self.head(x)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of the logits against the next tokens: harness.core.inputs.loss, or with
+        `loss_chunks` > 0 the same taken in that many pieces along the tokens, each recomputed in backward
+        (torch.utils.checkpoint): the float32 upcast and the log-softmax of a piece live only while it is
+        computed, so backward keeps the logits alone and makes their gradient at their own dtype, as fused
+        cross-entropy kernels do. Float32 throughout (the plain loss follows the logits' dtype)."""
+        if not self.loss_chunks:
+            return loss(outputs, targets)
+        logits, targets = outputs.flatten(0, -2), targets.flatten()
+        pieces = zip(logits.chunk(self.loss_chunks), targets.chunk(self.loss_chunks), strict=True)
+        total = sum(recompute(_piece_loss, piece, target, use_reentrant=False) for piece, target in pieces)
+        return total / (targets != -100).sum()  # F.cross_entropy's mean: over the targets not ignored

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from amp import Amp
-from harness.core.inputs import Batch
-from harness.core.inputs import loss as loss_of
+from harness.core.inputs import Batch, loss_for
 from harness.core.timing import Window, WindowClock
 from harness.rank.data import BatchSource
 
@@ -38,6 +37,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
     N, so the gradient is the batch's mean as without accumulation. `losses` (numerical parity only) gets
     every iteration's loss as a detached device tensor, read after the loop: keeping it waits for nothing."""
     model.train()
+    loss_of = loss_for(model)
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
@@ -70,6 +70,7 @@ def split(batch: Batch, parts: int) -> list[Batch]:
 def accumulate(model: nn.Module, amp: Amp, micro: Sequence[Batch], no_sync: NoSync) -> torch.Tensor:
     """Forward and backward over the micro-batches; the batch's mean loss (a tensor: nothing waits)."""
     last = len(micro) - 1
+    loss_of = loss_for(model)
     total: torch.Tensor | None = None
     for k, (images, labels) in enumerate(micro):
         with no_sync() if k < last else _NO_CONTEXT:
@@ -95,7 +96,7 @@ def compile_pass(model: nn.Module, amp: Amp, optimizer: torch.optim.Optimizer, b
         accumulate(model, amp, split(batch, grad_accum), no_sync)
     else:
         with amp.forward_context():
-            loss = loss_of(model(batch[0]), batch[1])
+            loss = loss_for(model)(model(batch[0]), batch[1])
         amp.backward(loss)
     after_backward(optimizer)
     amp.zero_grad(optimizer)

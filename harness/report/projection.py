@@ -34,6 +34,7 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
     from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
     from harness.plan.hardware import load_preset
+    from harness.plan.predict import inputs_here
 
     projected = []
     for row in rows:
@@ -56,12 +57,14 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
             scaled = dataclasses.replace(cfg, batch_size=per_rank * devices, gpus=None)
             result = predict_on(scaled, name, usable_cores())
             prediction = result.get("prediction") or {}
+            tokens = inputs_here(scaled).tokens_per_sample
             projected.append({"label": row.label, "strategy": row.strategy, "amp": row.amp, "hardware": name,
                               "devices": devices, "global_batch": per_rank * devices, "status": result["status"],
                               "reason": result.get("reason"), "throughput_img_s": prediction.get("throughput_img_s"),
                               "s_per_iteration": prediction.get("s_per_iteration"),
                               "peak_mib": prediction.get("peak_mib"), "fits": prediction.get("fits"),
-                              "throughput_band": prediction.get("throughput_band"),
+                              "throughput_band": prediction.get("throughput_band"), "mfu": prediction.get("mfu"),
+                              "unit": "tokens/s" if tokens else "img/s", "per_sample": tokens or 1,
                               "band_source": prediction.get("band_source", ""),
                               "assumptions": prediction.get("assumptions", [])})
     return projected
@@ -78,14 +81,19 @@ def _as_on_a_gpu(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     return dataclasses.replace(cfg, kernels=dataclasses.replace(cfg.kernels, **on_gpu))
 
 
-HEADERS = ("combination", "hardware", "devices", "global batch", "img/s", "90 % band", "peak MiB/rank", "fits", "note")
+HEADERS = ("combination", "hardware", "devices", "global batch", "rate", "90 % band", "MFU", "peak MiB/rank", "fits",
+           "note")
 
 
 def _cells(p: dict[str, Any]) -> list[str]:
+    """A row in the workload's own units: img/s, or tokens/s for a language model (its sequences x their tokens)."""
     band = p.get("throughput_band") or (None, None)
+    scale = p.get("per_sample", 1)
+    rate = p.get("throughput_img_s")
     return [p["label"], p["hardware"], str(p.get("devices", "—")), str(p.get("global_batch", "—")),
-            _num(p.get("throughput_img_s"), 0),
-            f"{_num(band[0], 0)}–{_num(band[1], 0)}" if band[0] and band[1] else "—", _num(p.get("peak_mib"), 1),
+            "—" if rate is None else f"{rate * scale:,.0f} {p.get('unit', 'img/s')}",
+            f"{_num(band[0] and band[0] * scale, 0)}–{_num(band[1] and band[1] * scale, 0)}" if band[0] and band[1]
+            else "—", "—" if p.get("mfu") is None else f"{100 * p['mfu']:.1f} %", _num(p.get("peak_mib"), 1),
             "—" if p.get("fits") is None else "yes" if p["fits"] else "NO",
             (p["status"] if p["status"] != "predicted" else "") + (": " + p["reason"] if p.get("reason") else "")]
 
@@ -96,7 +104,7 @@ def sources(projected: Sequence[dict[str, Any]]) -> list[str]:
 
 def markdown(projected: Sequence[dict[str, Any]]) -> str:
     lines = ["## Projected past this machine (harness.plan; weak scaling: each rank keeps its batch)", "",
-             "| " + " | ".join(HEADERS) + " |", "|:---|:---|" + "---:|" * 5 + ":---|:---|"]
+             "| " + " | ".join(HEADERS) + " |", "|:---|:---|" + "---:|" * 6 + ":---|:---|"]
     lines += ["| " + " | ".join(_cells(p)) + " |" for p in projected]
     if sources(projected):
         lines += ["", "The band: " + "; ".join(sources(projected)) + " (harness/plan/published.csv, benchmark 14)."]

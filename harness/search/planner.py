@@ -7,15 +7,16 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from harness.compose import SWEEP_GROUP, compose_one
+from harness.compose import SWEEP_GROUP, Composed, compose_one
 from harness.core.config import SearchConfig
 from harness.core.errors import ConfigError
+from harness.core.options import option_choices
 from harness.launch import checked
 from harness.search.prune import prune
 from harness.search.record import PrunedEntry, SearchRecord
-from harness.search.space import check_axes, combinations, key_of, swept
+from harness.search.space import Axis, check_axes, combinations, key_of, swept
 from harness.verdict.rounds import combination_names
 
 log = logging.getLogger(__name__)
@@ -30,25 +31,51 @@ def requested(overrides: Sequence[str]) -> bool:
     return any(key_of(o) == f"{SEARCH_KEY}.enabled" and o.partition("=")[2].lower() == "true" for o in overrides)
 
 
-def space(overrides: Sequence[str], search: SearchConfig) -> list[list[str]]:
+def space(overrides: Sequence[str], search: SearchConfig, axes: Sequence[Axis] | None = None,
+          values_on: Callable[[Composed, Axis], Sequence[str]] | None = None) -> list[list[str]]:
     """Every candidate: the command line's overrides (`search.*` and the grid's `sweep=` kept on each, Hydra's
     grid replaced by `sweep=none`) crossed with the search's axes where they apply. Hydra's own overrides
-    (`hydra.*`, `hydra/launcher=...`) set up the sweep, not a candidate, as Hydra hands its sweeper the rest."""
+    (`hydra.*`, `hydra/launcher=...`) set up the sweep, not a candidate, as Hydra hands its sweeper the rest.
+    `axes`: in place of `search.axes`' (a search on a preset); `values_on(config, axis)`: an axis's values where
+    the combination's groups so far (strategy, model, amp...) compose `config` (else option_values)."""
     typed = [o for o in overrides if key_of(o) != SWEEP_GROUP and not key_of(o).startswith((f"{SEARCH_KEY}.", "hydra"))]
     shared = [o for o in overrides if key_of(o).startswith(f"{SEARCH_KEY}.")] + [f"{SWEEP_GROUP}=none"]
 
     @functools.cache
+    def composed(groups: tuple[str, ...]) -> Composed:
+        return compose_one([*typed_plain, *groups, *shared])
+
+    @functools.cache
     def keys_of(groups: tuple[str, ...]) -> frozenset[str]:
-        config = compose_one([*typed_plain, *groups, *shared]).config
-        return frozenset(_dotted(config))
+        return frozenset(_dotted(composed(groups).config))
 
     typed_plain = [o for o in typed if swept(o) is None and key_of(o) not in GROUPS]
 
-    def has_key(stem: list[str], key: str) -> bool:
-        return key in keys_of(tuple(o for o in stem if key_of(o) in GROUPS))
+    def groups_of(stem: list[str]) -> tuple[str, ...]:
+        return tuple(o for o in stem if key_of(o) in GROUPS)
 
-    found = combinations(typed, check_axes(search.axes), has_key)
+    def has_key(stem: list[str], key: str) -> bool:
+        return key in keys_of(groups_of(stem))
+
+    def values(stem: list[str], axis: Axis) -> Sequence[str]:
+        if values_on is None and not axis.key.startswith("model."):
+            return axis.values  # nothing to compose
+        return (values_on or option_values)(composed(groups_of(stem)), axis)
+
+    found = combinations(typed, check_axes(search.axes) if axes is None else axes, has_key, values)
     return [[*combination, *shared] for combination in found]
+
+
+def option_values(config: Composed, axis: Axis) -> Sequence[str]:
+    """An axis over a model's option takes the values the model's signature allows (model.checkpoint: none, full,
+    selective where the model names them, false and true where it takes a bool): written once, in the model's
+    own code. Any other axis, or an option whose type names no values, takes the axis's own."""
+    if axis.key.startswith("model."):
+        target = (config.config.get("model") or {}).get("_target_")
+        found = option_choices(str(target), axis.key.partition(".")[2]) if target else None
+        if found:
+            return found
+    return axis.values
 
 
 def _dotted(node: object, prefix: str = "") -> list[str]:

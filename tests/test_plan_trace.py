@@ -1,0 +1,92 @@
+"""harness.plan.trace: attention as the run's device computes it, and a model of many alike blocks traced at
+two and grown, checked against its full trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.core.amp_levels import resolve
+from harness.core.config import AmpConfig
+from harness.core.inputs import tokens
+from harness.plan import trace
+from harness.plan.gpu_model import FLOP_FORMULAS, GpuFactors, step_time
+
+FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
+ORIGINAL = F.scaled_dot_product_attention
+
+
+def _attention_ops(device: str, kv_heads: int, dropout: float = 0.0) -> set[str]:
+    with torch.device("meta"):
+        q = torch.randn(2, 4, 64, 16, requires_grad=True)
+        k, v = (torch.randn(2, kv_heads, 64, 16, requires_grad=True) for _ in range(2))
+    counter = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
+    with trace.fused_attention(device), counter:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
+                                       enable_gqa=kv_heads != 4).sum().backward()
+    return {str(op) for op in counter.get_flop_counts()["Global"]}
+
+
+def test_attention_takes_the_kernel_the_device_would():
+    """The meta device alone takes the math path (bmm over s x s scores); a CPU run takes its flash kernel
+    where torch's CPU dispatch does (equal heads, no dropout), a GPU run a fused kernel always."""
+    assert FLASH in _attention_ops("cpu", 4) and "aten.bmm" not in _attention_ops("cpu", 4)
+    assert _attention_ops("cpu", 2) == {"aten.bmm"}  # grouped-query heads: the CPU's math path
+    assert _attention_ops("cpu", 4, dropout=0.1) == {"aten.bmm"}
+    assert FLASH in _attention_ops("cuda", 2) and FLASH in _attention_ops("cuda", 4, dropout=0.1)
+    assert F.scaled_dot_product_attention is ORIGINAL  # put back after the trace
+
+
+def test_fused_attention_keeps_no_scores():
+    """At O0 on the CPU a GPT's trace no longer holds each head's s x s scores: with 4 blocks of width 64 over 4
+    heads, sequences of 512 and a batch of 4, the scores are 4 x 4 x 512 x 512 x 4 bytes = 16 MiB a block; the
+    whole step's activations stay below one block's scores x 4 blocks."""
+    model = {"_target_": "harness.rank.gpt.GPT", "layers": 3, "width": 64, "heads": 4, "seq_len": 512,
+             "vocab_size": 64}
+    amp = resolve(AmpConfig(level="O0"), "cpu")
+    sgd = {"_target_": "torch.optim.SGD", "lr": 0.1}
+    fused = trace.trace_step(model, tokens(512, 64), amp, sgd, 4, device="cpu")
+    scores = 4 * 4 * 512 * 512 * 4
+    assert fused.activations < 3 * scores
+    with pytest.MonkeyPatch.context() as patch:  # the math path, as the meta device alone would take it
+        patch.setattr(trace, "fused_attention", lambda device: trace.contextlib.nullcontext())
+        trace._trace.cache_clear()
+        unfused = trace.trace_step(model, tokens(512, 64), amp, sgd, 4, device="cpu")
+    trace._trace.cache_clear()
+    assert unfused.activations > fused.activations + 3 * scores
+
+
+@pytest.mark.parametrize(("level", "checkpoint"), [("O0", False), ("O1", True), ("O2", False)])
+def test_many_blocks_grown_from_two_and_three_equal_the_full_trace(level: str, checkpoint: bool):
+    """Seven blocks traced at two and three and grown: every byte count, the FLOPs, the units and the matrices,
+    and the step's time on a preset as the full trace of seven gives them."""
+    model = {"_target_": "harness.rank.gpt.GPT", "layers": 7, "width": 64, "heads": 4, "seq_len": 64,
+             "vocab_size": 128, "checkpoint": checkpoint}
+    amp = resolve(AmpConfig(level=level, dtype="bfloat16"), "cpu")
+    adamw = {"_target_": "torch.optim.AdamW", "lr": 1e-3}
+    inputs = tokens(64, 128)
+    assert trace.repeated_blocks(model) == 7
+    assert trace.repeated_blocks({**model, "layers": 3}) is None
+    assert trace.repeated_blocks({"_target_": "torchvision.models.resnet18", "layers": 9}) is None  # no block_names
+
+    def units(m: torch.nn.Module) -> list[str]:
+        return list(m.block_names())
+
+    full = trace._trace(trace.hashable(model), inputs, amp, trace.hashable(adamw), 2, 1, units, False, "cuda")
+    grown = trace.trace_step(model, inputs, amp, adamw, 2, unit_names=units, device="cuda")
+    assert grown.blocks == 7 and full.blocks == 0
+    for name in trace.LINEAR_FIELDS:
+        assert getattr(grown, name) == getattr(full, name), name
+    assert sorted(grown.units) == sorted(full.units) and len(grown.units) == 7
+    assert sorted(grown.matrices) == sorted(full.matrices)
+
+    factors = GpuFactors(conv=0.6, matmul=0.6, memory=0.7, launch_us=4.0, sync_cv=0.02)
+    peaks = {"float32": 60.0, "bfloat16": 900.0}
+    whole = step_time(trace._trace_ops(trace.hashable(model), inputs, amp, trace.hashable(adamw), 2, 1), peaks,
+                      3000.0, factors)
+    parts = step_time(trace.trace_ops(model, inputs, amp, adamw, 2), peaks, 3000.0, factors)
+    assert parts.forward_backward_s == pytest.approx(whole.forward_backward_s, rel=1e-9)
+    assert parts.optimizer_s == pytest.approx(whole.optimizer_s, rel=1e-9)
+    assert parts.kernels == whole.kernels
