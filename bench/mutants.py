@@ -199,7 +199,7 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
     ("ZeRO/FSDP optimizer time not divided by the ranks", "harness/plan/predict.py",
      "            optimizer /= n\n", "            pass\n"),
     ("plan: ZeRO's optimizer state not sharded", "harness/plan/predict.py",
-     "state = trace.optimizer_state / n if state_sharded else", "state = trace.optimizer_state if state_sharded else"),
+     "state = peak.optimizer_state / n if state_sharded else", "state = peak.optimizer_state if state_sharded else"),
     ("plan: inputs of the global batch on every rank", "harness/plan/predict.py",
      "local_batch = cfg.batch_size // n\n", "local_batch = cfg.batch_size\n"),
     ("plan: DataParallel's replicas hold the optimizer state", "harness/plan/predict.py",

@@ -34,6 +34,7 @@ SCRIPTS = {
     "projection.py": ["== each published result, predicted by factors fitted without it",
                       "== the same prediction, quiet and loaded"],
     "mutants.py": ["== mutants: the tests that cover each, run against it =="],
+    "published_llm.py": ["== each published run, planned", "== errors by group"],
 }
 
 

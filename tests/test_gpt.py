@@ -212,6 +212,10 @@ NAMED = {
                   355_000_000, 1_000_000),  # "355M"
     "llama2_7b": (dict(layers=32, width=4096, heads=32, vocab=32000, seq_len=4096, hidden=11008, **LLAMA),
                   6_738_415_616, 1),
+    "llama2_13b": (dict(layers=40, width=5120, heads=40, vocab=32000, seq_len=4096, hidden=13824, **LLAMA),
+                   13_015_864_320, 1),
+    "llama2_70b": (dict(layers=80, width=8192, heads=64, kv_heads=8, vocab=32000, seq_len=4096, hidden=28672,
+                        **LLAMA), 68_976_648_192, 1),
     "llama3_8b": (dict(layers=32, width=4096, heads=32, kv_heads=8, vocab=128256, seq_len=8192, hidden=14336, **LLAMA),
                   8_030_261_248, 1),
     "llama3_70b": (dict(layers=80, width=8192, heads=64, kv_heads=8, vocab=128256, seq_len=8192, hidden=28672,
