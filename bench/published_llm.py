@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             factors, source=f"harness/plan/published.csv and harness/plan/published_llm.csv's A100 rows, "
                             f"{factors.cases} cases, fitted {time.strftime('%Y-%m-%d')}"),
             header=header + "# bench/published_llm.py --fit refits them with the A100 rows of harness/plan/published_llm.csv "
-                            "(benchmark 15b)\n")
+                            "(benchmark 18)\n")
     if args.write_results:
         common.write_results("published_llm", common.results_page("published_llm", settings, [rows, summary], lines),
                              args.results_dir)
