@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     fitted_on = [c for c in foundry if c.gpu == "a100x8" and llm.placed(c) is not None]
     shipped = gpu_model.load_factors()
     started = time.perf_counter()
-    factors = published.fit(published.load_table(), [(c.published, _predictor(llm, c)) for c in fitted_on])
+    factors = published.fit(published.load_table(),
+                            [(c.published, functools.partial(llm.case_tokens_per_gpu, c)) for c in fitted_on])
     factors = dataclasses.replace(factors, log_sd=shipped.log_sd)
     fit_s = time.perf_counter() - started
     low, high = factors.band()
@@ -110,10 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         common.write_results("published_llm", common.results_page("published_llm", settings, [rows, summary], lines),
                              args.results_dir)
     return 0
-
-
-def _predictor(llm: object, case: object) -> object:
-    return lambda factors: llm.case_tokens_per_gpu(case, factors)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -116,19 +116,13 @@ def search_on_preset(overrides: list[str], base: RunConfig) -> int:
     import time
 
     from harness import planning
-    from harness.core.logs import add_file, setup_cli
     from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
-    from harness.plan.calibrate import shutdown
     from harness.plan.hardware import LOCAL
     from harness.search import preset
 
     planning.check_plan_presets([base])
     found = preset.preset_space(overrides, base)
-    setup_cli()
-    out = planning.PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
-    out.mkdir(parents=True, exist_ok=False)
-    handler = add_file(out / "plan.log")
     started = time.perf_counter()
     cores, link = usable_cores(), planning.measure_link if found.hardware == LOCAL else None
 
@@ -139,13 +133,10 @@ def search_on_preset(overrides: list[str], base: RunConfig) -> int:
         p = row["prediction"]
         return planning.rate_text(row, p["throughput_img_s"]), planning.band_text(p, row.get("tokens_per_sample"))
 
-    try:
+    with planning.plan_folder() as out:
         log.info("search on %s: %d candidates, predicted one by one (nothing trained); %s", found.hardware,
                  len(found.candidates), "; ".join(found.axes))
-        try:
-            rows = preset.predict_all(found, predict)
-        finally:
-            shutdown()
+        rows = preset.predict_all(found, predict)
         said = preset.answer(rows, found.hardware, found.nodes, base.verdict.margin, figure)
         took = time.perf_counter() - started
         (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows, "seconds": took,
@@ -158,9 +149,6 @@ def search_on_preset(overrides: list[str], base: RunConfig) -> int:
         for line in said.lines:
             log.info("%s", line)
         log.info("search: %d candidates in %.1f s, nothing trained: %s", len(rows), took, out / "plan.md")
-    finally:
-        logging.getLogger().removeHandler(handler)
-        handler.close()
     return 0
 
 

@@ -6,10 +6,11 @@ written. Also measures this machine's link for the `local` preset when it is nee
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +59,35 @@ def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
     return pooled.link, links
 
 
-def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
-    """Predict every combination (its overrides, its composed config); 0 when all were predicted or skipped for
-    a reason; ConfigError (exit 2 for the caller) on bad input, before anything is written."""
+@contextlib.contextmanager
+def plan_folder() -> Iterator[Path]:
+    """runs/plan/<time>/, this process's log copied to its plan.log; on the way out the calibration's child is
+    stopped and the log handler removed (plan=true's and a search on a preset's)."""
     from harness.core.logs import add_file, setup_cli
-    from harness.launch.on_preset import predict_on
-    from harness.launch.placement import usable_cores
+    from harness.plan.calibrate import shutdown
 
-    check_plan_presets([cfg for _, cfg in configs])  # before anything is measured or written
     setup_cli()
     out = PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=False)
     handler = add_file(out / "plan.log")
+    try:
+        yield out
+    finally:
+        shutdown()
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
+    """Predict every combination (its overrides, its composed config); 0 when all were predicted or skipped for
+    a reason; ConfigError (exit 2 for the caller) on bad input, before anything is written."""
+    from harness.launch.on_preset import predict_on
+    from harness.launch.placement import usable_cores
+
+    check_plan_presets([cfg for _, cfg in configs])  # before anything is measured or written
     rows = []
     started = time.perf_counter()
-    try:
+    with plan_folder() as out:
         log.info("plan: %d combination(s) to predict on %s", len(configs),
                  ", ".join(dict.fromkeys(cfg.plan.hardware for _, cfg in configs)))
         for index, (combo, cfg) in enumerate(configs, start=1):
@@ -84,19 +99,13 @@ def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
             log.info("plan: %d/%d %s: %s (%.1f s%s)", index, len(configs), _label(row), row["status"], row["seconds"],
                      f"; about {left:.0f} s left" if index < len(configs) else "")
             rows.append(row)
-    finally:
-        from harness.plan.calibrate import shutdown
-
-        shutdown()
-        logging.getLogger().removeHandler(handler)
-        handler.close()
-    (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows, "seconds": time.perf_counter() - started},
-                                              indent=1, default=str))
-    text = tables(rows)
-    (out / "plan.md").write_text(text)
-    log.info("%s", text)
-    log.info("plan: %d combination(s) in %.1f s, nothing trained: %s", len(rows), time.perf_counter() - started,
-             out / "plan.json")
+        (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows,
+                                                   "seconds": time.perf_counter() - started}, indent=1, default=str))
+        text = tables(rows)
+        (out / "plan.md").write_text(text)
+        log.info("%s", text)
+        log.info("plan: %d combination(s) in %.1f s, nothing trained: %s", len(rows), time.perf_counter() - started,
+                 out / "plan.json")
     return 0
 
 

@@ -304,3 +304,16 @@ def test_a_gpu_preset_is_predicted_with_the_kernel_settings_the_run_would_have()
     highest, said = seconds("O0", gpt)
     tf32, said_tf32 = seconds("O0", gpt, matmul_precision="high")
     assert tf32 < highest and "not for float32 matmuls" in said and "and for float32 matmuls" in said_tf32
+
+
+def test_mfu_is_the_model_flops_over_every_device_s_peak():
+    """8e15 model FLOPs an iteration in 2 s on 4 devices of 1,000 TFLOP/s: 4e15/s of 4e15/s possible... at 2 s,
+    8e15 / 2 / (4 x 1e15) = 100 %; at 4 s 50 %. DataParallel's 4 replicas in one process (world size 1) are still
+    4 devices: per-rank peak would say 200 %."""
+    ranks = tuple(RankMemory(f"cuda:{i}", 1, 0, 0, 0, 0, 0, 0) for i in range(4))
+    p = Prediction("mine", 4, ranks, 80 * 1024, False, 3.5, 0.5, 0, 0, 8 * 10**15, 64, (), peak_tflops=1000.0)
+    assert p.s_per_iteration == 4.0 and p.mfu == pytest.approx(0.5)
+    assert dataclasses.replace(p, compute_s=1.5).mfu == pytest.approx(1.0)
+    assert dataclasses.replace(p, world_size=1).mfu == pytest.approx(0.5)  # DataParallel: four devices, one rank
+    assert dataclasses.replace(p, peak_tflops=None).mfu is None
+    assert p.as_dict()["mfu"] == pytest.approx(0.5)

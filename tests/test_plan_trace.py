@@ -90,3 +90,16 @@ def test_many_blocks_grown_from_two_and_three_equal_the_full_trace(level: str, c
     assert parts.forward_backward_s == pytest.approx(whole.forward_backward_s, rel=1e-9)
     assert parts.optimizer_s == pytest.approx(whole.optimizer_s, rel=1e-9)
     assert parts.kernels == whole.kernels
+
+
+def test_the_model_flops_leave_recomputation_out():
+    """MFU's FLOPs (3 x the forward's) are the same with checkpointing on and off, and equal what the step computes
+    without it (backward: twice the forward for every matmul and attention); with full checkpointing the step
+    computes more (the forward again)."""
+    amp = resolve(AmpConfig(level="O0"), "cpu")
+    sgd = {"_target_": "torch.optim.SGD", "lr": 0.1}
+    model = {"_target_": "harness.rank.gpt.GPT", "layers": 2, "width": 64, "heads": 4, "seq_len": 64,
+             "vocab_size": 128}
+    plain, full = (trace.trace_step({**model, "checkpoint": c}, tokens(64, 128), amp, sgd, 2) for c in ("none", "full"))
+    assert plain.model_flops == full.model_flops == plain.flops
+    assert full.flops > full.model_flops

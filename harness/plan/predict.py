@@ -94,11 +94,12 @@ class Prediction:
     @property
     def mfu(self) -> float | None:
         """Model FLOPs utilisation: the model's FLOPs per second (no recomputation) over every device's peak in the
-        dtype the run computes in (None where no time or no peak is known)."""
+        dtype the run computes in (None where no time or no peak is known). Every device: one a rank, or each of
+        DataParallel's replicas (`ranks` has one entry a device)."""
         seconds = self.s_per_iteration
         if not self.peak_tflops or not math.isfinite(seconds) or seconds <= 0:
             return None
-        return self.flops_per_iteration / seconds / (self.world_size * self.peak_tflops * 1e12)
+        return self.flops_per_iteration / seconds / (len(self.ranks) * self.peak_tflops * 1e12)
 
     @property
     def worst(self) -> RankMemory:

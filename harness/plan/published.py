@@ -270,8 +270,9 @@ def fit(cases: Sequence[Case], extra: Sequence[Extra] = ()) -> GpuFactors:
 
     presets = {c.gpu: load_preset(c.gpu) for c in cases}
 
-    names = PARAMETERS if extra else PARAMETERS[:-1]
-    start = np.array(START[:len(names)])
+    fitted = [i for i, name in enumerate(PARAMETERS) if extra or name != "attention"]
+    names = [PARAMETERS[i] for i in fitted]
+    start = np.array([START[i] for i in fitted])
 
     def factors_of(theta: Any) -> GpuFactors:
         return GpuFactors(**dict(zip(names, (float(t) for t in theta), strict=True)), dispatch_us=DISPATCH_US)
@@ -282,7 +283,7 @@ def fit(cases: Sequence[Case], extra: Sequence[Extra] = ()) -> GpuFactors:
         more = [math.log((predicted(f) or published) / published) for published, predicted in extra]
         return np.array(own + more)
 
-    lower, upper = zip(*BOUNDS[:len(names)], strict=True)
+    lower, upper = zip(*(BOUNDS[i] for i in fitted), strict=True)
     result = least_squares(residuals, start, bounds=(lower, upper), x_scale=start + 0.01)
     return dataclasses.replace(factors_of(result.x), cases=len(cases) + len(extra))
 
