@@ -85,9 +85,9 @@ class Amp:
         """The model and its optimizer, once both exist and before any wrapper (apex's amp.initialize)."""
         return model, optimizer
 
-    def sharded_precision(self, reduce_dtype: torch.dtype | None) -> ShardedPrecision:
-        """This level for a strategy that shards parameters (FSDP2): fp32, gradients reduced in `reduce_dtype`
-        (the strategy's compression, or None)."""
+    def sharded_precision(self, reduce_dtype: torch.dtype | None, model: nn.Module | None = None) -> ShardedPrecision:
+        """This level for a strategy that shards parameters (FSDP2) and `model`: fp32, gradients reduced in
+        `reduce_dtype` (the strategy's compression, or None)."""
         return ShardedPrecision(reduce_dtype=reduce_dtype)
 
     def wrap_module(self, model: nn.Module) -> nn.Module:

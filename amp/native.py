@@ -19,21 +19,31 @@ _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 class CastingModule(nn.Module):
     """Does the per-forward casting inside forward, where DataParallel's replica threads see it:
     O1 enters autocast (thread-local state), O2/O3 cast floating-point inputs to the half type (token ids stay
-    integers); outputs come back fp32."""
+    integers); outputs come back fp32, unless the model's own loss upcasts them itself (`upcasts_in_loss`: a fused
+    cross-entropy, which a float32 copy of the logits would only double)."""
 
     def __init__(self, module: nn.Module, input_dtype: torch.dtype | None, autocast_dtype: torch.dtype | None,
                  device_type: str) -> None:
         super().__init__()
         self.module = module
         self.input_dtype, self.autocast_dtype, self.device_type = input_dtype, autocast_dtype, device_type
+        self.keep_outputs = upcasts_in_loss(module)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_dtype is not None and x.is_floating_point():
             x = x.to(self.input_dtype)
         if self.autocast_dtype is not None:
             with torch.autocast(self.device_type, dtype=self.autocast_dtype):
-                return self.module(x).float()
-        return self.module(x).float()
+                out = self.module(x)
+        else:
+            out = self.module(x)
+        return out if self.keep_outputs else out.float()
+
+
+def upcasts_in_loss(model: nn.Module) -> bool:
+    """Whether the model's own loss takes its outputs in their dtype and computes in float32 itself (a model says so
+    with an `upcasts_in_loss` attribute: harness.rank.gpt.GPT with a fused cross-entropy)."""
+    return bool(getattr(model, "upcasts_in_loss", False))
 
 
 class HalfGradScaler(torch.amp.GradScaler):
@@ -91,17 +101,19 @@ class NativeAmp(Amp):
     def optimizer_params(self, model: nn.Module) -> Iterable[nn.Parameter]:
         return self._master_params or model.parameters()
 
-    def sharded_precision(self, reduce_dtype: torch.dtype | None) -> ShardedPrecision:
+    def sharded_precision(self, reduce_dtype: torch.dtype | None,
+                          model: nn.Module | None = None) -> ShardedPrecision:
         """O3 (and O2 without masters): the model cast as under any strategy, no policy. O2: FSDP2 gathers and
         computes in half and reduces in fp32; its fp32 sharded parameters are the masters, so the model is not
         cast and no copies are made; the loss comes back fp32, as apex O2's. O1 casts per op (autocast), not
-        the parameters."""
+        the parameters. A model whose own loss upcasts (`upcasts_in_loss`) keeps its half outputs."""
         spec = self.spec
         if spec.cast_model and not spec.master_weights:
             return ShardedPrecision(cast_model=True, reduce_dtype=reduce_dtype, norms_apart=spec.keep_batchnorm_fp32)
         if spec.cast_model:
             return ShardedPrecision(param_dtype=self.half, reduce_dtype=reduce_dtype or torch.float32,
-                                    output_dtype=torch.float32, norms_apart=spec.keep_batchnorm_fp32)
+                                    output_dtype=None if model is not None and upcasts_in_loss(model) else torch.float32,
+                                    norms_apart=spec.keep_batchnorm_fp32)
         return ShardedPrecision(reduce_dtype=reduce_dtype)
 
     def wrap_module(self, model: nn.Module) -> nn.Module:

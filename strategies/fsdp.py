@@ -25,6 +25,11 @@ dispatcher all-reduces its overflow flag, torch/distributed/tensor/_dispatch.py
   batch-norm where `keep_batchnorm_fp32` keeps it fp32 (O2's default): each batch-norm is then a unit of
   its own, as under O2, since one unit's parameters must share a dtype.
 
+`replicate=N` (N > 1) is HSDP: a 2-D DeviceMesh (replicate, shard) of N replicas of world/N consecutive ranks,
+passed to every `fully_shard` call; parameters are sharded within each shard group and replicated across them, so a
+rank holds 1/(world/N) of them. All-gathers and the gradients' reduce-scatter stay within the shard group (one node,
+on a cluster); each unit's reduced gradient shard is then all-reduced across the N replicas.
+
 `comm_hook=fp16|bf16` is DDP's gradient compression in FSDP2's terms: `reduce_dtype` half, so the
 reduce-scatter moves half the bytes. PowerSGD has no FSDP2 counterpart (fully_shard takes no
 communication hook) and is refused. apex's amp (`amp.impl=apex`) patches the model it is given and
@@ -37,14 +42,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.errors import Incompatible
+from harness.core.errors import ConfigError, Incompatible
 from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
 from strategies.capabilities import GradientSyncControl, ShardedParameters
@@ -63,10 +70,12 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
                          "which FSDP2 replaces with sharded DTensor parameters)"),)
 
     def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
-                 comm_hook: CommHook = "none") -> None:
+                 comm_hook: CommHook = "none", replicate: int = 1) -> None:
         super().__init__()
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
+        self.replicate = replicate  # 1: FSDP over every rank; N > 1: HSDP, N replicas of world/N shards
         self._root: FSDPModule | None = None
+        self._mesh: DeviceMesh | None = None
         self._precision = ShardedPrecision()
 
     @classmethod
@@ -82,16 +91,27 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         super().check_run(cfg, placement, amp)
-        if cls.options_of(cfg.strategy)["comm_hook"] == "powersgd":
+        options = cls.options_of(cfg.strategy)
+        if options["comm_hook"] == "powersgd":
             raise Incompatible("strategy.comm_hook", "powersgd", "none, fp16 or bf16 with strategy=fsdp (FSDP2's "
                                "fully_shard takes no communication hook; fp16/bf16 set its reduce_dtype)")
+        replicate, world = options["replicate"], placement.world_size
+        if replicate < 1:
+            raise ConfigError("strategy.replicate", replicate, "an integer >= 1 (1: FSDP over every rank; N: HSDP, "
+                              "N replicas each sharded over world/N ranks)")
+        if world % replicate:
+            divisors = [d for d in range(1, world + 1) if world % d == 0]
+            raise Incompatible("strategy.replicate", replicate, f"a divisor of the {world} ranks "
+                               f"({', '.join(map(str, divisors))}): HSDP's replicas each shard over world/replicate "
+                               "ranks")
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
         options = cls.options_of(options)
         parts = [f"comm_hook={options['comm_hook']}" if options["comm_hook"] != "none" else "",
                  "reshard_after_forward=false" if options["reshard_after_forward"] is False else "",
-                 f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else ""]
+                 f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else "",
+                 f"replicate={options['replicate']}" if options["replicate"] != 1 else ""]
         return " ".join(p for p in parts if p)
 
     @classmethod
@@ -102,19 +122,27 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
     @classmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """Each unit's parameters all-gathered before its forward (prefetched: overlapped), again before its
-        backward when resharded after forward, and its gradients reduce-scattered during backward. Held:
-        the gathered unit and the next one prefetched, and one unit's unsharded gradients."""
+        backward when resharded after forward, for every micro-batch; its gradients reduce-scattered during the
+        last micro-batch's backward (accumulation keeps them unsharded until then: no_sync). Held:
+        the gathered unit and the next one prefetched, and one unit's unsharded gradients. HSDP (replicate > 1):
+        the gathers and the reduce-scatter within the shard group, then each unit's reduced gradient shard
+        all-reduced across the replicas, also under backward (FSDP2 reduces in reduce_dtype throughout)."""
         o = cls.options_of(options)
-        gathers = (Collective("all_gather", "params", "forward"),)
+        replicate, dtype = o["replicate"], HOOK_DTYPE.get(o["comm_hook"])
+        group = "shard" if replicate > 1 else "world"
+        gathers = (Collective("all_gather", "params", "forward", group=group, every="micro_batch"),)
         if o["reshard_after_forward"]:
-            gathers += (Collective("all_gather", "params", "backward"),)
-        reduce = Collective("reduce_scatter", "grads", "backward", HOOK_DTYPE.get(o["comm_hook"]))
-        return Traffic(gathers + (reduce,), (Buffer("unit_params", 2), Buffer("unit_grads", 1)))
+            gathers += (Collective("all_gather", "params", "backward", group=group, every="micro_batch"),)
+        reduce: tuple[Collective, ...] = (Collective("reduce_scatter", "grads", "backward", dtype, group=group),)
+        if replicate > 1:
+            reduce += (Collective("all_reduce", "grads", "backward", dtype, group="replicate"),)
+        return Traffic(gathers + reduce, (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
+                       replicate=max(1, replicate))
 
     def apply_precision(self, model: nn.Module, amp: Amp) -> nn.Module:
         """The amp plugin says what FSDP2 does in place of its casting (`Amp.sharded_precision`): the model is
         cast only where no policy maps the level (O3, O2 without masters)."""
-        self._precision = amp.sharded_precision(_HALF.get(self.comm_hook))
+        self._precision = amp.sharded_precision(_HALF.get(self.comm_hook), model)
         return amp.cast_module(model) if self._precision.cast_model else model
 
     def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
@@ -134,12 +162,27 @@ class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
             # batch-norm is a unit of its own, whether the model was cast (O3) or the policy casts (O2)
             units.update(dict.fromkeys(n for n, m in model.named_modules() if isinstance(m, _BATCHNORM)))
         modules = dict(model.named_modules())
+        mesh = self.mesh()
         for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents
             module = modules[name]
-            fully_shard(module, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
+            fully_shard(module, mesh=mesh, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
                         reshard_after_forward=self.reshard_after_forward)
-        self._root = fully_shard(model, mp_policy=root_policy, reshard_after_forward=self.reshard_after_forward)
+        self._root = fully_shard(model, mesh=mesh, mp_policy=root_policy,
+                                 reshard_after_forward=self.reshard_after_forward)
         return model
+
+    def mesh(self) -> DeviceMesh | None:
+        """HSDP's 2-D mesh (replicate, shard), built once over the process group, on the run's device type (cuda,
+        or cpu with gloo); None for plain FSDP, whose default mesh is the whole world, as fully_shard builds it,
+        and in a process group of one (the planner's calibration of a rank's step: nothing to replicate). Rank r is
+        in shard group r // (world/replicate): consecutive ranks, a node's GPUs on a cluster."""
+        world = dist.get_world_size()
+        if self.replicate == 1 or world == 1:
+            return None
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.ops.accelerator, (self.replicate, world // self.replicate),
+                                          mesh_dim_names=("replicate", "shard"))
+        return self._mesh
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`."""

@@ -52,6 +52,13 @@ class StrategySpec(ABC):
         `Traffic()` for a strategy that sends nothing."""
 
     @classmethod
+    def shard_degree(cls, options: Mapping[str, Any], world_size: int) -> int:
+        """The ranks that share one copy of what `shards` marks, each holding 1/degree of it: the world size, or
+        with replicas of the sharded state (HSDP) one replica's ranks. What the memory theory and the planner
+        divide by; read off the strategy's declared traffic (`Traffic.replicate`), so that both agree with it."""
+        return cls.traffic(options).sharded_over(world_size)
+
+    @classmethod
     def skip_reason(cls, placement: Placement, amp: AmpSpec) -> str | None:
         """Why this strategy has nothing to measure on this placement (recorded as `skipped`)."""
         if cls.needs_cuda and placement.accelerator != "cuda":

@@ -262,6 +262,22 @@ def test_casting_module_casts_inputs_for_cast_models():
     assert out.dtype == torch.float32
 
 
+def test_a_model_whose_loss_upcasts_keeps_its_half_outputs():
+    """A fused cross-entropy upcasts chunk by chunk: a float32 copy of every logit would only double them. The GPT
+    says so with loss_chunks; without them its outputs come back float32 as every other model's."""
+    from harness.rank.gpt import GPT
+
+    tokens = torch.randint(0, 32, (2, 8))
+    for chunks, dtype in ((0, torch.float32), (2, torch.bfloat16)):
+        model = GPT(layers=1, width=16, heads=2, vocab_size=32, seq_len=8, loss_chunks=chunks).to(torch.bfloat16)
+        out = CastingModule(model, input_dtype=torch.bfloat16, autocast_dtype=None, device_type="cpu")(tokens)
+        assert out.dtype == dtype
+        spec = resolve(AmpConfig(level="O2", dtype="bfloat16"), "cpu")
+        policy = NativeAmp(spec, torch.device("cpu")).sharded_precision(None, model)
+        assert policy.output_dtype == (None if chunks else torch.float32)  # FSDP2's root output likewise
+        assert model.loss(out, tokens).dtype == torch.float32
+
+
 # --- loss scaling -----------------------------------------------------------------------------------------
 
 def poison_grads_then_step(precision: Amp, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -48,6 +48,18 @@ def test_a_float32_matmul_uses_tf32_only_where_allowed():
     assert step_time(ops, no_tf32, 1000.0, FACTORS, tf32_matmul=True).forward_backward_s == pytest.approx(strict)
 
 
+def test_a_presets_kernel_share_scales_its_class_only():
+    ops = StepOps((OpCost("matmul", "bfloat16", "forward_backward", 1e12, 0.0, 1),
+                   OpCost("attention", "bfloat16", "forward_backward", 1e12, 0.0, 1),
+                   OpCost("conv", "bfloat16", "forward_backward", 1e12, 0.0, 1)), samples=1)
+    factors = GpuFactors(conv=0.5, matmul=0.25, memory=0.5, launch_us=0.0, sync_cv=0.0, attention=0.5)
+    time = step_time(ops, PEAKS, 1000.0, factors, kernel_share={"matmul": 0.8, "attention": 0.4})
+    # matmul 1e12 / (200e12 x 0.25 x 0.8) = 0.025 s; attention 1e12 / (200e12 x 0.5 x 0.4) = 0.025 s;
+    # the convolution keeps the datasheet: 1e12 / (200e12 x 0.5) = 0.01 s
+    assert time.by_kind["matmul"] == pytest.approx(0.025) and time.by_kind["attention"] == pytest.approx(0.025)
+    assert time.by_kind["conv"] == pytest.approx(0.01)
+
+
 def test_the_recorder_sees_each_kernel_once_with_its_flops_and_bytes():
     with torch.device("meta"):
         model = nn.Linear(64, 32)
@@ -166,3 +178,23 @@ def test_fused_attention_traced_on_the_cpu_counts_its_flops():
     assert [(o.kind, o.flops) for o in recorder.ops if o.kind == "attention"] == [("attention", forward / 2),
                                                                                ("attention", forward)]
     assert counter.get_total_flops() == 3 * forward
+
+
+def test_a_fused_kernel_is_one_operator_reading_and_writing_only_what_lives_outside_it():
+    """The GPT's fused cross-entropy over 64 rows of 1000 bfloat16 logits in 2 chunks: each chunk one kernel. Forward
+    reads its 32 x 1000 x 2 = 64,000 bytes of logits and 32 int64 targets (256); its float32 upcast, exponentials and
+    sums stay on chip. Backward reads the logits (64,000), the chunk's float32 log-sum-exps (128), its targets (256)
+    and the incoming float32 gradient (4), and writes the gradient over the logits (64,000): 128,388. Counted op by
+    op, the float32 temporaries alone would be 128,000 bytes each pass."""
+    from harness.plan.gpu_model import OperatorRecorder
+    from harness.rank.gpt import FusedCrossEntropy
+
+    with torch.device("meta"):
+        logits = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.randint(0, 1000, (64,))
+    recorder = OperatorRecorder()
+    with recorder:
+        FusedCrossEntropy.apply(logits * 1, targets, 2).backward()
+    fused = [op.bytes for op in recorder.ops if op.kind == "reduction" and op.dtype == "bfloat16"]
+    assert fused == [64_256, 64_256, 128_388, 128_388]
+    assert all(op.kernels == 1 for op in recorder.ops)

@@ -38,6 +38,14 @@ def test_across_nodes_the_slowest_link_and_its_latency_count():
     assert seconds == pytest.approx(26 * 2e-6 + 4 * 5e-6 + 2 * 15 / 16 * 1.6e9 / 40e9)
 
 
+def test_with_one_rank_a_node_every_hop_crosses_and_no_more():
+    """HSDP's replicate group, one rank on each of 4 nodes: 6 hops, all between nodes (not 2 passes x 4 nodes = 8
+    crossings, which would count 2 hops' latency below zero)."""
+    ib = Link(latency_us=5.0, bandwidth_gbps=40.0)
+    assert collective_seconds("all_reduce", 1.6e9, 1, 4, NVLINK, ib) == pytest.approx(6 * 5e-6 + 2 * 3 / 4 * 1.6e9 / 40e9)
+    assert collective_seconds("all_gather", 1.6e9, 1, 4, NVLINK, ib) == pytest.approx(3 * 5e-6 + 3 / 4 * 1.6e9 / 40e9)
+
+
 def test_a_per_op_link_replaces_the_preset_link_inside_a_node():
     slow = {"reduce_scatter": Link(1000.0, 0.5)}
     assert collective_seconds("reduce_scatter", 1e6, 2, 1, NVLINK, NVLINK, slow) == pytest.approx(1e-3 + 0.5e6 / 0.5e9)

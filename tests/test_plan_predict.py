@@ -114,6 +114,20 @@ def test_overlapped_communication_hides_under_backward_except_its_last_bucket():
     assert short[1] == pytest.approx(by_hand - 2 / 3 * 1e-6)
 
 
+def test_a_collective_every_micro_batch_runs_that_many_times_and_overlap_hides_its_share():
+    """An all-gather of 100 MiB over 8 H100s, every micro-batch of 4, under forward (1/3 of 3 s of compute): each
+    takes 7 hops of 2 us + 7/8 x 100 MiB / 360 GB/s; four of them, the last piece (one of 4 buckets' worth) waited
+    for. The rest (3/4 of it) is under compute, of which `overlap` = 0.25 is hidden."""
+    h100 = load_preset("h100x8")
+    gather = Traffic((Collective("all_gather", "params", "forward", every="micro_batch"),))
+    once = 7 * 2e-6 + 7 / 8 * 100 * MIB / 360e9
+    total, exposed = comm_time(gather, TRACE, 8, h100, compute=3.0, micro_batches=4, overlap=0.25)
+    assert total == pytest.approx(4 * once)
+    assert exposed == pytest.approx(4 * once - 0.75 * 4 * once * 0.25)
+    per_step = Traffic((Collective("all_gather", "params", "forward"),))  # once a step whatever the micro-batches
+    assert comm_time(per_step, TRACE, 8, h100, compute=3.0, micro_batches=4)[0] == pytest.approx(once)
+
+
 def test_on_cpu_nothing_overlaps():
     machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
                "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},

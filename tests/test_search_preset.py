@@ -136,7 +136,7 @@ def test_the_same_config_is_predicted_once(faked, tmp_path, capsys):
 
 
 def test_the_axes_on_a_gpu_preset(faked, tmp_path, capsys):
-    """Unless search.axes is typed: ddp, zero, fsdp (hsdp where conf/strategy/ has it), O0 and O1 as bfloat16,
+    """Unless search.axes is typed: ddp, zero, fsdp, O0 and O1 as bfloat16,
     every power-of-two micro-batch of a rank's 16 samples, and the model's own checkpointing values; no compile,
     no comm_hook, no bucket."""
     from harness.compose import compose_one, hydra_context
@@ -145,7 +145,7 @@ def test_the_axes_on_a_gpu_preset(faked, tmp_path, capsys):
     overrides = [cli.plan_shorthand(o) for o in PRESET_SEARCH[1:]]
     with hydra_context():
         found = preset.preset_space(overrides, compose_one(overrides).run)
-    strategies = ["ddp", "zero", "fsdp", *(["hsdp"] if (REPO / "conf" / "strategy" / "hsdp.yaml").exists() else [])]
+    strategies = ["ddp", "zero", "fsdp"]
     checkpoint = option_choices("harness.rank.gpt.GPT", "checkpoint")
     assert checkpoint is not None
     assert len(found.candidates) == len(strategies) * 2 * 5 * len(checkpoint)
@@ -156,6 +156,34 @@ def test_the_axes_on_a_gpu_preset(faked, tmp_path, capsys):
     assert values == {"strategy": sorted(strategies), "amp": ["O0", "O1"], "grad_accum": ["1", "16", "2", "4", "8"],
                       "model.checkpoint": sorted(checkpoint), "amp.dtype": ["bfloat16"]}
     assert all(("amp=O1" in c) == ("amp.dtype=bfloat16" in c) for c in found.candidates)
+
+
+def test_on_more_than_one_node_fsdp_is_also_searched_sharded_within_each_node():
+    """plan.nodes=2: every fsdp candidate also as HSDP with one replica a node (strategy.replicate=2), named so and
+    trained by its command; plain fsdp is spelled without the option, ddp and zero are as they were. A typed
+    strategy.replicate is the user's: no second candidate."""
+    from harness.compose import compose_one, hydra_context
+
+    def candidates(*extra: str, nodes: int = 2) -> preset.Space:
+        overrides = [cli.plan_shorthand(o) for o in (*PRESET_SEARCH[1:], f"plan.nodes={nodes}",
+                                                      "search.axes=[strategy,amp]", *extra)]
+        with hydra_context():
+            return preset.preset_space(overrides, compose_one(overrides).run)
+
+    found = candidates()
+    by_name = dict(zip(found.names, found.candidates, strict=True))
+    assert sorted(by_name) == sorted(["ddp O0", "ddp O1 bf16", "zero O0", "zero O1 bf16", "fsdp O0", "fsdp O1 bf16",
+                                      "fsdp O0 replicate=2", "fsdp O1 bf16 replicate=2"])
+    assert "strategy.replicate=2" in by_name["fsdp O1 bf16 replicate=2"]
+    assert not [c for c in found.candidates if "strategy.replicate=1" in c]
+    assert not [c for c in found.candidates if "strategy=fsdp" not in c and "strategy.replicate=2" in c]
+    assert any("HSDP (strategy.replicate=2)" in said for said in found.axes)
+    assert preset.command(by_name["fsdp O0 replicate=2"]) == "python run.py model=gpt strategy=fsdp " \
+        "strategy.replicate=2 amp=O0"
+    assert preset.command(by_name["fsdp O0"]) == "python run.py model=gpt strategy=fsdp amp=O0"
+    typed = candidates("strategy=fsdp", "strategy.replicate=2")
+    assert len(typed.candidates) == 2 and all("strategy.replicate=2" in c for c in typed.candidates)
+    assert len(candidates(nodes=1).candidates) == 6  # one node: nothing to replicate across
 
 
 def test_a_space_where_nothing_fits_is_one_line_and_exit_2(faked, tmp_path, capsys):

@@ -47,6 +47,7 @@ class LlmCase:
     memory_gib: float | None
     source: str
     where: str
+    compile: bool = False
 
     @property
     def name(self) -> str:
@@ -60,7 +61,8 @@ class LlmCase:
     def overrides(self) -> list[str]:
         """The command line that plans this run."""
         nodes = math.ceil(self.gpus / 8)
-        chunks = max(1, self.micro_batch * self.seq_len // LOSS_TOKENS_PER_CHUNK)
+        # llm-foundry's fused cross-entropy (flash-attn's); torchtitan's plain one (its loss upcasts the logits)
+        chunks = max(1, self.micro_batch * self.seq_len // LOSS_TOKENS_PER_CHUNK) if self.source == "LLMF" else 0
         line = [f"model={self.model}", f"model.seq_len={self.seq_len}", f"model.checkpoint={self.checkpointing}",
                 f"model.loss_chunks={chunks}", "strategy=fsdp", "amp=O2", "amp.dtype=bfloat16", "optim=adamw",
                 f"batch_size={self.micro_batch * self.grad_accum * self.gpus}", f"grad_accum={self.grad_accum}",
@@ -86,7 +88,8 @@ def load_cases(path: Path = TABLE, sources: tuple[str, ...] = ("LLMF",), gpus: t
     return [LlmCase(r["model"], r["gpu"], int(r["gpus"]), int(r["seq_len"]), int(r["global_batch"]),
                     int(r["micro_batch"]), r["checkpointing"], r["precision"], r["sharding"],
                     float(r["published_tokens_s_per_gpu"]), float(r["published_mfu"]) if r["published_mfu"] else None,
-                    float(r["published_memory_gib"]) if r["published_memory_gib"] else None, r["source"], r["where"])
+                    float(r["published_memory_gib"]) if r["published_memory_gib"] else None, r["source"], r["where"],
+                    r["compile"] == "true")
             for r in rows if r["source"] in sources and r["gpu"] in gpus and r["precision"] == "bf16"
             and int(r["tp"] or 1) == 1 and int(r["pp"] or 1) == 1 and "cp" not in r["sharding"]
             and (MODEL_DIR / f"{r['model']}.yaml").is_file()]
@@ -124,7 +127,7 @@ class Placed:
     ranks: int
     traffic: Any
     trace: Any
-    sharded_optimizer: bool
+    optimizer_over: int  # the ranks the optimizer's state is sharded over (1: not sharded)
 
 
 @functools.cache
@@ -150,14 +153,16 @@ def placed(case: LlmCase) -> Placed | None:
     micro = cfg.batch_size // n // cfg.grad_accum
     trace = trace_step(cfg.model, inputs_here(cfg), decided.amp, cfg.optim, micro, cfg.grad_accum,
                        _unit_names(decided.strategy_cls, cfg), device="cuda")  # predict's own: from its cache
-    return Placed(cfg, decided.amp, target.preset, micro, n, decided.strategy_cls.traffic(cfg.strategy), trace,
-                  any(decided.strategy_cls.shards[2:]))
+    traffic = decided.strategy_cls.traffic(cfg.strategy)
+    return Placed(cfg, decided.amp, target.preset, micro, n, traffic, trace,
+                  traffic.sharded_over(n) if decided.strategy_cls.shards[2] else 1)
 
 
 def case_tokens_per_gpu(case: LlmCase, factors: Any = None) -> float | None:
     """Tokens/s per GPU under `factors` (the shipped ones if None), as harness.plan.predict times a preset's
     iteration (compute by the GPU model, the sharded optimizer's step, the communication it does not hide): a fit
     tries many factors on the traces made once. tests/test_plan_published_llm.py checks it against the planner."""
+    from harness.plan.gpu_model import load_factors
     from harness.plan.predict import comm_time, gpu_compute_time
 
     setup = placed(case)
@@ -165,9 +170,9 @@ def case_tokens_per_gpu(case: LlmCase, factors: Any = None) -> float | None:
         return None
     compute, optimizer, _, _ = gpu_compute_time(setup.cfg, setup.amp, setup.preset, setup.micro, setup.ranks,
                                                 factors)
-    if setup.sharded_optimizer:
-        optimizer /= setup.ranks
-    _, exposed = comm_time(setup.traffic, setup.trace, setup.ranks, setup.preset, compute)
+    optimizer /= setup.optimizer_over  # a sharded optimizer steps its shard (HSDP's: the shard group's)
+    _, exposed = comm_time(setup.traffic, setup.trace, setup.ranks, setup.preset, compute, setup.cfg.grad_accum,
+                           (factors or load_factors()).overlap)
     tokens = setup.cfg.batch_size * case.seq_len
     return tokens / (compute + optimizer + exposed) / case.gpus
 

@@ -1,9 +1,9 @@
 """What parameters, gradients and optimizer state take per rank in theory, beside the measured peak.
 
 The whole model's figures are read off the objects as trained (element sizes as the amp level left them;
-DTensors report their global size), then divided by the world size for what the strategy shards: DDP
-keeps everything on every rank; ZeRO (stage 1) shards the optimizer state; FSDP all three, gradients only
-without grad_accum. Gradients are those alive at the optimizer step: the ones it steps with, in their dtype
+DTensors report their global size), then divided by the ranks sharing them for what the strategy shards (the
+world size; HSDP's shard group, `StrategySpec.shard_degree`): DDP keeps everything on every rank; ZeRO (stage 1)
+shards the optimizer state; FSDP all three, gradients only without grad_accum. Gradients are those alive at the optimizer step: the ones it steps with, in their dtype
 (O2's fp32 master gradients: native amp converts the model's half gradients one by one and drops each, so
 only the one being converted overlaps), plus the model's half ones where the amp keeps them too (apex).
 Activations, buffers, communication buffers and the framework's own memory are not in the theory: the
@@ -61,8 +61,10 @@ def _state_bytes_per_element(optimizer: torch.optim.Optimizer) -> int:
     return 0
 
 
-def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool], grad_accum: int = 1) -> dict[str, Any]:
-    """MiB each rank holds: a sharded part is 1/world_size of the whole. O2's master weights are parameters
+def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool], grad_accum: int = 1,
+             sharded_over: int | None = None) -> dict[str, Any]:
+    """MiB each rank holds: a sharded part is 1/`sharded_over` of the whole, the ranks that share one copy of it
+    (`StrategySpec.shard_degree`: the world size unless given, HSDP's shard group). O2's master weights are parameters
     too: sharded only where the parameters are (torch's ZeRO keeps every parameter on every rank and shards
     the state alone; FSDP's fp32 shards are its master weights already, counted as parameters). Sharded
     gradients with grad_accum > 1 are whole: FSDP2 accumulates the micro-batches' gradients unsharded and
@@ -71,10 +73,11 @@ def per_rank(whole: Footprint, world_size: int, shards: tuple[bool, bool, bool],
     briefly, which the theory leaves out."""
     params, grads, state = shards
     grads = grads and grad_accum == 1
-    figures = {"params": whole.params / (world_size if params else 1),
-               "grads": whole.grads / (world_size if grads else 1),
-               "optimizer_state": whole.optimizer_state / (world_size if state else 1),
-               "master_weights": whole.master_weights / (world_size if params else 1)}
+    over = world_size if sharded_over is None else sharded_over
+    figures = {"params": whole.params / (over if params else 1),
+               "grads": whole.grads / (over if grads else 1),
+               "optimizer_state": whole.optimizer_state / (over if state else 1),
+               "master_weights": whole.master_weights / (over if params else 1)}
     mib = {f"{k}_mib": v / MIB for k, v in figures.items()}
     return {**mib, "total_mib": sum(mib.values()), "world_size": world_size,
             "sharded": {"params": params, "grads": grads, "optimizer_state": state}, "whole_bytes": asdict(whole)}

@@ -40,6 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
+from harness.core import fusion
+
 FACTORS_FILE = Path(__file__).with_name("gpu_factors.yaml")
 CONV_OPS = frozenset({"convolution", "convolution_backward", "_convolution", "cudnn_convolution"})
 WEIGHT_ARG = {"convolution_backward": 2}  # where a convolution op's weight is (1 for the others)
@@ -185,6 +187,9 @@ class GpuFactors:
     # the CPU's side of eager execution, per kernel: it runs ahead of the GPU, so a step takes the longer of the two.
     # Assumed, not fitted (every published case is GPU-bound, so none can tell it); the GPU check measures it
     dispatch_us: float = 10.0
+    # the share of a collective's time under compute that the compute hides (1: all of it; fitted where published
+    # runs overlap communication: DDP's buckets, FSDP's gathers)
+    overlap: float = 1.0
     log_sd: float = 0.0  # SD of log(predicted / published) where the fit had not seen the case: the band's width
     cases: int = 0  # published results it was fitted to
     source: str = ""
@@ -279,13 +284,48 @@ def _tensor_bytes(values: Any) -> tuple[float, int]:
 
 
 class OperatorRecorder(TorchDispatchMode):
-    """Records each aten operator the step dispatches (views and allocations launch nothing, and are left out)."""
+    """Records each aten operator the step dispatches (views and allocations launch nothing, and are left out).
+    Operators inside a fused kernel's mark (harness.core.fusion.one_kernel) are one operator: their FLOPs, the
+    bytes they read of tensors made before it and write into them, one launch (what they make and drop inside
+    stays on chip)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[OpCost] = []
         self.phase = "forward_backward"
         self.recording = True
+        self._fused: _Fused | None = None
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._close()
+        return super().__exit__(*exc)
+
+    def _close(self) -> None:
+        if self._fused is not None:
+            f, self._fused = self._fused, None
+            self.ops.append(OpCost("reduction", f.dtype, f.phase, f.flops, f.bytes, 1.0))
+
+    def _fuse(self, kernel: int, args: Any, kwargs: Any, out: Any, flops: float, dtype: str) -> None:
+        if self._fused is None or self._fused.kernel != kernel:
+            self._close()
+            self._fused = _Fused(kernel, self.phase, dtype)
+        fused = self._fused
+        fused.flops += flops
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        read_from = {_storage(t) for t in inputs}
+        for tensor in inputs:  # read from memory: what existed before the kernel, once
+            key = _storage(tensor)
+            if key not in fused.made and key not in fused.read:
+                fused.read.add(key)
+                fused.bytes += tensor.numel() * tensor.element_size()
+        for tensor in (t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+            key = _storage(tensor)
+            if key in read_from and key not in fused.made:  # written in place into memory from before: once
+                if key not in fused.written:
+                    fused.written.add(key)
+                    fused.bytes += tensor.numel() * tensor.element_size()
+            else:
+                fused.made.add(key)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -306,16 +346,40 @@ class OperatorRecorder(TorchDispatchMode):
         causal = CAUSAL_ARG.get(name)
         if causal is not None and len(args) > causal and args[causal] is True:
             flops /= 2  # a causal flash kernel skips the score blocks above the diagonal (torch counts them all)
+        kernel = fusion.current()
+        if kernel is not None:
+            self._fuse(kernel, args, kwargs, out, flops, dtype)
+            return out
+        self._close()
         self.ops.append(OpCost(_kind(name, args, kwargs), dtype, self.phase, flops, read + written, kernels))
         return out
 
     @contextlib.contextmanager
     def phase_of(self, phase: str) -> Iterator[None]:
+        self._close()
         previous, self.phase = self.phase, phase
         try:
             yield
         finally:
             self.phase = previous
+
+
+@dataclass
+class _Fused:
+    """A fused kernel being recorded: storages it made, read and wrote (by identity), its FLOPs and bytes."""
+
+    kernel: int
+    phase: str
+    dtype: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    made: set[int] = dataclasses.field(default_factory=set)
+    read: set[int] = dataclasses.field(default_factory=set)
+    written: set[int] = dataclasses.field(default_factory=set)
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
 
 
 def record_step(forward_backward: Callable[[], None], step: Callable[[], None], samples: int) -> StepOps:
@@ -359,17 +423,23 @@ def peak_key(op: OpCost, tf32_matmul: bool) -> str:
 
 
 def step_time(step: StepOps, peaks: Mapping[str, float], memory_gbps: float, factors: GpuFactors,
-              tf32_matmul: bool = False, channels_last: bool = False) -> GpuTime:
+              tf32_matmul: bool = False, channels_last: bool = False,
+              kernel_share: Mapping[str, float] | None = None) -> GpuTime:
     """One step of one device, each operator at its roofline time and a launch each. `peaks`: TFLOP/s per
     dtype (`tf32` absent: float32's). Tensor-core convolutions (half types, TF32) on NCHW tensors (torch's default
     layout) pay the layout changes those kernels make, a fitted multiple of their bytes; channels_last ones do
-    not. A depthwise convolution's FLOPs go at the CUDA cores' (float32) peak: only its bytes are scaled."""
+    not. A depthwise convolution's FLOPs go at the CUDA cores' (float32) peak: only its bytes are scaled.
+    `kernel_share` (a preset's, by compute factor: matmul, attention): the share of the peak a published benchmark
+    of the device's best kernel reached; the fitted factor is then a share of that, so one factor serves GPUs
+    whose kernels reach different shares of their datasheets (an H100's matmuls 80 %, an A100's 86 %)."""
     import numpy as np
 
     arrays = step.arrays(tf32_matmul)
     rates = np.array([peaks.get(key) or peaks["float32"] for key in arrays.peak_keys]) * 1e12
     classes = list(OPERATOR_CLASSES.values())
-    efficiency = np.array([getattr(factors, c.compute) if c.compute else 1.0 for c in classes])
+    shares = kernel_share or {}
+    efficiency = np.array([getattr(factors, c.compute) * shares.get(c.compute, 1.0) if c.compute else 1.0
+                           for c in classes])
     computes = np.array([c.compute is not None or k == "conv_depthwise" for k, c in OPERATOR_CLASSES.items()])
     bandwidth = np.array([getattr(factors, c.bandwidth) for c in classes]) * memory_gbps * 1e9
     compute = np.where(computes[arrays.kind], arrays.flops / (rates[arrays.peak] * efficiency[arrays.kind]), 0.0)

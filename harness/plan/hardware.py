@@ -33,6 +33,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 OPTIONAL_DTYPES = ("tf32",)  # GPUs with TF32 tensor cores: float32 convolutions (and matmuls where allowed) run there
 FIELDS = ("accelerator", "devices_per_node", "nodes", "device_memory_gib", "memory_gbps", "peak_tflops", "intra",
           "inter")
+OPTIONAL_FIELDS = ("kernel_share",)
+# what a published benchmark of the device's best kernel reached of its datasheet peak, by the GPU model's operator
+# class (harness.plan.gpu_model): the fitted factors multiply this, not the datasheet
+KERNEL_SHARE_CLASSES = ("matmul", "attention")
 GIB = 2**30
 
 
@@ -50,6 +54,7 @@ class Preset:
     measured: bool = False
     source: str = ""
     per_op: Mapping[str, Link] = field(default_factory=dict)  # this machine: each collective's own fitted link
+    kernel_share: Mapping[str, float] = field(default_factory=dict)  # KERNEL_SHARE_CLASSES; absent: 1 (the datasheet)
 
     @property
     def devices(self) -> int:
@@ -131,9 +136,10 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
     if missing:
         raise ConfigError("plan.hardware", name, f"a preset with every field ({', '.join(FIELDS)}): "
                                    f"{source} has no `{missing[0]}`")
-    unknown = sorted(set(data) - set(FIELDS))
+    unknown = sorted(set(data) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        raise bad(unknown[0], data[unknown[0]], "not a preset field: the fields are " + ", ".join(FIELDS))
+        raise bad(unknown[0], data[unknown[0]], "not a preset field: the fields are " + ", ".join(FIELDS) +
+                  " and optionally " + ", ".join(OPTIONAL_FIELDS))
     if data["accelerator"] not in ("cuda", "cpu"):
         raise bad("accelerator", data["accelerator"], "cuda or cpu")
     for key in ("devices_per_node", "nodes"):
@@ -163,10 +169,17 @@ def check_preset(name: str, data: Mapping[str, Any], source: str, measured: bool
                     (least is None and not value > 0):
                 raise bad(f"{key}.{part}", value, "a number >= 0" if least is not None else "a number > 0")
         links[key] = Link(float(link["latency_us"]), float(link["bandwidth_gbps"]))
+    shares = data.get("kernel_share") or {}
+    if not isinstance(shares, Mapping) or not set(shares) <= set(KERNEL_SHARE_CLASSES):
+        raise bad("kernel_share", shares, "a mapping of " + " and ".join(KERNEL_SHARE_CLASSES) + " to the share of "
+                  "the peak a published kernel benchmark reached")
+    for kind, share in shares.items():
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise bad(f"kernel_share.{kind}", share, "a share of the peak, > 0 and <= 1")
     return Preset(name=name, accelerator=data["accelerator"], devices_per_node=data["devices_per_node"],
                   nodes=data["nodes"], device_memory_gib=float(memory), memory_gbps=float(bandwidth),
                   peak_tflops={k: float(v) for k, v in rates.items()}, intra=links["intra"], inter=links["inter"],
-                  measured=measured, source=source)
+                  measured=measured, source=source, kernel_share={k: float(v) for k, v in shares.items()})
 
 
 # ---- this machine ----

@@ -52,7 +52,8 @@ def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes:
     bandwidth = intra.bandwidth_gbps if nodes == 1 else min(intra.bandwidth_gbps, inter.bandwidth_gbps)
     total_hops = hops(op, n)
     passes = total_hops // (n - 1)  # all_reduce: two passes round the ring (reduce-scatter, all-gather)
-    crossing = 0 if nodes == 1 else passes * nodes  # each pass crosses between nodes `nodes` times
+    # each pass crosses between nodes `nodes` times; with one rank a node (HSDP's replicate group) every hop does
+    crossing = 0 if nodes == 1 else min(total_hops, passes * nodes)
     latency = (total_hops - crossing) * intra.latency_us + crossing * inter.latency_us
     return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB)
 

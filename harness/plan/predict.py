@@ -11,6 +11,7 @@ piece. Each figure carries a 90 % band and says where it comes from."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -204,9 +205,10 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         notes = ("time not predicted: the combination would not fit",)
     else:
         compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
-        if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters
-            optimizer /= n
-        comm, exposed = comm_time(traffic, trace, n, preset, compute)
+        if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
+            optimizer /= traffic.sharded_over(n)
+        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum,
+                                  load_factors().overlap if preset.accelerator == "cuda" else 1.0)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
@@ -271,28 +273,30 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
                    placement: Placement, preset: Preset, replicas: int) -> tuple[RankMemory, ...]:
     """Each rank's memory at the larger of its two peaks: forward and backward's (the activations), and the
     optimizer step's (every gradient alive, and the step's own temporaries, which a sharded optimizer makes for
-    its shard only)."""
+    its shard only). What is sharded is divided by the ranks one copy of it is spread over (`Traffic.sharded_over`:
+    the world, or HSDP's shard group)."""
     params_sharded, grads_sharded, state_sharded = shards
-    # one rank: FSDP's all-gather of its only shard is the shard itself (no gathered units); its gradients still
-    # pass through a reduce-scatter buffer
-    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if n > 1 or b.size != "unit_params")
+    over = traffic.sharded_over(n)
+    # one shard a copy: FSDP's all-gather of its only shard is the shard itself (no gathered units); its gradients
+    # still pass through a reduce-scatter buffer
+    buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if over > 1 or b.size != "unit_params")
     sample = inputs_here(cfg).input_bytes  # fp32 pixels and an int64 label, or token ids and their next ones
     local_batch = cfg.batch_size // n
     inputs = input_batches(cfg) * local_batch * sample
     overhead = trace.allocator_overhead if preset.accelerator == "cuda" else 0.0
-    grads_kept = trace.model_grads / n if grads_sharded else trace.model_grads
+    grads_kept = trace.model_grads / over if grads_sharded else trace.model_grads
 
     def phase(peak: PhasePeak, stepping: bool) -> tuple[float, float, float, float]:
         """params, grads, state, activations of one phase's peak, as this strategy holds them."""
-        params = trace.stored_params / n if params_sharded else peak.params + peak.masters
+        params = trace.stored_params / over if params_sharded else peak.params + peak.masters
         if stepping:
             grads = grads_kept
         elif cfg.grad_accum > 1:  # later micro-batches run with the earlier ones' gradients kept
-            grads = max(peak.grads / n if grads_sharded else peak.grads, grads_kept)
+            grads = max(peak.grads / over if grads_sharded else peak.grads, grads_kept)
         else:
-            grads = peak.grads / n if grads_sharded else peak.grads
-        state = peak.optimizer_state / n if state_sharded else peak.optimizer_state
-        acts = peak.activations / n if stepping and state_sharded else peak.activations
+            grads = peak.grads / over if grads_sharded else peak.grads
+        state = peak.optimizer_state / over if state_sharded else peak.optimizer_state
+        acts = peak.activations / over if stepping and state_sharded else peak.activations
         return params, grads, state, acts
 
     phases = trace.phases or (PhasePeak(trace.peak, trace.params, trace.masters, trace.grads, trace.optimizer_state,
@@ -420,7 +424,7 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
     # the kernel settings the run would have there (on a GPU preset, the GPU defaults: channels_last)
     tf32_matmul = cfg.kernels.matmul_precision != "highest"
     time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors, tf32_matmul=tf32_matmul,
-                     channels_last=cfg.kernels.channels_last)
+                     channels_last=cfg.kernels.channels_last, kernel_share=preset.kernel_share)
     wait = straggle(ranks, factors)
     low, high = factors.band()
     notes = (f"compute: each of the step's {time.kernels} kernels at its roofline time on {preset.name} (FLOPs at "
@@ -451,12 +455,30 @@ def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int)
     return calibrate(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum, threads, "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float) -> tuple[float, float]:
-    """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with."""
+def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float, micro_batches: int = 1,
+              overlap: float = 1.0) -> tuple[float, float]:
+    """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with: what runs
+    under compute (`compute`: the iteration's, every micro-batch) is hidden at the share `overlap` (a GPU factor,
+    fitted: NCCL's kernels take SMs and memory bandwidth from the compute they overlap, and a framework's
+    prefetching leaves gaps), the rest waited for. A collective `every` micro-batch runs `micro_batches` times. Each
+    collective runs over its group (`Collective.group`): the world; or with HSDP's replicas (`Traffic.replicate`)
+    one shard group, world/replicate consecutive ranks (rank i on node i // devices_per_node, as the planner labels
+    devices), or the replicate group, one rank of each shard group (across nodes once shard groups fill them),
+    which exchanges 1/shard of the payload: the shard its group reduced."""
     if n <= 1 or not traffic.collectives:
         return 0.0, 0.0
     nodes = preset.nodes if preset.devices >= n else max(1, math.ceil(n / preset.devices_per_node))
     per_node = min(n, preset.devices_per_node)
+    shard = traffic.sharded_over(n)
+
+    def layout(group: str) -> tuple[int, int]:
+        """(ranks a node, nodes) of one group of `group`: the world's as before; a smaller group's from its ranks."""
+        ranks = range(n) if group == "world" else range(shard) if group == "shard" else range(0, n, shard)
+        if len(ranks) == n:
+            return per_node, nodes
+        on_node = Counter(r // preset.devices_per_node for r in ranks)
+        return max(on_node.values()), len(on_node)
+
     hidden_budget = {"forward": compute * FORWARD_SHARE, "backward": compute * (1 - FORWARD_SHARE), "none": 0.0}
     if preset.accelerator == "cpu":
         hidden_budget = {k: 0.0 for k in hidden_budget}
@@ -464,6 +486,9 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
     for collective in traffic.collectives:
         size = _payload_bytes(collective, trace)
+        if collective.group == "replicate":  # the shard its shard group reduced, one rank of each group
+            size /= shard
+        group_per_node, group_nodes = layout(collective.group)
         if unit_calls:  # FSDP: one call per unit (each pays the latency), the root's parameters in one more
             share = size / max(trace.model_params if collective.payload == "params" else trace.model_grads, 1)
             calls = [u * share for u in trace.units] + [max(0.0, size - sum(trace.units) * share)]
@@ -474,12 +499,14 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
         dtype = collective.dtype or ("float32" if collective.payload == "stored_params" and trace.masters else
                                      trace.param_dtype if collective.payload in ("params", "stored_params") else
                                      trace.grad_dtype)
-        seconds = sum(collective_seconds(collective.op, c, per_node, nodes, preset.intra, preset.inter, preset.per_op,
-                                         dtype) for c in calls if c > 0)
+        seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
+                                         preset.per_op, dtype) for c in calls if c > 0)
+        seconds *= micro_batches if collective.every == "micro_batch" else 1
         pieces = len(calls) if unit_calls or collective.calls == "per_param" else max(1, math.ceil(size / (25 * MIB)))
-        last = seconds / pieces  # the last bucket (or the first unit) waits for its pass to end
-        hidden = min(seconds - last, hidden_budget[collective.overlap])
-        hidden_budget[collective.overlap] -= hidden
+        last = seconds / pieces  # the last bucket (or the first unit, each micro-batch's) waits for its pass
+        covered = min(seconds - last, hidden_budget[collective.overlap])
+        hidden_budget[collective.overlap] -= covered
+        hidden = covered * overlap
         total += seconds
         exposed += seconds - hidden
     return total, exposed
@@ -501,4 +528,6 @@ def _payload_bytes(collective: Collective, trace: StepTrace) -> float:
 def _describe(collective: Collective) -> str:
     hidden = {"backward": "under backward", "forward": "under forward", "none": "waited for"}[collective.overlap]
     dtype = f" in {collective.dtype}" if collective.dtype else ""
-    return f"{collective.op} of {collective.payload}{dtype} ({hidden})"
+    group = {"world": "", "shard": ", within each shard group", "replicate": ", across the replicas"}[collective.group]
+    every = ", every micro-batch" if collective.every == "micro_batch" else ""
+    return f"{collective.op} of {collective.payload}{dtype} ({hidden}{group}{every})"

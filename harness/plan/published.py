@@ -239,24 +239,26 @@ def predict_case(case: Case, factors: GpuFactors, preset: Preset | None = None) 
     preset = preset or load_preset(case.gpu)
     ops, grad_bytes = case_ops(case.workload, case.precision, case.batch_per_gpu, case.seq_len)
     time = step_time(ops, preset.peak_tflops, preset.memory_gbps, factors, tf32_matmul=PRECISIONS[case.precision][2],
-                     channels_last=case.memory_format == "nhwc")
+                     channels_last=case.memory_format == "nhwc", kernel_share=preset.kernel_share)
     step = (time.forward_backward_s + time.optimizer_s) * straggle(case.gpus, factors)
-    if case.gpus > 1:  # DDP: one all-reduce of the gradients, hidden under backward except its last bucket
+    if case.gpus > 1:  # DDP: one all-reduce of the gradients, under backward (hidden at the share `overlap`)
         seconds = collective_seconds("all_reduce", grad_bytes, min(case.gpus, preset.devices_per_node),
                                      max(1, math.ceil(case.gpus / preset.devices_per_node)), preset.intra,
                                      preset.inter, {}, "float32")
-        last = seconds * min(1.0, BUCKET_BYTES / grad_bytes)
-        step += last + max(0.0, seconds - last - time.forward_backward_s * (1 - FORWARD_SHARE))
+        last = seconds * min(1.0, BUCKET_BYTES / grad_bytes)  # the last bucket waits for backward's end
+        covered = min(seconds - last, time.forward_backward_s * (1 - FORWARD_SHARE))
+        step += seconds - covered * factors.overlap
     return case.gpus * case.batch_per_gpu / step
 
 
 # ---- the fit ----
 
-PARAMETERS = ("conv", "matmul", "memory", "launch_us", "sync_cv", "nchw", "grouped", "depthwise", "norm", "attention")
+PARAMETERS = ("conv", "matmul", "memory", "launch_us", "sync_cv", "nchw", "grouped", "depthwise", "norm", "attention",
+              "overlap")
 DISPATCH_US = 10.0  # not fitted: every published case is GPU-bound (harness.plan.gpu_model.GpuFactors.dispatch_us)
 BOUNDS = ((0.02, 2.0), (0.02, 1.0), (0.05, 1.0), (0.5, 60.0), (0.0, 0.3), (0.0, 8.0), (0.02, 1.0), (0.01, 1.0),
-          (0.05, 1.0), (0.05, 1.0))
-START = (0.5, 0.5, 0.6, 8.0, 0.03, 1.0, 0.5, 0.3, 0.5, 0.5)
+          (0.05, 1.0), (0.05, 1.0), (0.0, 1.0))
+START = (0.5, 0.5, 0.6, 8.0, 0.03, 1.0, 0.5, 0.3, 0.5, 0.5, 0.8)
 # a published figure predicted by a function of the factors (harness.launch.published_llm's language-model runs,
 # planned through the whole planner): None where it would not run
 Extra = tuple[float, Callable[[GpuFactors], "float | None"]]

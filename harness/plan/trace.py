@@ -210,7 +210,9 @@ def grown(fewer: StepTrace, more: StepTrace, blocks: int) -> StepTrace:
     """The trace of `blocks` blocks from those of TRACED_BLOCKS: each phase's bytes by kind at its peak, the FLOPs
     and the parameters grow by (more - fewer) per block, and the step's peak is the larger phase's (the optimizer's
     step can overtake forward and backward as blocks are added); the per-parameter matrices and the units repeat the
-    block's own; the allocator's shares are the larger trace's. Checked against full traces in tests/test_plan_trace.py."""
+    block's own; the allocator's shares are the larger trace's (its bytes beyond the live peak do not grow in line
+    from two blocks to three: extrapolated, their noise would be multiplied by the blocks). Checked against full
+    traces in tests/test_plan_trace.py."""
     extra = blocks - TRACED_BLOCKS[1]
     step = TRACED_BLOCKS[1] - TRACED_BLOCKS[0]
 
@@ -315,12 +317,20 @@ def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim:
     blocks = repeated_blocks(model_cfg)
     if blocks is None:
         return _trace_ops(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum)
-    fewer, more = (_trace_ops(hashable({**model_cfg, "layers": n}), inputs, amp, hashable(optim), micro_batch,
-                              grad_accum) for n in TRACED_BLOCKS)
+    return _grown_ops(hashable(model_cfg), inputs, amp, hashable(optim), micro_batch, grad_accum, blocks)
+
+
+@functools.lru_cache(maxsize=512)
+def _grown_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
+               optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int, blocks: int) -> StepOps:
+    """The step of `blocks` blocks from traces of TRACED_BLOCKS, kept: the same StepOps keeps its timing arrays, so
+    a fit timing it thousands of times builds them once."""
+    fewer, more = (_trace_ops(hashable({**dict(model_cfg), "layers": n}), inputs, amp, optim, micro_batch, grad_accum)
+                   for n in TRACED_BLOCKS)
     return repeated(fewer, more, TRACED_BLOCKS[1] - TRACED_BLOCKS[0], blocks - TRACED_BLOCKS[1])
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)  # a fit over a hundred published runs times each again and again
 def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec,
                optim: tuple[tuple[str, Any], ...], micro_batch: int, grad_accum: int) -> StepOps:
     def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

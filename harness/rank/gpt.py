@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint as recompute
 
 from harness.core.config import DataConfig
 from harness.core.errors import ConfigError
+from harness.core.fusion import one_kernel
 from harness.core.inputs import Inputs, bound_options, loss, tokens
 
 Shape = Literal["gpt2", "llama"]
@@ -158,9 +159,39 @@ def _selective_contexts() -> Any:
     return create_selective_checkpoint_contexts(selective_policy())
 
 
-def _piece_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The summed cross-entropy of some tokens, in float32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.float(), targets, reduction="sum")
+class FusedCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of rows of logits against their targets (-100: ignored), as fused kernels compute it
+    (flash-attn's cross_entropy, Liger's): a chunk of rows at a time, each upcast to float32 only while its
+    log-sum-exp is taken; backward keeps the logits and one float32 per row, and writes the gradient
+    (softmax - one-hot, scaled) into the logits' own memory, which nothing else needs once the loss is taken (the
+    layer that made them keeps its input, not its output). Each chunk is one kernel (harness.core.fusion) for the
+    planner's timing."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+        rows = [(piece, target) for piece, target in zip(logits.chunk(chunks), targets.chunk(chunks), strict=True)]
+        sums, lses = [], []
+        for piece, target in rows:
+            with one_kernel():
+                wide = piece.float()
+                lse = torch.logsumexp(wide, dim=-1)
+                picked = wide.gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)
+                sums.append(((lse - picked) * (target != -100)).sum())
+                lses.append(lse)
+        ctx.save_for_backward(logits, targets, torch.cat(lses))
+        ctx.chunks = chunks
+        return torch.stack(sums).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        for piece, target, row_lse in zip(logits.chunk(ctx.chunks), targets.chunk(ctx.chunks),
+                                          lse.chunk(ctx.chunks), strict=True):
+            with one_kernel():
+                wide = torch.exp(piece.float() - row_lse.unsqueeze(1))
+                wide.scatter_add_(1, target.clamp_min(0).unsqueeze(1), -torch.ones_like(row_lse).unsqueeze(1))
+                piece.copy_(wide * ((target != -100).unsqueeze(1) * grad))
+        return logits, None, None
 
 
 class GPT(nn.Module):
@@ -205,6 +236,9 @@ class GPT(nn.Module):
         if mlp_hidden is None:
             mlp_hidden = swiglu_hidden(width, ffn_multiplier, multiple_of) if shape == "llama" else 4 * width
         self.seq_len, self.checkpoint, self.loss_chunks = seq_len, checkpoint_mode(checkpoint), loss_chunks
+        # the fused cross-entropy takes the logits as they come and upcasts chunk by chunk: the amp levels leave the
+        # outputs in half (amp/native.py upcasts_in_loss) instead of a float32 copy of every logit
+        self.upcasts_in_loss = loss_chunks > 0
         self.embedding = nn.Embedding(vocab_size, width)
         self.positions = nn.Embedding(seq_len, width) if positions == "learned" else None
         self.drop = nn.Dropout(dropout)
@@ -250,13 +284,11 @@ class GPT(nn.Module):
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross-entropy of the logits against the next tokens: harness.core.inputs.loss, or with
-        `loss_chunks` > 0 the same taken in that many pieces along the tokens, each recomputed in backward
-        (torch.utils.checkpoint): the float32 upcast and the log-softmax of a piece live only while it is
-        computed, so backward keeps the logits alone and makes their gradient at their own dtype, as fused
-        cross-entropy kernels do. Float32 throughout (the plain loss follows the logits' dtype)."""
+        `loss_chunks` > 0 a fused cross-entropy (FusedCrossEntropy) taking the rows in that many chunks: backward
+        keeps the logits alone and writes their gradient over them, at their own dtype. Float32 throughout (the
+        plain loss follows the logits' dtype)."""
         if not self.loss_chunks:
             return loss(outputs, targets)
         logits, targets = outputs.flatten(0, -2), targets.flatten()
-        pieces = zip(logits.chunk(self.loss_chunks), targets.chunk(self.loss_chunks), strict=True)
-        total = sum(recompute(_piece_loss, piece, target, use_reentrant=False) for piece, target in pieces)
+        total = FusedCrossEntropy.apply(logits, targets, min(self.loss_chunks, logits.shape[0]))
         return total / (targets != -100).sum()  # F.cross_entropy's mean: over the targets not ignored

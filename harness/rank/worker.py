@@ -200,7 +200,8 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         if probe is not None and record.tensor_peak_mib is None:
             record.tensor_peak_mib = probe.stop() / MIB  # type: ignore[operator]
         record.memory_theory = per_rank(footprint(unwrap(model), optimizer, amp.keeps_model_grads_at_step),
-                                        world_size, strategy.shards, cfg.grad_accum)
+                                        world_size, strategy.shards, cfg.grad_accum,
+                                        strategy.shard_degree(cfg.strategy, world_size))
         if losses is not None:  # after the last window edge: nothing here is timed (every rank calls it)
             path = spec.parameters_path
             record.parity = rank_parity(strategy.full_parameters(model), losses, model, rank,

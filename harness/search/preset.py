@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 # compile's fusions are not predicted (harness.plan), and a DDP bucket size or a compression hook (bucket,
 # comm_hook) moves a prediction over NVLink little: each is searched where search.axes names it.
 PRESET_AXES = ("strategy", "amp", "micro_batch", "checkpoint")
-# the strategies that use every GPU of a cluster, those of them conf/strategy/ has (hsdp where it exists)
-PRESET_STRATEGIES = ("ddp", "zero", "fsdp", "hsdp")
+# the strategies that use every GPU of a cluster, those of them conf/strategy/ has
+PRESET_STRATEGIES = ("ddp", "zero", "fsdp")
+# on more than one node, a strategy with this option (fsdp) is also searched as HSDP sharded within each node:
+# `strategy.replicate=<nodes>` (all-gathers on the node's own links, one gradient shard all-reduced across nodes)
+REPLICATE = "strategy.replicate"
 PRESET_AMP = ("O0", "O1")
 HALF = "bfloat16"  # O1 on a GPU preset: bfloat16 autocast (amp.dtype's auto is float16 on CUDA), unless typed
 
@@ -57,7 +60,9 @@ def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
     """The candidates of a search on `base.plan.hardware`. On a GPU preset, unless `search.axes` is typed, the axes
     are PRESET_AXES; the strategies those of PRESET_STRATEGIES that exist, amp O0 and O1 with bfloat16 autocast, the
     micro-batch every power of two that divides a rank's share of the global batch (grad_accum 1, 2, 4, ... while
-    the micro-batch is at least 1), activation checkpointing the values the model's signature allows."""
+    the micro-batch is at least 1), activation checkpointing the values the model's signature allows. On more than
+    one node (plan.nodes), each candidate of a strategy that takes `strategy.replicate` (fsdp) also as HSDP with one
+    replica a node, unless the command line types it."""
     hardware = base.plan.hardware
     preset = load_preset(hardware) if hardware != LOCAL else None
     gpu = preset is not None and preset.accelerator == "cuda"
@@ -69,6 +74,10 @@ def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
         preset_values = {"strategy": tuple(s for s in PRESET_STRATEGIES if s in have), "amp": PRESET_AMP}
         axes = [replace(a, values=preset_values.get(a.key, a.values)) for a in axes]
     nodes = nodes_of(base, preset) if preset is not None else 1
+    hybrid = gpu and nodes > 1 and not any(key_of(o) == REPLICATE for o in overrides)
+    if hybrid:  # right after the strategy axis: 1 (plain FSDP, the option dropped below) and <nodes> (HSDP)
+        at = next((i + 1 for i, a in enumerate(axes) if a.key == AXES["strategy"].key), 0)
+        axes = [*axes[:at], Axis(REPLICATE, ("1", str(nodes))), *axes[at:]]
 
     def values_on(config: Composed, axis: Axis) -> Sequence[str]:
         if axis.key == AXES["micro_batch"].key and preset is not None:
@@ -76,12 +85,20 @@ def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
         return option_values(config, axis)
 
     found = space(overrides, base.search, axes, values_on)
+    if hybrid:  # plain FSDP as the command line spells it, without `strategy.replicate=1`
+        found = [[o for o in c if o != f"{REPLICATE}=1"] for c in found]
     if gpu:
         found = [with_half(c) for c in found]
-    named = combination_names([[o for o in c if not o.startswith("amp.dtype=")] for c in found],
-                              lambda i: _describe(found[i]))
+    hsdp = f"{REPLICATE}={nodes}"  # one value left once plain FSDP's 1 is dropped: named here, not as varying
+
+    def describe(i: int) -> str:
+        return _describe(found[i]) + (f" replicate={nodes}" if hybrid and hsdp in found[i] else "")
+
+    named = combination_names([[o for o in c if not o.startswith("amp.dtype=")] for c in found], describe)
     said = [f"{name}{f' ({key})' if key != name else ''}: {', '.join(searched(found, key)) or 'applies to none'}"
             for name, key in ((n, AXES[n].key) for n in names)]
+    if hybrid and searched(found, REPLICATE):
+        said.append(f"HSDP ({hsdp}): sharded within each of the {nodes} nodes, beside plain FSDP")
     if gpu and "amp=O1" in {o for c in found for o in c}:
         said.append(f"O1 as {HALF} autocast (amp.dtype={HALF})")
     return Space(found, named, said, hardware, nodes)
