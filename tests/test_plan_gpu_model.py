@@ -182,8 +182,8 @@ def test_fused_attention_traced_on_the_cpu_counts_its_flops():
 
 def test_a_fused_kernel_is_one_operator_reading_and_writing_only_what_lives_outside_it():
     """The GPT's fused cross-entropy over 64 rows of 1000 bfloat16 logits in 2 chunks: each chunk one kernel. Forward
-    reads its 32 x 1000 x 2 = 64,000 bytes of logits and 32 int64 targets (256); its float32 upcast, exponentials and
-    sums stay on chip. Backward reads the logits (64,000), the chunk's float32 log-sum-exps (128), its targets (256)
+    reads its 32 x 1000 x 2 = 64,000 bytes of logits and 32 int64 targets (256) and writes its 32 float32
+    log-sum-exps (128) and its float32 sum (4): 64,388; its float32 upcast and exponentials stay on chip. Backward reads the logits (64,000), the chunk's float32 log-sum-exps (128), its targets (256)
     and the incoming float32 gradient (4), and writes the gradient over the logits (64,000): 128,388. Counted op by
     op, the float32 temporaries alone would be 128,000 bytes each pass."""
     from harness.plan.gpu_model import OperatorRecorder
@@ -196,5 +196,27 @@ def test_a_fused_kernel_is_one_operator_reading_and_writing_only_what_lives_outs
     with recorder:
         FusedCrossEntropy.apply(logits * 1, targets, 2).backward()
     fused = [op.bytes for op in recorder.ops if op.kind == "reduction" and op.dtype == "bfloat16"]
-    assert fused == [64_256, 64_256, 128_388, 128_388]
+    assert fused == [64_388, 64_388, 128_388, 128_388]
     assert all(op.kernels == 1 for op in recorder.ops)
+
+
+def test_a_cuda_trace_takes_the_fused_rms_norm_one_kernel_a_pass_keeping_the_input_and_a_float_a_row():
+    """RMSNorm over 64 rows of 1024 bfloat16 values: the fused kernel reads 131,072 bytes and the 2,048-byte weight
+    and writes 131,072 bytes of output and 64 float32 reciprocal RMS (256); backward reads the input, the incoming
+    gradient, the weight and the 256 bytes of statistics, and writes the input's and the weight's gradients. Backward
+    keeps the input and the statistics (and the weight), where the decomposition keeps three float32 copies of the
+    input's size."""
+    from harness.plan.gpu_model import OperatorRecorder
+    from harness.plan.trace import fused_attention
+
+    with torch.device("meta"):
+        x = torch.randn(64, 1024, dtype=torch.bfloat16, requires_grad=True)
+        norm = nn.RMSNorm(1024).to(torch.bfloat16)
+    kept: list[int] = []
+    recorder = OperatorRecorder()
+    with fused_attention("cuda"), recorder, torch.autograd.graph.saved_tensors_hooks(
+            lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
+        norm(x * 1).sum().backward()
+    norms = [op.bytes for op in recorder.ops if op.kind == "norm"]
+    assert norms == [131_072 + 2_048 + 131_072 + 256, 131_072 + 131_072 + 2_048 + 256 + 131_072 + 2_048]
+    assert sorted(kept) == [256, 2_048, 131_072]  # the statistics, the weight (a parameter), the input

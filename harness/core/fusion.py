@@ -1,29 +1,47 @@
-"""Code a GPU runs as one fused kernel (a fused cross-entropy: Liger's, flash-attn's), marked so that the
-planner's operator recorder (harness.plan.gpu_model) times it as one: one launch, the bytes it reads from memory
-outside it and writes back there, its temporaries kept on chip. Eager execution runs the marked code as the
-aten operators it is written in (the numbers are the same); only the planner's timing reads the mark."""
+"""Code a GPU runs as one fused kernel (a fused cross-entropy: Liger's, flash-attn's; CUDA's fused RMSNorm), marked
+so that the planner's operator recorder (harness.plan.gpu_model) times it as one: one launch, the bytes it reads
+from memory made before it, what it writes over them, and the outputs it declares (`Kernel.writes`); what it makes
+and drops inside stays on chip. Eager execution runs the marked code as the aten operators it is written in (the
+numbers are the same); only the planner's timing reads the mark."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-_open = 0  # marks entered and not left (a module global: autograd runs backward in a thread of its own)
-_generation = 0  # counts entries: two kernels one after the other are two
+import torch
+
+_numbers = itertools.count(1)
+_open: list[Kernel] = []  # a module global, not thread-local: autograd runs backward in a thread of its own
+
+
+@dataclass
+class Kernel:
+    """One fused kernel: its number (two kernels one after the other are two), its operator class (the planner's
+    OPERATOR_CLASSES: a loss is a reduction, a normalisation a norm), and the bytes of the outputs it writes."""
+
+    kind: str
+    number: int = field(default_factory=lambda: next(_numbers))
+    written: float = 0.0
+
+    def writes(self, *tensors: torch.Tensor | None) -> None:
+        """Outputs the kernel writes to memory (what it makes and keeps after it ends)."""
+        self.written += sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 @contextlib.contextmanager
-def one_kernel() -> Iterator[None]:
-    """What runs inside is one kernel on a GPU."""
-    global _open, _generation
-    _open += 1
-    _generation += 1
+def one_kernel(kind: str = "reduction") -> Iterator[Kernel]:
+    """What runs inside is one kernel on a GPU, of the planner's operator class `kind`."""
+    kernel = Kernel(kind)
+    _open.append(kernel)
     try:
-        yield
+        yield kernel
     finally:
-        _open -= 1
+        _open.remove(kernel)
 
 
-def current() -> int | None:
-    """The open kernel's number, None outside one."""
-    return _generation if _open else None
+def current() -> Kernel | None:
+    """The innermost open kernel, None outside one."""
+    return _open[-1] if _open else None

@@ -303,10 +303,10 @@ class OperatorRecorder(TorchDispatchMode):
     def _close(self) -> None:
         if self._fused is not None:
             f, self._fused = self._fused, None
-            self.ops.append(OpCost("reduction", f.dtype, f.phase, f.flops, f.bytes, 1.0))
+            self.ops.append(OpCost(f.kernel.kind, f.dtype, f.phase, f.flops, f.bytes + f.kernel.written, 1.0))
 
-    def _fuse(self, kernel: int, args: Any, kwargs: Any, out: Any, flops: float, dtype: str) -> None:
-        if self._fused is None or self._fused.kernel != kernel:
+    def _fuse(self, kernel: fusion.Kernel, args: Any, kwargs: Any, out: Any, flops: float, dtype: str) -> None:
+        if self._fused is None or self._fused.kernel is not kernel:
             self._close()
             self._fused = _Fused(kernel, self.phase, dtype)
         fused = self._fused
@@ -366,9 +366,10 @@ class OperatorRecorder(TorchDispatchMode):
 
 @dataclass
 class _Fused:
-    """A fused kernel being recorded: storages it made, read and wrote (by identity), its FLOPs and bytes."""
+    """A fused kernel being recorded: storages it made, read and wrote over (by identity), its FLOPs and the bytes
+    it read and wrote over (its declared outputs are the kernel's own count)."""
 
-    kernel: int
+    kernel: fusion.Kernel
     phase: str
     dtype: str
     flops: float = 0.0

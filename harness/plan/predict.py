@@ -217,7 +217,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                    "communication: none")
     if not target.link_measured and n > 1:
         comm = exposed = 0.0
-        assumptions += ("this machine's link was never measured (python -m harness.plan measures it): "
+        assumptions += ("this machine's link was never measured (`python run.py plan=true` with as many ranks measures it): "
                         "communication left out",)
     if preset.accelerator == "cpu" and n > 1:
         assumptions += ("CPU: communication runs on the cores that compute, so it overlaps nothing here",)

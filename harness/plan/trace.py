@@ -19,7 +19,8 @@ none but the math path, which materialises each head's s x s scores. The trace t
 take on its own device instead: on a GPU the flash or memory-efficient kernel (both keep the
 output and a float32 log-sum-exp per row, grouped-query heads as they are); on a CPU the CPU's flash kernel
 where torch's CPU dispatch takes it (no mask, no dropout, as many key/value heads as query heads), else the
-math path, as there (harness.plan.trace.fused_attention).
+math path, as there (harness.plan.trace.fused_attention). RMSNorm likewise: a GPU run takes CUDA's fused kernel
+(FusedRmsNorm), which keeps the input and one float per row.
 
 What this single process cannot show (communication buffers, shards, the data the run keeps on the device)
 is added by harness.plan.predict from the strategy's declared Traffic."""
@@ -43,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
+from harness.core.fusion import one_kernel
 from harness.core.inputs import Inputs, loss, loss_for
 from harness.plan.allocator import AllocationRecorder
 from harness.plan.gpu_model import FLOP_FORMULAS, StepOps, record_step, repeated
@@ -411,10 +413,55 @@ def fused_attention(device: str) -> Iterator[None]:
             query, key, value, float(dropout_p), bool(is_causal), scale=scale)[0]
 
     functional.scaled_dot_product_attention = attention
+    norm = functional.rms_norm
+    if device == "cuda":  # CUDA's fused RMSNorm; the meta device's decomposition keeps three float32 copies
+        functional.rms_norm = fused_rms_norm
     try:
         yield
     finally:
         functional.scaled_dot_product_attention = original
+        functional.rms_norm = norm
+
+
+class FusedRmsNorm(torch.autograd.Function):
+    """RMSNorm as CUDA's fused kernel computes it (aten `_fused_rms_norm`, which torch.nn.functional.rms_norm takes
+    on a GPU): forward and backward each one kernel, the statistics in float32, and backward keeping the input and
+    one float32 reciprocal RMS per row, where the meta device's decomposition keeps three float32 tensors of the
+    input's size (its upcast, twice, and the normalised values)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        with one_kernel("norm") as kernel:
+            wide = x.float()
+            rstd = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+            out = (wide * rstd).to(x.dtype)
+            if weight is not None:
+                out = out * weight
+            kernel.writes(out, rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        x, weight, rstd = ctx.saved_tensors
+        with one_kernel("norm") as kernel:
+            normed = x.float() * rstd
+            wide = grad.float()
+            weight_grad = None
+            if weight is not None:
+                weight_grad = (wide * normed).sum(dim=tuple(range(wide.dim() - 1))).to(weight.dtype)
+                wide = wide * weight.float()
+            x_grad = (rstd * (wide - normed * (wide * normed).mean(-1, keepdim=True))).to(x.dtype)
+            kernel.writes(x_grad, weight_grad)
+        return x_grad, weight_grad, None
+
+
+def fused_rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+                   eps: float | None = None) -> torch.Tensor:
+    """torch.nn.functional.rms_norm's signature over the last dimension, as the fused kernel (FusedRmsNorm)."""
+    if len(tuple(normalized_shape)) != 1:
+        raise ValueError("the traced fused RMSNorm normalises the last dimension only")
+    return FusedRmsNorm.apply(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
 
 
 class AtenConvolutionBuffers(TorchDispatchMode):

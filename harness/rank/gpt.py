@@ -172,12 +172,13 @@ class FusedCrossEntropy(torch.autograd.Function):
         rows = [(piece, target) for piece, target in zip(logits.chunk(chunks), targets.chunk(chunks), strict=True)]
         sums, lses = [], []
         for piece, target in rows:
-            with one_kernel():
+            with one_kernel() as kernel:
                 wide = piece.float()
                 lse = torch.logsumexp(wide, dim=-1)
                 picked = wide.gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)
                 sums.append(((lse - picked) * (target != -100)).sum())
                 lses.append(lse)
+                kernel.writes(lse, sums[-1])
         ctx.save_for_backward(logits, targets, torch.cat(lses))
         ctx.chunks = chunks
         return torch.stack(sums).sum()
