@@ -173,7 +173,7 @@ class GpuFactors:
     # achieved / peak for dense convolutions (forward and both backward kernels); above 1 where cuDNN takes Winograd or
     # FFT algorithms, which multiply less than the direct count torch.utils.flop_counter makes
     conv: float
-    matmul: float  # achieved / peak for matrix products
+    matmul: float  # achieved / (peak x the preset's matmul kernel_share, 1 where it has none) for matrix products
     memory: float  # achieved / memory bandwidth for elementwise kernels and reductions (and every class's bytes)
     launch_us: float  # per kernel, on the GPU: launch and the gap between kernels
     sync_cv: float  # rank-to-rank variation of a step's time, for ranks that wait for each other
@@ -181,8 +181,9 @@ class GpuFactors:
     grouped: float = 0.5  # achieved / peak for grouped convolutions
     depthwise: float = 0.5  # achieved / memory bandwidth for depthwise convolutions
     norm: float = 0.5  # achieved / memory bandwidth for normalisations (their bytes counted once: two passes show here)
-    # achieved / peak for fused attention, forward and backward: sourced, not fitted (no published case here runs
-    # SDPA): FlashAttention-2 reaches 50-73 % of an A100's peak (Dao 2023, arXiv 2307.08691), backward the lower end
+    # achieved / (peak x the preset's attention kernel_share: FlashAttention-2's best there) for fused attention,
+    # forward and backward: fitted to the published language-model runs (bench/published_llm.py --fit); 0.5 where a
+    # fit has none (the image results run no fused attention)
     attention: float = 0.5
     # the CPU's side of eager execution, per kernel: it runs ahead of the GPU, so a step takes the longer of the two.
     # Assumed, not fitted (every published case is GPU-bound, so none can tell it); the GPU check measures it
