@@ -115,13 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     if args.fit:
+        mine = ("# bench/published_llm.py --fit refits them with the A100 rows of harness/plan/published_llm.csv "
+                "(benchmark 18)\n")
         header = "".join(line for line in gpu_model.FACTORS_FILE.read_text().splitlines(keepends=True)
-                         if line.startswith("#"))
+                         if line.startswith("#") and line != mine)
         gpu_model.write_factors(dataclasses.replace(
             factors, source=f"harness/plan/published.csv and harness/plan/published_llm.csv's A100 rows, "
                             f"{factors.cases} cases, fitted {time.strftime('%Y-%m-%d')}"),
-            header=header + "# bench/published_llm.py --fit refits them with the A100 rows of harness/plan/published_llm.csv "
-                            "(benchmark 18)\n")
+            header=header + mine)
     if args.write_results:
         common.write_results("published_llm", common.results_page("published_llm", settings,
                                                                   [rows, summary, memory_rows], lines),
