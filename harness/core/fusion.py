@@ -7,23 +7,21 @@ numbers are the same); only the planner's timing reads the mark."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-_numbers = itertools.count(1)
 _open: list[Kernel] = []  # a module global, not thread-local: autograd runs backward in a thread of its own
 
 
 @dataclass
 class Kernel:
-    """One fused kernel: its number (two kernels one after the other are two), its operator class (the planner's
-    OPERATOR_CLASSES: a loss is a reduction, a normalisation a norm), and the bytes of the outputs it writes."""
+    """One fused kernel (the recorder tells two of them apart by identity: two one after the other are two): its
+    operator class (the planner's OPERATOR_CLASSES: a loss is a reduction, a normalisation a norm), and the bytes
+    of the outputs it writes."""
 
     kind: str
-    number: int = field(default_factory=lambda: next(_numbers))
     written: float = 0.0
 
     def writes(self, *tensors: torch.Tensor | None) -> None:

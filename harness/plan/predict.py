@@ -207,8 +207,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
             optimizer /= traffic.sharded_over(n)
-        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum,
-                                  load_factors().overlap if preset.accelerator == "cuda" else 1.0)
+        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
@@ -458,9 +457,9 @@ def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int)
 def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float, micro_batches: int = 1,
               overlap: float = 1.0) -> tuple[float, float]:
     """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with: what runs
-    under compute (`compute`: the iteration's, every micro-batch) is hidden at the share `overlap` (a GPU factor,
-    fitted: NCCL's kernels take SMs and memory bandwidth from the compute they overlap, and a framework's
-    prefetching leaves gaps), the rest waited for. A collective `every` micro-batch runs `micro_batches` times. Each
+    under compute (`compute`: the iteration's, every micro-batch) is hidden at the share `overlap` (a GPU factor
+    fitted to the published language-model runs, as a whole: why they hide less, whether NCCL's kernels sharing the
+    SMs and memory bandwidth or gaps in a framework's prefetching, is not modelled apart), the rest waited for. A collective `every` micro-batch runs `micro_batches` times. Each
     collective runs over its group (`Collective.group`): the world; or with HSDP's replicas (`Traffic.replicate`)
     one shard group, world/replicate consecutive ranks (rank i on node i // devices_per_node, as the planner labels
     devices), or the replicate group, one rank of each shard group (across nodes once shard groups fill them),

@@ -270,9 +270,9 @@ PRIOR = 0.05
 Extra = tuple[float, Callable[[GpuFactors], "float | None"]]
 
 
-# fitted only with the language-model runs: no image or BERT result runs fused attention, and the few multi-GPU
-# image results cannot tell how much of a collective compute hides (fitted on them, the held-out families of
-# benchmark 14 went from 13 % to 94 % median error: a fit without BERT took its all-reduces as exposed)
+# fitted only with the language-model runs: no image or BERT result runs fused attention, and the image results'
+# all-reduces (DDP, 8 GPUs of one node) are small beside their backward: what compute hides of a collective shows
+# where FSDP gathers a model every micro-batch
 LANGUAGE_MODEL_PARAMETERS = ("attention", "overlap")
 
 
