@@ -6,14 +6,23 @@ import sys
 
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi/NVML do
 
-from typing import Any  # noqa: E402
+from harness.core.stops import (  # noqa: E402
+    INTERRUPTED_BEFORE_RUNS,
+    INTERRUPTED_BETWEEN_RUNS,
+    interrupt_ends_quietly,
+)
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+with interrupt_ends_quietly(INTERRUPTED_BEFORE_RUNS):  # Ctrl-C at any moment: one line, exit 130
+    from typing import Any
 
-from harness import cli  # noqa: E402
+    import hydra
+    from omegaconf import DictConfig
 
-cli.register_resolvers()
+    from harness import cli
+    from harness.core.logs import warnings_to_log
+
+    warnings_to_log()  # libraries' warnings into the log files, not between a run's lines
+    cli.register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -22,7 +31,9 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    if cli.started_by_torchrun():  # one worker of a run torchrun launched: launch nothing
-        sys.exit(cli.torchrun_worker(sys.argv[1:]))
-    sys.argv[1:] = cli.precheck(sys.argv[1:])  # every run checked; a typed sweep axis sweeps alone
-    main()
+    with interrupt_ends_quietly(INTERRUPTED_BEFORE_RUNS):
+        if cli.started_by_torchrun():  # one worker of a run torchrun launched: launch nothing
+            sys.exit(cli.torchrun_worker(sys.argv[1:]))
+        sys.argv[1:] = cli.precheck(sys.argv[1:])  # every run checked; a typed sweep axis sweeps alone
+    with interrupt_ends_quietly(INTERRUPTED_BETWEEN_RUNS):  # a run stopped mid-way says so itself (cli.task)
+        main()

@@ -2,7 +2,7 @@
 
     python bench/report_speed.py [--files 1000] [--repeats 3] [--write-results]
 
-The files follow the results contract (harness/launch/runner.py `_base_results` + `_measurements`, memory and env
+The files follow the results contract (harness/launch/runner.py `planned` + `measured`, memory and env
 sections included) with GPU-shaped devices and per-PID memory, so every part of the report has work to do.
 Two layouts: "sweep" (200 combinations x 5 repeats: a large sweep, the common case) and "distinct" (every
 file its own combination: the worst case, one table row and one plot line per file). Reported: wall time of
@@ -100,8 +100,9 @@ def stages(folder: Path, out: Path) -> dict[str, float]:
     found, skipped = report.find_results([folder])
     times["read files"] = time.perf_counter() - t
     t = time.perf_counter()
-    rows, base = report.build_rows(found)
-    findings = report.of_rows(rows, base, skipped)
+    built = report.row_set(found)  # the rows and the fit the verdict decides on: built once, as compute() does
+    rows = built.rows
+    findings = report.of_rows(rows, built.baseline, skipped, fit=built.fit)
     times["rows"] = time.perf_counter() - t
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()

@@ -8,7 +8,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from harness.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILE
 
 if TYPE_CHECKING:
     from harness.core.results import RunRecord
+    from harness.launch.checked import Checked
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ def precheck(argv: Sequence[str]) -> list[str]:
 
                 sys.exit(plan_command([(combo, one.run) for combo, one in composed]))
             check_runs(composed, multirun)
+            if multirun:  # the rounds sweeper launches these combinations instead of expanding the grid again
+                from harness.launch import checked
+
+                checked.remember_sweep(overrides)
     except ConfigError as error:
         refuse(error)
     return [*flags, *overrides]
@@ -129,9 +134,7 @@ def search_on_preset(overrides: list[str], base: RunConfig) -> int:
     def predict(combo: list[str], cfg: RunConfig) -> dict[str, Any]:
         return {**predict_on(cfg, found.hardware, cores, link), **planning.sample_unit(cfg)}
 
-    def figure(row: dict[str, Any]) -> tuple[str, str]:
-        p = row["prediction"]
-        return planning.rate_text(row, p["throughput_img_s"]), planning.band_text(p, row.get("tokens_per_sample"))
+    figure = planning.figure  # a row's predicted rate and band, in its unit
 
     with planning.plan_folder() as out:
         log.info("search on %s: %d candidates, predicted one by one (nothing trained); %s", found.hardware,
@@ -172,6 +175,7 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     from harness.planning import check_plan_presets, ensure_link
 
     hw = probe_hardware()
+    quiet_kineto(hw.has_gpu)
     checked.forget_all()
     decided: dict[tuple[str, ...], Checked] = {}  # each combination, as its job will find it
     for combo, one in composed:
@@ -198,13 +202,15 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
         log.info("before the first run: %d combination%s predicted on this machine (each traced and calibrated once; "
                  "plan.predict=false skips this)", len(predicted), "s" if len(predicted) != 1 else "")
     preload_forkserver()  # the calibration child and then the runs fork from one server that imported torch once
-    ensure_link(max(ranks, default=1), hw.has_gpu)
+    if predicted or forks_ranks_here(composed, decided):
+        start_fork_server()
     # every prediction made now, before any worker exists (the fork server has only imported, and waits): each run
     # starts from its plan's, and no calibration is timed beside another process
     seconds: list[float] = []
     started = time.monotonic()
     names = prediction_names([(combo, one.plan.label) for combo, one in predicted])
     try:
+        ensure_link(max(ranks, default=1), hw.has_gpu)
         for index, (combo, one) in enumerate(predicted, 1):
             began = time.monotonic()
             plan = one.plan.predicted(predict_run(one.plan, quiet=True))
@@ -214,6 +220,11 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
                 seconds.append(plan.prediction.s_per_iteration * plan.config.iterations)  # a misfit is not run
             log.info("  predicted %d/%d: %s (%.1f s)", index, len(predicted), names[index - 1],
                      time.monotonic() - began)
+    except KeyboardInterrupt:  # the calibration child ignores it: ended now, not waited for (shutdown below)
+        from harness.core.stops import end_descendants
+
+        end_descendants()
+        raise
     finally:
         from harness.plan.calibrate import shutdown
 
@@ -223,6 +234,37 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     if predicted:
         log.info("predictions took %.0f s. %s", time.monotonic() - started,
                  sweep_estimate(configs[0], len(runnable), seconds, multirun))
+
+
+def forks_ranks_here(composed: Sequence[tuple[list[str], Composed]], decided: Mapping[tuple[str, ...], Checked]) -> bool:
+    """A run of this command forks its ranks from this process's fork server (not from a job process of its own:
+    `hydra/launcher=`)."""
+    if any(_key(o) == "hydra/launcher" for combo, _ in composed for o in combo):
+        return False
+    return any(c.plan is not None and c.plan.will_run and c.plan.launched
+               and c.plan.config.launcher.start_method == "forkserver" for c in decided.values())
+
+
+def start_fork_server() -> None:
+    """The fork server the calibration child and the runs fork from, started now with Ctrl-C ignored: it and what
+    it forks leave a Ctrl-C at the terminal to this process (ranks install their own handlers, StopRequest), instead
+    of each printing a traceback of the import it was in."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from harness.core.stops import sigint_ignored
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        with sigint_ignored():
+            forkserver.ensure_running()
+
+
+def quiet_kineto(gpu: bool) -> None:
+    """Kineto's C++ lines on a CPU machine kept off the terminal, in this process and every one it starts from
+    now on (harness.profile.rank.quiet_kineto): before the fork server starts, and before a run profiles."""
+    from harness.profile.rank import quiet_kineto as quiet
+
+    quiet("cuda" if gpu else "cpu")
 
 
 def sweep_estimate(cfg: RunConfig, runs: int, timed: Sequence[float], multirun: bool) -> str:
@@ -364,6 +406,7 @@ def task(cfg: DictConfig) -> RunRecord | None:
 
     hydra_cfg = HydraConfig.get()
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    quiet_kineto(has_gpu())  # also for a job in a process of its own, which run.py's checks never ran in
     run_dir = Path(hydra_cfg.runtime.output_dir)
     note = cpu_defaults_note(cfg)
     if note:
@@ -394,6 +437,9 @@ def task(cfg: DictConfig) -> RunRecord | None:
         log.warning("interrupted: partial results written with status 'interrupted'")
         if in_sweep and job_of_its_own():  # the signal ended this job, not the sweep: a row like any other
             return None
+        from harness.core.stops import end_descendants
+
+        end_descendants()  # the ranks are stopped: the fork server, and a rank it was still starting
         if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
             from harness.report.callbacks import report_sweep
 
@@ -433,7 +479,7 @@ def record_not_run(cfg_dict: dict[str, Any], strategy_name: str, run_dir: Path, 
     from harness.launch.runner import variant_fields
 
     try:  # an Incompatible combination is a valid config: its row is labelled like the runs beside it
-        known.update(variant_fields(config or RunConfig.from_dict(cfg_dict, strategy_name)))
+        known.update(variant_fields(config or RunConfig.from_dict(cfg_dict, strategy_name)).as_fields())
     except ConfigError:
         pass
     record = RunRecord.not_run(status=status, error=error, strategy=strategy_name, amp=cfg_dict["amp"]["level"],

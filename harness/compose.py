@@ -124,7 +124,6 @@ def combinations(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     grid of conf/sweep/ (only when no axis is typed) and the typed overrides, as a cartesian product."""
     if not multirun:
         return [list(overrides)]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -135,7 +134,16 @@ def combinations(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
         parsed = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()] + list(overrides))
     except OverrideParseException as error:
         raise ConfigError("override", " ".join(overrides), f"Hydra override syntax ({first_line(error)})") from error
-    return [list(combo) for combo in BasicSweeper.split_arguments(parsed, None)[0]]
+    return expand(parsed)
+
+
+def expand(parsed: Sequence[Any]) -> list[list[str]]:
+    """Parsed overrides (Hydra's `Override`s) as a sweep's combinations: Hydra's basic sweeper's cartesian product,
+    in its order (so the job numbers are Hydra's). The one place a grid is expanded: the pre-check's, and the
+    rounds sweeper's only for a sweep this process did not check (harness.launch.checked.combinations)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return [list(combo) for batch in BasicSweeper.split_arguments(list(parsed), None) for combo in batch]
 
 
 def composed_sweep_params(overrides: Sequence[str]) -> dict[str, str]:

@@ -10,11 +10,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.core.config import RunConfig
+from harness.core.results import PlanRow, PredictionRecord
 from harness.plan.hardware import LOCAL, load_preset
 from harness.plan.links import Link, fit_links
 from harness.plan.targets import local_target
@@ -85,21 +87,21 @@ def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
     from harness.launch.placement import usable_cores
 
     check_plan_presets([cfg for _, cfg in configs])  # before anything is measured or written
-    rows = []
+    rows: list[PlanRow] = []
     started = time.perf_counter()
     with plan_folder() as out:
         log.info("plan: %d combination(s) to predict on %s", len(configs),
                  ", ".join(dict.fromkeys(cfg.plan.hardware for _, cfg in configs)))
         for index, (combo, cfg) in enumerate(configs, start=1):
             begun = time.perf_counter()
-            row = {**predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link), "overrides": list(combo),
-                   **sample_unit(cfg)}
-            row["seconds"] = round(time.perf_counter() - begun, 2)
+            row = replace(PlanRow.from_json(predict_on(cfg, cfg.plan.hardware, usable_cores(), measure_link)),
+                          overrides=list(combo), **sample_unit(cfg))
+            row = replace(row, seconds=round(time.perf_counter() - begun, 2))
             left = (time.perf_counter() - started) / index * (len(configs) - index)
-            log.info("plan: %d/%d %s: %s (%.1f s%s)", index, len(configs), _label(row), row["status"], row["seconds"],
+            log.info("plan: %d/%d %s: %s (%.1f s%s)", index, len(configs), row.label, row.status, row.seconds,
                      f"; about {left:.0f} s left" if index < len(configs) else "")
             rows.append(row)
-        (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": rows,
+        (out / "plan.json").write_text(json.dumps({"kind": "plan", "rows": [r.to_json() for r in rows],
                                                    "seconds": time.perf_counter() - started}, indent=1, default=str))
         text = tables(rows)
         (out / "plan.md").write_text(text)
@@ -109,60 +111,65 @@ def plan_command(configs: Sequence[tuple[Sequence[str], RunConfig]]) -> int:
     return 0
 
 
-def tables(rows: Sequence[dict[str, Any]]) -> str:
+def plan_row(row: PlanRow | Mapping[str, Any]) -> PlanRow:
+    """A row as harness.launch.on_preset.predict_on and a search write it (a mapping), read once into its record."""
+    return row if isinstance(row, PlanRow) else PlanRow.from_json(row)
+
+
+def tables(rows: Sequence[PlanRow | Mapping[str, Any]]) -> str:
     """Memory by kind for the largest rank, then time by part; what was not predicted, with why."""
     from rich.table import Table
 
     from harness.launch.console import render
 
-    predicted = [r for r in rows if r["status"] == "predicted"]
+    typed = [plan_row(r) for r in rows]
+    predicted = [(r, r.prediction) for r in typed if r.status == "predicted" and r.prediction is not None]
     parts = []
     if predicted:
-        memory = Table(title=f"Predicted peak memory per rank, MiB ({predicted[0]['hardware']})", title_justify="left")
+        memory = Table(title=f"Predicted peak memory per rank, MiB ({predicted[0][0].hardware})", title_justify="left")
         for name in ("combination", "params", "grads", "optim", "activ", "inputs", "comm", "alloc", "peak", "fits"):
             memory.add_column(name, justify="left" if name == "combination" else "right")
-        for r in predicted:
-            p = r["prediction"]
-            worst = max(p["memory"], key=lambda m: m["peak_mib"])
-            memory.add_row(_label(r), *[_mib(worst[k]) for k in ("params_mib", "grads_mib", "optimizer_mib",
-                                                               "activations_mib", "inputs_mib", "comm_buffers_mib",
-                                                               "allocator_mib", "peak_mib")],
-                           "yes" if p["fits"] else "NO")
+        for r, p in predicted:
+            worst = max(p.memory, key=lambda m: m["peak_mib"])  # the planner's breakdown, as results.json keeps it
+            memory.add_row(r.label, *[_mib(worst[k]) for k in ("params_mib", "grads_mib", "optimizer_mib",
+                                                             "activations_mib", "inputs_mib", "comm_buffers_mib",
+                                                             "allocator_mib", "peak_mib")],
+                           "yes" if p.fits else "NO")
         parts.append(render(memory, width=110))
         speed = Table(title="Predicted time per iteration, ms", title_justify="left")
         for name in ("combination", "compute", "optim", "comm", "exposed", "overlap", "total", "throughput",
                      "90 % band", "MFU"):
             speed.add_column(name, justify="left" if name == "combination" else "right")
-        for r in predicted:
-            t, p = r["prediction"]["time"], r["prediction"]
-            if p["s_per_iteration"] is None:  # would not fit: no time
-                speed.add_row(_label(r), *["—"] * 9)
+        for r, p in predicted:
+            if p.s_per_iteration is None or p.throughput_img_s is None:  # would not fit: no time
+                speed.add_row(r.label, *["—"] * 9)
                 continue
-            busy = " *" if p.get("busy") else ""
-            speed.add_row(_label(r), *[f"{1000 * t[k]:.2f}" for k in ("compute_s", "optimizer_s", "comm_s",
-                                                                    "exposed_comm_s", "overlapped_comm_s")],
-                          f"{1000 * p['s_per_iteration']:.2f}", rate_text(r, p["throughput_img_s"]) + busy,
-                          band_text(p, r.get("tokens_per_sample")), mfu_text(p.get("mfu")))
+            t = p.time
+            speed.add_row(r.label, *[_ms(t[k]) for k in ("compute_s", "optimizer_s", "comm_s", "exposed_comm_s",
+                                                         "overlapped_comm_s")],
+                          f"{1000 * p.s_per_iteration:.2f}", rate_text(r, p.throughput_img_s) + (" *" if p.busy else ""),
+                          band_text(p, r.tokens_per_sample), mfu_text(p.mfu))
         parts.append(render(speed, width=130))
-        sources = dict.fromkeys(r["prediction"].get("band_source") for r in predicted)
+        sources = dict.fromkeys(p.band_source for _, p in predicted)
         parts.append("Band: " + "; ".join(s for s in sources if s))
-        busy_rows = [f"{_label(r)}: {r['prediction']['busy']}" for r in predicted if r["prediction"].get("busy")]
+        busy_rows = [f"{r.label}: {p.busy}" for r, p in predicted if p.busy]
         if busy_rows:
             parts.append("* calibrated on a busy machine (predict again when it is quiet):\n" +
                          "\n".join(f"- {b}" for b in busy_rows))
-        misfits = [f"{_label(r)}: {r['reason']}" for r in predicted if r["reason"]]
+        misfits = [f"{r.label}: {r.reason}" for r, _ in predicted if r.reason]
         if misfits:
             parts.append("Would not fit:\n" + "\n".join(f"- {m}" for m in misfits))
-        assumptions = dict.fromkeys(a for r in predicted for a in r["prediction"]["assumptions"])
+        assumptions = dict.fromkeys(a for _, p in predicted for a in p.assumptions)
         parts.append("Assumptions:\n" + "\n".join(f"- {a}" for a in assumptions))
-    others = [r for r in rows if r["status"] != "predicted"]
+    others = [r for r in typed if r.status != "predicted"]
     if others:
-        parts.append("Not predicted:\n" + "\n".join(f"- {_label(r)}: {r['status']}: {r['reason']}" for r in others))
+        parts.append("Not predicted:\n" + "\n".join(f"- {r.label}: {r.status}: {r.reason}" for r in others))
     return "\n\n".join(parts) + "\n"
 
 
 def sample_unit(cfg: RunConfig) -> dict[str, Any]:
-    """What the plan's rates count: tokens for a token model (its samples are sequences), else its samples."""
+    """What the plan's rates count (PlanRow's fields of these names): tokens for a token model (its samples are
+    sequences), else its samples."""
     from harness.plan.predict import inputs_here
 
     inputs = inputs_here(cfg)
@@ -175,17 +182,25 @@ def _figure(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def rate_text(row: dict[str, Any], samples_s: float) -> str:
+def rate_text(row: PlanRow, samples_s: float) -> str:
     """`1,234 img/s`, or a token model's `142,830 tokens/s` (its samples/s times the sequence's tokens)."""
-    tokens = row.get("tokens_per_sample")
-    return f"{_figure(samples_s * (tokens or 1))} {row.get('unit', 'img/s')}"
+    tokens = row.tokens_per_sample
+    return f"{_figure(samples_s * (tokens or 1))} {row.unit}"
 
 
-def band_text(prediction: dict[str, Any], tokens_per_sample: int | None = None) -> str:
+def band_text(prediction: PredictionRecord, tokens_per_sample: int | None = None) -> str:
     """`1,234–1,890`, in the rate's unit: where 90 % of the truths fall by the band's source."""
-    low, high = prediction.get("throughput_band") or (None, None)
+    low, high = prediction.throughput_band or (None, None)
     scale = tokens_per_sample or 1
     return f"{_figure(low * scale)}–{_figure(high * scale)}" if low and high else "—"
+
+
+def figure(row: PlanRow | Mapping[str, Any]) -> tuple[str, str]:
+    """A predicted row's rate and its 90 % band, in its unit (tokens/s for a language model), as the tables word
+    them (a search's answer: harness.search.preset)."""
+    one = plan_row(row)
+    assert one.prediction is not None, "a row that was predicted"
+    return rate_text(one, one.prediction.throughput_img_s or 0.0), band_text(one.prediction, one.tokens_per_sample)
 
 
 def mfu_text(mfu: float | None) -> str:
@@ -193,8 +208,8 @@ def mfu_text(mfu: float | None) -> str:
     return "—" if mfu is None else f"{100 * mfu:.1f} %"
 
 
-def _label(row: dict[str, Any]) -> str:
-    return " ".join(filter(None, (row["strategy"], row["amp"], row["variant"])))
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{1000 * seconds:.2f}"
 
 
 def _mib(value: float) -> str:
@@ -226,4 +241,4 @@ def check_plan_presets(configs: Sequence[RunConfig]) -> None:
             load_preset(cfg.plan.hardware)
 
 
-__all__ = ["check_plan_presets", "ensure_link", "measure_link", "plan_command"]
+__all__ = ["check_plan_presets", "ensure_link", "figure", "measure_link", "plan_command", "tables"]

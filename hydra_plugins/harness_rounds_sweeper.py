@@ -1,6 +1,7 @@
 """`hydra/sweeper=rounds` (the harness's default): Hydra's basic sweeper's grid, run in rounds with racing
-(harness/verdict/rounds.py says how). Hydra takes sweepers only from the `hydra_plugins` package and imports
-every module here when it starts: the harness is imported lazily."""
+(harness/verdict/rounds.py says how). The grid is the one run.py's pre-check expanded, composed and checked
+(harness.launch.checked.combinations), not expanded again. Hydra takes sweepers only from the `hydra_plugins`
+package and imports every module here when it starts: the harness is imported lazily."""
 
 # No `from __future__ import annotations`: Hydra loads this module outside sys.modules, where dataclasses
 # cannot resolve string annotations, and OmegaConf needs the real types of the config below.
@@ -34,12 +35,8 @@ class RoundsSweeper(BasicSweeper):
         from harness.verdict.sweep_plan import SweepPlan
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
-        combinations = [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
-        search = planner.current()  # `-m search=true`: the candidates its predictions kept, not Hydra's grid
-        if search is not None:
-            combinations = [list(c) for c in search.kept]
+        search = planner.current()  # `-m search=true`: its record follows the rounds (search.json)
+        combinations = self.combinations(arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -80,3 +77,23 @@ class RoundsSweeper(BasicSweeper):
             search.ended_at = time.time()
             search.write(sweep_dir)
         return returns
+
+    def combinations(self, arguments: List[str]) -> List[List[str]]:  # noqa: UP006
+        """What the sweep runs, in order (job numbers follow it). `-m search=true`: the candidates its predictions
+        kept. Otherwise the grid as run.py's pre-check expanded, composed and checked it, so nothing is expanded
+        again. Only for a sweep this process did not check (one started other than through run.py: Hydra's own
+        entry, a test's) is Hydra's grid (conf/sweep/'s params and the typed overrides) expanded here, in the same
+        order; its jobs then each check their own config (harness.cli.task)."""
+        from harness.compose import expand
+        from harness.launch import checked
+        from harness.search import planner
+
+        search = planner.current()
+        if search is not None:
+            return [list(c) for c in search.kept]
+        known = checked.combinations(arguments)
+        if known is not None:
+            return known
+        assert self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        return expand(parser.parse_overrides([*self._parse_config(), *arguments]))

@@ -32,7 +32,7 @@ from strategies.base import ProcessGroupStrategy
 from strategies.capabilities import GradientSyncControl
 
 
-class ManualAllReduce(ProcessGroupStrategy, GradientSyncControl):
+class ManualAllReduce(GradientSyncControl, ProcessGroupStrategy):
     @classmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """All-reduced after backward, waited for (no overlap): one call per parameter, or with bucket=true one

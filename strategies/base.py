@@ -21,8 +21,8 @@ from harness.core.errors import Incompatible
 from harness.core.traffic import Traffic
 from strategies.spec import AmpRule, StrategySpec
 
-__all__ = ["AmpRule", "Backend", "BareProcessGroup", "ProcessGroupStrategy", "RankEnv", "Strategy", "StrategySpec",
-           "check_backend", "unwrap"]
+__all__ = ["AmpRule", "Backend", "BareProcessGroup", "ProcessGroupStrategy", "RankEnv", "SingleProcessStrategy",
+           "Strategy", "StrategySpec", "check_backend", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,13 @@ class RankEnv:
 
 class Strategy(StrategySpec, ABC):
     """A strategy in its rank: how its processes and devices are set up and the phases that build the model it
-    trains (`setup_module`). Required of every strategy: its wrapper (`wrap`, which may be none, said so) and,
-    parent side, what it sends (`traffic`). Optional capabilities are mixins (strategies.capabilities): gradient
-    sync control for grad_accum, sharded parameters, graphs compiled inside the windows."""
+    trains (`setup_module`). Required of every strategy (abstract, so a class that forgets one cannot be built):
+    its wrapper (`wrap`, which may be none, said so), parent side what it sends (`traffic`), and how its ranks
+    line up and agree (`barrier`, `max_over_ranks`): a default there would let a multi-process strategy time one
+    rank instead of the slowest. Subclass `ProcessGroupStrategy` (one process per device, torch.distributed) or
+    `SingleProcessStrategy` (one process), which answer those two. Optional capabilities are mixins
+    (strategies.capabilities), listed before the base class: gradient sync control for grad_accum, sharded
+    parameters, graphs compiled inside the windows."""
 
     def __init__(self) -> None:
         self._ops: DeviceOps | None = None
@@ -132,15 +136,17 @@ class Strategy(StrategySpec, ABC):
         shards parameters overrides this to gather them first (every rank must call it)."""
         return {name: p.detach().float().cpu().clone() for name, p in unwrap(model).named_parameters()}
 
+    @abstractmethod
     def barrier(self) -> None:
-        """Line ranks up before the clock starts."""
+        """Required: every rank waits here for the others (the worker lines them up before the clock starts)."""
 
+    @abstractmethod
     def max_over_ranks(self, value: float) -> float:
-        """The largest `value` any rank holds (iterations=auto decides on the slowest rank's clock)."""
-        return value
+        """Required: the largest `value` any rank holds, on every rank (iterations=auto decides on the slowest
+        rank's clock)."""
 
     def teardown(self) -> None:
-        pass
+        """Undo what `setup` started (a process group); nothing by default."""
 
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -160,6 +166,8 @@ def check_backend(backend: str, accelerator: str) -> None:
                                "published wheel; MPI needs torch built from source against an MPI library)")
         raise Incompatible("strategy.backend", backend, "auto, gloo or nccl: this torch has MPI, but MPI ranks are "
                            "assigned by mpirun and the harness starts its workers itself (not wired yet)")
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside its wrappers: torch.compile's OptimizedModule keeps it as `_orig_mod`;
     DDP, DataParallel and the amp plugin's CastingModule as `module`."""
@@ -167,6 +175,20 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(getattr(inner, "module", None), nn.Module):
         inner = inner.module
     return inner
+
+
+class SingleProcessStrategy(Strategy):
+    """One process, however many devices it drives (single, DataParallel, XLA's SPMD): no other rank to wait
+    for, so the barrier is nothing and this process's value is the largest."""
+
+    one_process_per_device = False
+
+    def barrier(self) -> None:
+        """No other process to wait for."""
+
+    def max_over_ranks(self, value: float) -> float:
+        """This process's value is every rank's."""
+        return value
 
 
 class ProcessGroupStrategy(Strategy):

@@ -1,7 +1,10 @@
 """Optional capabilities of a strategy, as small mixins (Lightning's backward-sync control and sharding are
 the model): a strategy has one by inheriting it, and the rank asks `isinstance`, never a strategy's name. A
 strategy without one is run as if the capability had nothing to do (no sync to skip, nothing sharded,
-nothing compiled inside the windows)."""
+nothing compiled inside the windows). A mixin comes before the base class in a strategy's bases
+(`class FSDP2(ShardedParameters, ..., ProcessGroupStrategy)`): after it, a default of the base
+(`Strategy.full_parameters`) would stand in for the mixin's abstract method, and a forgotten one would not
+be caught."""
 
 from __future__ import annotations
 

@@ -24,11 +24,13 @@ CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}  # what a compression hook sends (harness.plan)
 
 
-class TorchDDP(ProcessGroupStrategy, GradientSyncControl):
+class TorchDDP(GradientSyncControl, ProcessGroupStrategy):
     """`comm_hook`: how DDP's buckets are communicated. `fp16`/`bf16` cast each bucket to half before the
     all-reduce and back after (half the bytes on the wire); `powersgd` sends a rank-`powersgd_rank`
     approximation of each gradient matrix with error feedback, after `powersgd_start_iter` iterations of
     plain all-reduce (PowerSGD's own warm-up; torch's default is 1,000, longer than a benchmark run)."""
+
+    searchable = True
 
     def __init__(self, find_unused_parameters: bool = False, bucket_cap_mb: float = 25,
                  gradient_as_bucket_view: bool = False, comm_hook: CommHook = "none", powersgd_rank: int = 1,

@@ -11,10 +11,10 @@ from torch import nn
 from amp import AmpSpec
 from harness.core.devices import Placement
 from harness.core.traffic import Collective, Traffic
-from strategies.base import AmpRule, Strategy
+from strategies.base import AmpRule, SingleProcessStrategy
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(SingleProcessStrategy):
     drives_all_devices = True
     needs_cuda = True
     # apex O0/O2/O3 replace model.forward by a closure over the original module

@@ -63,7 +63,8 @@ _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 
-class FSDP2(ProcessGroupStrategy, GradientSyncControl, ShardedParameters):
+class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
+    searchable = True
     shards = (True, True, True)
     amp_rules = (AmpRule({"impl": "apex"}, "impl",
                          "native with strategy=fsdp (apex's amp.initialize patches the model and its optimizer, "

@@ -45,7 +45,7 @@ def _idist() -> Any:
     return idist
 
 
-class IgniteStrategy(Strategy, GradientSyncControl):
+class IgniteStrategy(GradientSyncControl, Strategy):
     one_process_per_device = True
 
     @classmethod
@@ -126,6 +126,7 @@ class IgniteStrategy(Strategy, GradientSyncControl):
         return sync() if callable(sync) else contextlib.nullcontext()
 
     def barrier(self) -> None:
+        """Through Ignite's own context, whichever backend it joined (its group, or horovod's)."""
         _idist().barrier()
 
     def max_over_ranks(self, value: float) -> float:

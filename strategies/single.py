@@ -20,7 +20,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError
 from harness.core.traffic import Traffic
-from strategies.base import Strategy
+from strategies.base import SingleProcessStrategy
 
 
 class ShardedBatchNorm(_BatchNorm):
@@ -55,7 +55,9 @@ def shard_batchnorm(module: nn.Module, shards: int) -> nn.Module:
     return module
 
 
-class SingleDevice(Strategy):
+class SingleDevice(SingleProcessStrategy):
+    searchable = True  # the baseline: on a CPU, or for a small model, it can be the fastest
+
     def __init__(self, batchnorm_shards: int = 1) -> None:
         super().__init__()
         self.batchnorm_shards = batchnorm_shards

@@ -44,6 +44,9 @@ class StrategySpec(ABC):
     # Which of parameters, gradients and optimizer state each rank holds only 1/world_size of (theory).
     shards: ClassVar[tuple[bool, bool, bool]] = (False, False, False)
     amp_rules: ClassVar[tuple[AmpRule, ...]] = ()  # amp levels, implementations and dtypes it refuses
+    # True: a value of `-m search=true`'s strategy axis (harness.search.space), a choice worth racing on any
+    # machine; False (a strategy needing CUDA or an optional package, or kept for comparison) runs when named
+    searchable: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

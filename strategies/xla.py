@@ -32,7 +32,7 @@ from harness.core.devices import Placement
 from harness.core.errors import ConfigError
 from harness.core.optional import package_missing
 from harness.core.traffic import Traffic
-from strategies.base import AmpRule, RankEnv, Strategy
+from strategies.base import AmpRule, RankEnv, SingleProcessStrategy
 from strategies.capabilities import CompilesInWindows
 
 INSTALL_HINT = ("strategy=xla needs torch_xla, which is built for one torch version: in a second environment, "
@@ -54,7 +54,7 @@ class ShardedInput(nn.Module):
         return self.module(x)
 
 
-class XlaStrategy(Strategy, CompilesInWindows):
+class XlaStrategy(CompilesInWindows, SingleProcessStrategy):
     amp_rules = (
         AmpRule({"impl": "apex", "level": ("O1", "O2", "O3")}, "impl", "native with strategy=xla (apex amp is "
                 "CUDA-only)"),

@@ -23,6 +23,7 @@ from strategies.ddp import CommHook, TorchDDP
 
 
 class ZeroDDP(TorchDDP):
+    searchable = True
     shards = (False, False, True)
     # apex swaps its fp32 masters into the optimizer's param_groups (apex/amp/_process_optimizer.py,
     # lazy_init_with_master_weights: `param_group['params'][i] = master_param`), but ZeroRedundancyOptimizer

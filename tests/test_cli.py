@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import logging.config
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY, describe, run_cli
@@ -13,6 +19,7 @@ from harness import cli
 from harness.core.amp_levels import LEVELS as AMP_LEVELS
 from harness.core.config import CONF_DIR
 from harness.core.errors import ConfigError
+from harness.core.logs import add_file, setup_cli, warnings_to_log
 
 # DDP, so that a wrongly started run would show "[ddp ..." progress lines and rank records.
 DDP = ("strategy=ddp", "nprocs=2", *TINY, "iterations=20", "log_every=10")
@@ -240,3 +247,55 @@ def test_the_prediction_lines_name_every_setting_the_sweep_varies():
     predicted.append((("strategy=ddp", "amp=O1", "grad_accum=1", "search.enabled=true"), "ddp O1"))
     assert cli.prediction_names(predicted) == ["single O0 grad_accum=1", "single O0 grad_accum=2",
                                                "single O0 grad_accum=4", "ddp O1 grad_accum=1"]
+
+
+LIBRARY_WARNING = "FSDP2-wrapped module (Block) returned a view tensor"  # what a search printed between its lines
+
+
+@contextmanager
+def logging_as(set_up: Callable[[Path], None], log_file: Path) -> Iterator[None]:
+    """Logging as `set_up` leaves it, with Python's warnings captured (run.py: warnings_to_log); pytest's own
+    handlers and the warnings' route restored afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        set_up(log_file)
+        warnings_to_log()
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def hydra_job_logging(log_file: Path) -> None:
+    """conf/hydra/job_logging/harness.yaml, as Hydra applies it to a job (its run.log here at `log_file`)."""
+    conf = OmegaConf.load(CONF_DIR / "hydra" / "job_logging" / "harness.yaml")
+    conf.handlers.file.filename = str(log_file)
+    logging.config.dictConfig(OmegaConf.to_container(conf))
+
+
+def cli_with_log(log_file: Path) -> None:
+    """setup_cli and a log file beside it: plan=true's and a search on a preset's plan.log."""
+    setup_cli()
+    add_file(log_file)
+
+
+@pytest.mark.parametrize("set_up", [hydra_job_logging, cli_with_log], ids=["hydra job", "plan"])
+def test_a_librarys_warning_goes_to_the_log_file_not_the_terminal(set_up, tmp_path, capsys):
+    """Issue 53: FSDP's UserWarning landed between a search's progress lines. A library's Python warning is for
+    the log file; the harness's own warnings (through logging) still reach the terminal."""
+    log_file = tmp_path / "run.log"
+    with logging_as(set_up, log_file):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn(LIBRARY_WARNING, UserWarning, stacklevel=1)
+        logging.getLogger("harness.test").warning("the harness's own warning")
+    terminal = capsys.readouterr()
+    assert LIBRARY_WARNING not in terminal.out + terminal.err
+    assert terminal.err.splitlines() == ["warning: the harness's own warning"]
+    log = log_file.read_text()
+    assert LIBRARY_WARNING in log and "UserWarning" in log and "the harness's own warning" in log

@@ -67,10 +67,35 @@ def test_config_is_checked_as_every_section_is():
     assert error.value.key == "collectives.fault.sizes"
     cfg = CollectivesConfig.from_dict({"ops": "all_reduce", "sizes": "4KiB", "fault": {"rank": 1, "size": "4KiB"}})
     assert (cfg.ops, cfg.sizes, cfg.fault_rank, cfg.fault_size) == (("all_reduce",), (4096,), 1, 4096)
-    assert (cfg.dtype, cfg.warmup, cfg.repeats) == ("float32", 2, 5)  # the defaults of CollectivesSection
+    assert (cfg.dtype, cfg.warmup, cfg.repeats) == ("float32", 2, 10)  # CollectivesSection's CPU defaults
 
 
 def test_placement_has_no_training_batch_to_pass():
     """Three CPU workers: a fake batch of 3 is no longer needed; the placement's batch is one per worker."""
     p = placement_for({"gpus": [], "nprocs": 3}, NO_GPU)
     assert p.world_size == 3 and p.global_batch == 3 and p.local_batch == 1
+
+
+def test_the_defaults_are_the_records_and_hydra_composes_them_from_there():
+    """conf/collectives.yaml repeats no default: Hydra composes `collectives_defaults` from the records, whose CPU and
+    GPU values stand in the fields once (repeats 10 on a CPU, 20 on GPUs)."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from harness.collectives.config import BenchmarkConfig, CollectivesSection, register_defaults
+    from harness.compose import has_gpu, hydra_context
+    from harness.core.config import CONF_DIR
+    from harness.core.defaults import gpu_defaults
+
+    assert gpu_defaults(CollectivesSection) == {"max_size": "256MiB", "warmup": 5, "repeats": 20}
+    own = OmegaConf.load(CONF_DIR / "collectives.yaml")
+    assert set(own) == {"defaults", "hydra"}
+    register_defaults()
+    with hydra_context():
+        cfg = OmegaConf.to_container(compose(config_name="collectives"), resolve=True)
+    assert set(cfg) == {"gpus", "nprocs", "dist", "collectives"} and cfg["dist"]["timeout_s"] == 120
+    composed = CollectivesConfig.from_dict(cfg["collectives"])
+    expected = BenchmarkConfig().collectives
+    if not has_gpu():
+        assert (composed.ops, composed.warmup, composed.repeats) == (tuple(expected.ops), expected.warmup, 10)
+    assert placement_for(cfg, NO_GPU).world_size == 2

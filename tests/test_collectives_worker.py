@@ -33,3 +33,19 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
     assert [m["op"] for m in measured] == [op for op in OPS if op != "sendrecv"]
     assert all(len(m["seconds"]) == 2 and m["size_bytes"] == 4096 for m in measured)
     assert list(unsupported) == ["sendrecv"] and "at least 2 ranks" in unsupported["sendrecv"]
+
+
+def test_the_spec_reaches_each_worker_as_records():
+    """What the launcher pickles for every worker (as a training rank's RankSpec): the checked config and the
+    placement as the records the runner made, read by attribute, not re-parsed from a dict."""
+    import pickle
+
+    from harness.collectives.worker import CollectivesSpec
+    from harness.core.devices import Placement
+
+    cfg = CollectivesConfig.from_dict({"ops": ["all_reduce"], "sizes": [4096], "warmup": 1, "repeats": 2})
+    spec = CollectivesSpec(collectives=cfg, placement=placement_for({"gpus": [], "nprocs": 2}, NO_GPU),
+                           record_dir="/tmp/ranks", timeout_s=30)
+    received = pickle.loads(pickle.dumps(spec))
+    assert received == spec and isinstance(received.placement, Placement) and received.collectives.sizes == (4096,)
+    assert received.placement.world_size == 2 and received.log_file is None

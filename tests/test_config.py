@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -184,3 +185,71 @@ def test_allowed_values_are_the_fields_literal_types(section, value, line):
     with pytest.raises(ConfigError) as info:
         RunConfig.from_dict(config_dict("single", **{section: value}), "single")
     assert str(info.value) == line
+
+
+@pytest.mark.parametrize(("key", "value", "line"), [
+    ("timing.busy_share", 0, "timing.busy_share=0 is not allowed: a share of the cores, > 0 and <= 1 (1: a run is never "
+                             "counted busy)"),
+    ("timing.budget_s", float("inf"), "timing.budget_s=inf is not allowed: a number > 0 (seconds a sweep may spend on "
+                                      "rounds after its first two)"),
+    ("verdict.margin", 1, "verdict.margin=1 is not allowed: a share > 0 and < 1 (0.05: equivalent within 5 %)"),
+    ("search.prune_factor", 0.5, "search.prune_factor=0.5 is not allowed: a number >= 1 (2: combinations predicted "
+                                 "more than twice as slow as the best are not run)"),
+    ("plan.nodes", -1, "plan.nodes=-1 is not allowed: an integer >= 1 (or 0: the preset's own node count)"),
+    ("after", -1, "after=-1 is not allowed: a combination's job number (an integer >= 0), set by the sweep"),
+    ("repeat", 0, "repeat=0 is not allowed: an integer >= 1 or null"),
+    ("warmup_windows", 1.5, "warmup_windows=1.5 is not allowed: an integer >= 0"),
+    ("memory.enabled", 1, "memory.enabled=1 is not allowed: true or false"),
+    ("timing", 5, "timing=5 is not allowed: the section (timing.precision_pct, timing.max_seconds, timing.budget_s, "
+                  "timing.busy_share)"),
+    ("search", "yes", "search=yes is not allowed: true, false, or the section (search.enabled, search.axes, "
+                      "search.prune_factor, search.budget_s)"),
+])
+def test_each_key_is_read_by_its_field(base_cfg, key, value, line):
+    """One walk over the records' fields: each key's type, then the range its field declares, worded by the field."""
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(with_value(base_cfg, key, value), "single")
+    assert str(info.value) == line
+
+
+def test_a_section_may_be_its_switch_or_left_out(base_cfg):
+    cfg = {k: v for k, v in base_cfg.items() if k not in ("timing", "memory")}
+    run = RunConfig.from_dict({**cfg, "parity": True, "search": False}, "single")
+    assert run.parity.enabled and not run.search.enabled and run.timing == type(run.timing)()
+
+
+def test_composing_refuses_a_bad_choice_in_the_harness_words():
+    """A Literal field is an Enum-typed node in Hydra's defaults: composition itself fails, with the check's line as
+    the cause; what composes reaches the records as plain strings."""
+    from hydra import compose
+
+    with hydra_context():
+        for override, line in [("kernels.matmul_precision=fast", "kernels.matmul_precision=fast is not allowed: one "
+                                "of highest, high, medium"),
+                               ("fault.kind=1.5", "fault.kind=1.5 is not allowed: one of raise, exit, oom or null"),
+                               ("data.name=disk", "data.name=disk is not allowed: one of synthetic, loader, tokens, "
+                                "custom")]:
+            with pytest.raises(Exception) as info:  # noqa: B017 (Hydra's own exception, ours as its cause)
+                compose(config_name="config", overrides=[override])
+            causes = []
+            cause: BaseException | None = info.value
+            while cause is not None:
+                causes.append(cause)
+                cause = cause.__cause__ or cause.__context__
+            assert line in [str(c) for c in causes if isinstance(c, ConfigError)], override
+            with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
+                compose_one([override])
+    run = compose_run("kernels.matmul_precision=high", "parity=true", "fault.kind=raise")
+    assert type(run.kernels.matmul_precision) is str and run.kernels.matmul_precision == "high"
+    assert run.parity.enabled and type(run.fault.kind) is str
+
+
+def test_the_docs_table_is_the_fields():
+    """docs/config.md's table of keys is generated from the fields' help and defaults: it cannot drift."""
+    from harness.core import config_docs
+
+    text = config_docs.DOC.read_text()
+    assert config_docs.generated(text) == text, "run: python -m harness.core.config_docs"
+    keys = [key for key, _, _ in config_docs.rows()]
+    assert {"search.axes", "search.budget_s", "timing.budget_s", "plan.calibration", "data._target_"} <= set(keys)
+    assert len(keys) == len(set(keys))

@@ -329,8 +329,8 @@ def test_fsdp_shards_the_gpt_per_block_holds_half_on_each_rank_and_trains_what_o
     assert results["fsdp"]["config"]["strategy"]["blocks"] is None  # the model named its blocks itself
     report = build_report([sweep], tmp_path / "report", quiet=True)
     fsdp = next(r for r in report.rows if r.label.startswith("fsdp"))
-    assert (fsdp.parity, fsdp.parity_reference) == (verdicts.AGREES, "single O0"), fsdp.parity_note
-    assert fsdp.params_rank_mib * mib == pytest.approx(GPT_PARAM_BYTES / 2, rel=1e-6)  # the memory table's figure
+    assert (fsdp.parity.verdict, fsdp.parity.reference) == (verdicts.AGREES, "single O0"), fsdp.parity.note
+    assert fsdp.memory.params_rank_mib * mib == pytest.approx(GPT_PARAM_BYTES / 2, rel=1e-6)  # the memory table's figure
     assert "params/rank MiB" in (tmp_path / "report" / "report.md").read_text()
 
 

@@ -118,7 +118,7 @@ def test_a_four_rank_hsdp_run_ends_ok_holds_half_the_parameters_a_rank_and_agree
     rows, _ = build_rows(find_results([tmp_path])[0])
     by = {r.label: r for r in rows}
     hsdp = by[f"fsdp O0 replicate={REPLICATE}"]
-    assert (hsdp.parity, hsdp.parity_reference) == (verdicts.AGREES, "single O0"), hsdp.parity_note
+    assert (hsdp.parity.verdict, hsdp.parity.reference) == (verdicts.AGREES, "single O0"), hsdp.parity.note
 
 
 def test_a_replicate_that_does_not_divide_the_ranks_is_refused_before_anything_starts(monkeypatch, capsys):

@@ -179,20 +179,20 @@ def test_verdicts_worked_by_hand(tmp_path):
     write_run(tmp_path, "3", "ddp", [1.1, -2.0, 0.5], amp="O1", dtype="bfloat16")
     write_run(tmp_path, "4", "ignite", [1.0, -2.0, 0.5], differing=(1,))
     by = rows_by_label(tmp_path)
-    assert by["single O0"].parity == verdicts.REFERENCE
+    assert by["single O0"].parity.verdict == verdicts.REFERENCE
     ddp = by["ddp O0"]
     # relative to the tensor's largest |value| (2.0): 1e-5 / 2 = 5e-6, within 1e-4
-    assert (ddp.parity, ddp.parity_reference) == (verdicts.AGREES, "single O0")
-    assert ddp.parity_max_abs == pytest.approx(1e-5, rel=0.05) and ddp.parity_max_rel == pytest.approx(5e-6, rel=0.05)
+    assert (ddp.parity.verdict, ddp.parity.reference) == (verdicts.AGREES, "single O0")
+    assert ddp.parity.max_abs == pytest.approx(1e-5, rel=0.05) and ddp.parity.max_rel == pytest.approx(5e-6, rel=0.05)
     # 3e-4 / 2 = 1.5e-4 > 1e-4 (element-wise it would be 3e-4 / 0.5 = 6e-4: not the definition)
     wrong = by["allreduce O0"]
-    assert wrong.parity == verdicts.DIFFERS and wrong.parity_max_rel == pytest.approx(1.5e-4, rel=0.05)
-    assert wrong.parity_loss_diff == pytest.approx(0.25)
+    assert wrong.parity.verdict == verdicts.DIFFERS and wrong.parity.max_rel == pytest.approx(1.5e-4, rel=0.05)
+    assert wrong.parity.loss_diff == pytest.approx(0.25)
     mixed = by["ddp O1"]  # 0.1 / 2 = 5e-2 off, but half precision is reported, not judged
-    assert mixed.parity == verdicts.MIXED and "bfloat16" in mixed.parity_note
-    assert mixed.parity_max_rel == pytest.approx(0.05, rel=1e-5)
+    assert mixed.parity.verdict == verdicts.MIXED and "bfloat16" in mixed.parity.note
+    assert mixed.parity.max_rel == pytest.approx(0.05, rel=1e-5)
     ignite = by["ignite O0"]  # identical to the reference, but its rank 1 disagreed with its rank 0
-    assert ignite.parity == verdicts.REPLICAS and "rank 1" in ignite.parity_note
+    assert ignite.parity.verdict == verdicts.REPLICAS and "rank 1" in ignite.parity.note
     said = verdicts.summary(list(by.values()))
     assert said.startswith("Parity against single O0: ddp O0 agrees")
     assert "allreduce O0 DIFFER beyond float32 rounding" in said and "ignite O0 have replicas that differ" in said
@@ -204,16 +204,16 @@ def test_repeats_are_judged_by_the_one_that_differs_most(tmp_path):
     write_run(tmp_path, "1", "ddp", [1.0, -2.0, 0.5])  # repeat 1: bit-identical to the reference
     write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5 + 1e-3], losses=(2.0, 1.5 + 1e-3))  # repeat 2: 1e-3 / 2 off
     ddp = rows_by_label(tmp_path)["ddp O0"]
-    assert ddp.parity == verdicts.DIFFERS
-    assert ddp.parity_max_rel == pytest.approx(5e-4, rel=0.05) and ddp.parity_loss_diff == pytest.approx(1e-3)
+    assert ddp.parity.verdict == verdicts.DIFFERS
+    assert ddp.parity.max_rel == pytest.approx(5e-4, rel=0.05) and ddp.parity.loss_diff == pytest.approx(1e-3)
 
 
 def test_batchnorm_shards_are_explained_or_judged_against_the_same_split(tmp_path):
     write_run(tmp_path, "a/0", "single", [1.0, -2.0, 0.5], groups=1)
     write_run(tmp_path, "a/1", "ddp", [1.2, -2.0, 0.5], groups=2)
     ddp = rows_by_label(tmp_path / "a")["ddp O0"]
-    assert ddp.parity == verdicts.BATCHNORM  # 0.1 relative, but explained, not flagged
-    assert "strategy=single strategy.batchnorm_shards=2" in ddp.parity_note and "model.norm=none" in ddp.parity_note
+    assert ddp.parity.verdict == verdicts.BATCHNORM  # 0.1 relative, but explained, not flagged
+    assert "strategy=single strategy.batchnorm_shards=2" in ddp.parity.note and "model.norm=none" in ddp.parity.note
     # with a reference cut the same way in the report, that one is chosen and the row is judged
     for name, shards, weights in (("b/0", 1, [1.0, -2.0, 0.5]), ("b/1", 2, [1.2, -2.0, 0.5])):
         write_run(tmp_path, name, "single", weights, groups=shards)
@@ -223,8 +223,8 @@ def test_batchnorm_shards_are_explained_or_judged_against_the_same_split(tmp_pat
         path.write_text(json.dumps(data))
     write_run(tmp_path, "b/2", "ddp", [1.2, -2.0, 0.5], groups=2)
     by = rows_by_label(tmp_path / "b")
-    assert by["ddp O0"].parity == verdicts.AGREES
-    assert by["ddp O0"].parity_reference == "single O0 strategy.batchnorm_shards=2"
+    assert by["ddp O0"].parity.verdict == verdicts.AGREES
+    assert by["ddp O0"].parity.reference == "single O0 strategy.batchnorm_shards=2"
 
 
 def test_interleaved_batchnorm_pieces_are_explained_not_judged_against_consecutive_ones(tmp_path):
@@ -233,8 +233,8 @@ def test_interleaved_batchnorm_pieces_are_explained_not_judged_against_consecuti
     write_run(tmp_path, "0", "single", [1.0, -2.0, 0.5], groups=2, split="consecutive")
     write_run(tmp_path, "1", "ddp", [1.2, -2.0, 0.5], groups=2, split="interleaved")
     ddp = rows_by_label(tmp_path)["ddp O0"]
-    assert ddp.parity == verdicts.BATCHNORM and ddp.parity_max_rel == pytest.approx(0.1, rel=1e-5)
-    assert "interleaved" in ddp.parity_note and "data=synthetic" in ddp.parity_note
+    assert ddp.parity.verdict == verdicts.BATCHNORM and ddp.parity.max_rel == pytest.approx(0.1, rel=1e-5)
+    assert "interleaved" in ddp.parity.note and "data=synthetic" in ddp.parity.note
 
 
 def test_lossy_communication_is_reported_not_judged(tmp_path):
@@ -246,9 +246,9 @@ def test_lossy_communication_is_reported_not_judged(tmp_path):
     write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5 + 3e-4])
     by = rows_by_label(tmp_path)
     hooked = by["ddp O0 comm_hook=bf16"]
-    assert hooked.parity == verdicts.LOSSY and hooked.parity_max_rel == pytest.approx(1.5e-4, rel=0.05)
-    assert "not judged: lossy communication (comm_hook=bf16" in hooked.parity_note
-    assert by["ddp O0"].parity == verdicts.DIFFERS
+    assert hooked.parity.verdict == verdicts.LOSSY and hooked.parity.max_rel == pytest.approx(1.5e-4, rel=0.05)
+    assert "not judged: lossy communication (comm_hook=bf16" in hooked.parity.note
+    assert by["ddp O0"].parity.verdict == verdicts.DIFFERS
     assert "ddp O0 comm_hook=bf16 use lossy communication (drift reported, not judged)" in verdicts.summary(
         list(by.values()))
 
@@ -275,8 +275,8 @@ def test_without_a_reference_the_report_says_so(tmp_path):
     write_run(tmp_path, "1", "ddp", [1.0, -2.0, 0.5])
     write_run(tmp_path, "2", "ddp", [1.0, -2.0, 0.5], amp="O1", dtype="bfloat16", reference="same_amp")
     by = rows_by_label(tmp_path)
-    assert by["ddp O0"].parity == verdicts.NO_REFERENCE and "strategy=single row at O0" in by["ddp O0"].parity_note
-    assert by["ddp O1"].parity == verdicts.NO_REFERENCE and "at its own amp level" in by["ddp O1"].parity_note
+    assert by["ddp O0"].parity.verdict == verdicts.NO_REFERENCE and "strategy=single row at O0" in by["ddp O0"].parity.note
+    assert by["ddp O1"].parity.verdict == verdicts.NO_REFERENCE and "at its own amp level" in by["ddp O1"].parity.note
     said = verdicts.summary(list(by.values()))
     assert said.startswith("Parity: ddp O0, ddp O1 have no reference row") and "against" not in said
 
@@ -313,11 +313,11 @@ ALLREDUCE = "allreduce O0 strategy=strategies.allreduce.ManualAllReduce"  # name
 @pytest.mark.xdist_group(SHARED_GROUP)  # one worker runs the shared sweep
 def test_every_strategy_trains_the_model_one_device_trains(parity_sweep):
     _, by, text, sweep = parity_sweep
-    assert by["single O0"].parity == verdicts.REFERENCE
+    assert by["single O0"].parity.verdict == verdicts.REFERENCE
     for label in ("ddp O0", ALLREDUCE):
         row = by[label]
-        assert (row.parity, row.parity_reference) == (verdicts.AGREES, "single O0"), row.parity_note
-        assert row.parity_max_rel <= verdicts.PARAM_RTOL and row.parity_loss_diff < 1e-5
+        assert (row.parity.verdict, row.parity.reference) == (verdicts.AGREES, "single O0"), row.parity.note
+        assert row.parity.max_rel <= verdicts.PARAM_RTOL and row.parity.loss_diff < 1e-5
     for folder in ("*_ddp_O0", "*_allreduce_O0"):
         record = parity_of(sweep, folder)
         assert record["replicas_agree"] is True and len(record["digests"]) == 2 and record["differing_ranks"] == []
@@ -332,7 +332,7 @@ def test_the_parity_column_catches_a_strategy_that_does_not_average(parity_sweep
     root, by, text, sweep = parity_sweep
     summed = by[f"allreduce O0 strategy={SUMMED}"]
     # twice the step from the first update on: far beyond rounding, though its replicas agree
-    assert summed.parity == verdicts.DIFFERS and summed.parity_max_rel > 10 * verdicts.PARAM_RTOL
+    assert summed.parity.verdict == verdicts.DIFFERS and summed.parity.max_rel > 10 * verdicts.PARAM_RTOL
     record, reference = parity_of(root, "summed"), parity_of(sweep, "*_single_O0")
     assert record["replicas_agree"] is True
     assert record["losses"][0] == pytest.approx(reference["losses"][0], abs=1e-6)  # same weights, same batch

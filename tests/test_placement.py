@@ -106,6 +106,14 @@ def test_a_cuda_only_strategy_refuses_an_empty_gpu_list():
     assert info.value.key == "gpus" and "gpus=[0,1]" in str(info.value)
 
 
+def test_a_cuda_only_strategy_on_a_machine_without_gpus_says_so_not_which_ids_to_give():
+    """experiment=seed_blog_cpu's dp row: the reason is the missing GPU, not the empty list."""
+    with pytest.raises(ConfigError) as info:
+        place_as(run_config("single", gpus=[]), NO_GPU, "all")
+    assert info.value.key == "strategy" and "needs CUDA GPUs and this machine has none" in str(info.value)
+    assert "gpus=[0,1]" not in str(info.value)
+
+
 def test_batch_not_divisible_by_the_workers_is_refused_with_a_helpful_message():
     with pytest.raises(ConfigError) as info:
         place_as(run_config("ddp", gpus=[0, 1, 3], batch_size=10), FOUR_GPUS, "per_device")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from harness.planning import tables
 
 
 def row(unit: str, tokens: int | None, samples_s: float, band: tuple[float, float]) -> dict[str, Any]:
     memory = {"params_mib": 100.0, "grads_mib": 100.0, "optimizer_mib": 200.0, "activations_mib": 1000.0,
               "inputs_mib": 1.0, "comm_buffers_mib": 50.0, "allocator_mib": 145.0, "peak_mib": 1596.0}
-    prediction = {"memory": [memory], "fits": True, "s_per_iteration": 640 / samples_s,
+    prediction = {"hardware": "a100x8", "world_size": 8, "peak_mib": 1596.0, "device_memory_mib": 81920.0,
+                  "memory": [memory], "fits": True, "s_per_iteration": 640 / samples_s,
                   "throughput_img_s": samples_s, "throughput_band": band, "band_source": "leave-one-out",
                   "assumptions": [], "time": {"compute_s": 1.0, "optimizer_s": 0.1, "comm_s": 0.2,
                                               "exposed_comm_s": 0.05, "overlapped_comm_s": 0.15}}
@@ -30,3 +33,21 @@ def test_a_slow_image_rate_keeps_three_figures():
     """A 70B model's 0.412 samples/s stays 0.412, never `0` or `1` (its band too)."""
     text = tables([row("img/s", None, 0.412, (0.342, 0.498))])
     assert "0.412 img/s" in text and "0.342–0.498" in text
+
+
+def test_a_row_is_read_once_into_its_record_and_written_back_as_it_came():
+    """plan.json's row (harness.core.results.PlanRow): the keys predict_on and plan=true gave it, in their order; a
+    row that was not predicted has no devices nor prediction."""
+    from harness.core.results import PlanRow, SchemaError
+
+    given = {**row("img/s", None, 0.412, (0.342, 0.498)), "world_size": 8, "overrides": ["strategy=fsdp"],
+             "seconds": 1.5}
+    typed = PlanRow.from_json(given)
+    assert typed.prediction is not None and typed.prediction.throughput_img_s == 0.412
+    assert typed.label == "fsdp O1" and typed.to_json()["prediction"]["throughput_band"] == [0.342, 0.498]
+    skipped = {"strategy": "dp", "amp": "O0", "model": "tiny_cnn", "variant": "", "hardware": "h100x8",
+               "global_batch": 64, "status": "skipped", "reason": "needs CUDA", "overrides": ["strategy=dp"],
+               "tokens_per_sample": None, "unit": "img/s", "seconds": 0.01}
+    assert list(PlanRow.from_json(skipped).to_json().items()) == list(skipped.items())
+    with pytest.raises(SchemaError, match="plan.json: bogus"):
+        PlanRow.from_json({**skipped, "bogus": 1})

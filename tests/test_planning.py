@@ -174,17 +174,21 @@ def test_prediction_error_takes_the_largest_devices_reserved_peak_over_measured(
     sum or rank 0's), and the relative error over the measurement, not over the prediction."""
     from harness.core.devices import AllocatorPeak
     from harness.core.rank_record import RankRecord
+    from harness.core.results import RunRecord
     from harness.launch.runner import prediction_error
+
+    def run(global_batch: int, throughput: float | None) -> RunRecord:
+        return RunRecord(schema=2, status="ok", strategy="ddp", amp="O0", model="m", global_batch=global_batch,
+                         throughput_img_s=throughput)
 
     records = [RankRecord(rank=0, allocator=[AllocatorPeak("cuda:0", 700.0, 800.0)]),
                RankRecord(rank=1, allocator=[AllocatorPeak("cuda:1", 900.0, 1000.0)], tensor_peak_mib=5.0)]
-    results = {"global_batch": 64, "throughput_img_s": 320.0}  # 0.2 s per iteration
-    error = prediction_error(900.0, 0.25, results, records)
-    assert error["measured_peak_mib"] == 1000.0 and error["memory_source"] == "torch-allocator"
-    assert error["peak_mib"] == pytest.approx(0.10)  # (1000 - 900) / 1000, not / 900
-    assert error["measured_s_per_iteration"] == pytest.approx(0.2)
-    assert error["s_per_iteration"] == pytest.approx(-0.25)  # (0.2 - 0.25) / 0.2
-    cpu = prediction_error(4.0, None, {"global_batch": 8, "throughput_img_s": None},
+    error = prediction_error(900.0, 0.25, run(64, 320.0), records)  # 0.2 s per iteration
+    assert error.measured_peak_mib == 1000.0 and error.memory_source == "torch-allocator"
+    assert error.peak_mib == pytest.approx(0.10)  # (1000 - 900) / 1000, not / 900
+    assert error.measured_s_per_iteration == pytest.approx(0.2)
+    assert error.s_per_iteration == pytest.approx(-0.25)  # (0.2 - 0.25) / 0.2
+    cpu = prediction_error(4.0, None, run(8, None),
                            [RankRecord(rank=0, tensor_peak_mib=4.5), RankRecord(rank=1, tensor_peak_mib=5.0)])
-    assert cpu["measured_peak_mib"] == 5.0 and cpu["memory_source"] == "live-tensor-probe"
-    assert cpu["s_per_iteration"] is None  # not predicted, or not measured: no error
+    assert cpu.measured_peak_mib == 5.0 and cpu.memory_source == "live-tensor-probe"
+    assert cpu.s_per_iteration is None  # not predicted, or not measured: no error

@@ -169,8 +169,10 @@ def test_every_run_py_command_is_accepted_as_typed(args, capsys, checks_only, do
 @pytest.mark.parametrize("args", COLLECTIVES, ids=[" ".join(a) for a in COLLECTIVES])
 def test_every_collectives_command_is_accepted_as_typed(args):
     from harness.collectives import CollectivesConfig, placement_for
+    from harness.collectives.config import register_defaults
     from harness.core.errors import Incompatible
 
+    register_defaults()  # as `python -m harness.collectives` does before composing
     with hydra_context():
         config = compose_one(args, config_name="collectives").config
     CollectivesConfig.from_dict(config["collectives"])

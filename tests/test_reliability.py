@@ -525,6 +525,69 @@ def test_ctrl_c_in_a_sweep_still_writes_the_report_of_what_finished(tmp_path):
         assert not alive_pids(run_pids(r))
 
 
+def check_ctrl_c_in_the_terminal(run: LiveRun, sweep: Path) -> None:
+    """Ctrl-C at the terminal: SIGINT to the whole process group (the launcher, the fork server, the calibration
+    child, the ranks), as a shell sends it. Then: exit 130, a short line saying it was interrupted, no traceback
+    from any of them, whatever ran recorded as finished or interrupted, and no process of the run left."""
+    run.descendants()  # remembered, for the check that none is left
+    os.killpg(run.proc.pid, signal.SIGINT)
+    code = run.wait(timeout=STOP_BOUND_S + 60)
+    assert code == EXIT_INTERRUPTED, run.describe()
+    out = run.stdout + run.stderr
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, run.describe()
+    said = [line for line in run.stderr.splitlines() if line.startswith("warning: interrupted")]
+    assert said and all(len(line) < 120 for line in said), run.describe()
+    for path in sweep.glob("*/results.json"):
+        assert json.loads(path.read_text())["status"] in ("ok", "interrupted"), path
+    assert not run.survivors(grace=10), run.survivors()
+
+
+# never ends; predicted before the first run, as a user's sweep is (the tests' default skips it)
+CTRL_C_SWEEP = ("-m", "strategy=single,ddp", *TINY, ONE_ROUND, "iterations=100000", "log_every=20", "plan.predict=true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [1, 3, 8])
+def test_ctrl_c_at_any_moment_of_a_sweep_is_one_line_and_exit_130(tmp_path, after_s):
+    """Issue 53: Ctrl-C in the first seconds (imports, composing, the pre-flight checks and predictions, Hydra's
+    start-up, the first run) printed a 72-line KeyboardInterrupt traceback instead of one line."""
+    sweep = tmp_path / "sweep"
+    with LiveRun(*CTRL_C_SWEEP, f"hydra.sweep.dir={sweep}") as run:
+        time.sleep(after_s)
+        check_ctrl_c_in_the_terminal(run, sweep)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["  predicted 1/", "[single O0] iter", "results: "])
+def test_ctrl_c_at_each_phase_of_a_sweep_is_one_line_and_exit_130(tmp_path, moment):
+    """The same, at a phase rather than a time: between two predictions, in a run (recorded as interrupted), and
+    as the first job ends (between jobs, or in the next one's start)."""
+    sweep = tmp_path / "sweep"
+    overrides = CTRL_C_SWEEP if moment != "results: " else \
+        ("-m", "strategy=single", *TINY, ONE_ROUND, "log_every=20", "iterations=40,100000")  # the first one ends
+    with LiveRun(*overrides, f"hydra.sweep.dir={sweep}") as run:
+        assert run.wait_for_output(moment, START_TIMEOUT_S), run.describe()
+        check_ctrl_c_in_the_terminal(run, sweep)
+        if moment == "[single O0] iter":
+            assert [json.loads(p.read_text())["status"] for p in sweep.glob("*/results.json")] == ["interrupted"]
+
+
+def test_an_interrupt_outside_a_run_is_one_line_and_exit_130(capsys):
+    """What run.py wraps every phase in: a KeyboardInterrupt becomes the line it names and exit 130; a second
+    Ctrl-C while exiting ends the process at once (no traceback from the exit either)."""
+    from harness.core.stops import interrupt_ends_quietly
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended, interrupt_ends_quietly("interrupted before it started"):
+            raise KeyboardInterrupt
+        assert ended.value.code == EXIT_INTERRUPTED
+        assert capsys.readouterr().err == "warning: interrupted before it started\n"
+        assert signal.getsignal(signal.SIGINT) not in (previous, signal.default_int_handler)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish():
     """The report times finished runs only; the console line said "steady-state 211.5 img/s" for an
     interrupted one, while the report beside it said no combination had run."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
+from harness.memory.report import DeviceUse
 
 
 def results(strategy, amp, devices, window_seconds, *, batch=32, status="ok", error=None, rate=None,
@@ -62,8 +63,8 @@ def test_figures_worked_by_hand(sweep):
     assert single.cumulative == [(20, 2.0), (40, 3.0), (60, 4.2), (80, 5.0), (100, 6.0)]
     assert ddp.speedup == pytest.approx(2.0) and ddp.efficiency == pytest.approx(1.0)
     assert single.speedup == pytest.approx(1.0) and single.efficiency is None  # one device: nothing scaled
-    assert (ddp.mem_max_mib, ddp.mem_min_mib) == (1000.0, 800.0)
-    assert ddp.mem_imbalance_pct == pytest.approx(25.0)  # (1000 - 800) / 800
+    assert (ddp.memory.max_mib, ddp.memory.min_mib) == (1000.0, 800.0)
+    assert ddp.memory.imbalance_pct == pytest.approx(25.0)  # (1000 - 800) / 800
     assert ddp.processes == 2 and single.processes == 1
     assert single.final_loss == pytest.approx(1.6)
     # 2x apart, but one run each: nothing says how far runs of one combination scatter
@@ -230,9 +231,8 @@ def test_memory_is_pooled_over_repeats_and_wins_only_beyond_their_spread(tmp_pat
         write(tmp_path, f"b{i}", r)
     rows = rows_of(tmp_path)
     a = rows["ddp O0"]
-    assert (a.mem_max_mib, a.mem_max_lo, a.mem_max_hi) == (950.0, 900.0, 5000.0)
-    assert a.memory_per_device == [{"device": "cpu:0", "used_mib": 950.0, "pids": [100]},
-                                   {"device": "cpu:1", "used_mib": 400.0, "pids": [101]}]
+    assert (a.memory.max_mib, a.memory.max_lo, a.memory.max_hi) == (950.0, 900.0, 5000.0)
+    assert a.memory.per_device == (DeviceUse("cpu:0", 950.0, (100,)), DeviceUse("cpu:1", 400.0, (101,)))
     assert a.processes == 2
     assert "mem_max_mib" not in report.decide(list(rows.values())).winners  # 900-5000 overlaps 1000-1100
     write(tmp_path, "c0", memory_results("O2", [300.0])[0])
@@ -382,8 +382,8 @@ def test_breakdown_shares_per_row_and_its_plot_in_the_page(tmp_path):
     out = report.build_report([tmp_path], tmp_path / "out", quiet=True)
     by = {r.label: r for r in out.rows}
     assert by["ddp O0"].s_per_20 == pytest.approx(2.0) and by["ddp O0"].steady_windows == 2
-    assert by["ddp O0"].breakdown == ddp and by["ddp O0"].comm_overlapped_share == pytest.approx(0.25)
-    assert by["single O0"].comm_overlapped_share is None  # no communication at all: nothing to overlap
+    assert by["ddp O0"].profile.breakdown == ddp and by["ddp O0"].profile.comm_overlapped_share == pytest.approx(0.25)
+    assert by["single O0"].profile.comm_overlapped_share is None  # no communication at all: nothing to overlap
     header, body = report.table_rows(out.rows)
     cells = dict(zip(header, body[[r.label for r in out.rows].index("ddp O0")], strict=True))
     assert cells["profiled: compute/comm/data/optim/other %"] == "40/30/20/5/5"
@@ -404,7 +404,7 @@ def test_breakdown_shares_per_row_and_its_plot_in_the_page(tmp_path):
 
 def test_no_breakdown_plot_without_a_profiled_run(sweep):
     out = report.build_report([sweep], sweep / "out", quiet=True)
-    assert not (sweep / "out" / "breakdown.png").exists() and all(not r.breakdown for r in out.rows)
+    assert not (sweep / "out" / "breakdown.png").exists() and all(r.profile is None for r in out.rows)
 
 
 def test_labels_name_what_differs_once_and_the_same_way(tmp_path):
@@ -735,3 +735,106 @@ def test_a_clear_place_effect_is_said_in_how_reproducible(tmp_path):
                              r"\[0\.9\d–0\.9\d\] the round's average", said), said
         else:
             assert "place in its round" not in said, said
+
+
+# ---- issue 53: what the page, report.md and the plots say of busy rows, devices and kernels ----
+
+def test_a_busy_rows_time_error_is_not_judged_in_report_md_or_csv(tmp_path):
+    """Every run of ddp was timed on a busy machine: its time error (others' work in its time, -2626.4 % once)
+    reads `— (busy)` in report.md, with the reason under the table, and is nan in report.csv; the quiet row's
+    error stays a figure."""
+    import csv
+
+    from harness.plan.report import PredictionSection
+    from harness.report.rows import measured_beside_predicted
+
+    for n, (a, b) in enumerate([(100.0, 4000.0), (102.0, 4100.0), (98.0, 3900.0)], start=1):
+        write(tmp_path, f"r{n}a", round_run("single", n, a, repeat=3))
+        write(tmp_path, f"r{n}b", {**round_run("ddp", n, b, repeat=3, busy=True), "devices": ["cpu:0", "cpu:1"]})
+    rows = rows_of(tmp_path)
+    for row in rows.values():
+        row.prediction = PredictionSection(predicted_s_per_it=0.0125)
+        measured_beside_predicted(row)
+    assert rows["ddp O0"].busy and rows["ddp O0"].prediction.time_error is not None
+    made = report.of_rows(list(rows.values()), "single O0")
+    md = report.to_markdown(made)
+    section = md[md.index("## Predicted before each run"):]
+    cells = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").rsplit(" | ", 1)[1]
+             for line in section.splitlines() if line.startswith("| ") and "O0" in line}
+    assert cells["ddp O0"] == "— (busy)" and cells["single O0"].endswith(" %") and "—" not in cells["single O0"]
+    assert "shows its time error as `— (busy)`" in section
+    report.write_csv(list(rows.values()), tmp_path / "report.csv")
+    with open(tmp_path / "report.csv") as handle:
+        by = {r["combination"]: r for r in csv.DictReader(handle)}
+    assert by["ddp O0"]["time_error"] == "nan" and float(by["single O0"]["time_error"]) == rows["single O0"].prediction.time_error
+
+
+def test_devices_are_said_as_ranges_so_eight_gpus_take_one_short_cell():
+    from harness.report.columns import devices_said
+
+    assert devices_said([f"cuda:{i}" for i in range(8)]) == "cuda:0–7"
+    assert devices_said(["cpu:0", "cpu:1"]) == "cpu:0,1" and devices_said(["cpu"]) == "cpu"
+    assert devices_said(["cuda:0", "cuda:1", "cuda:2", "cuda:5", "n1/cuda:0", "n1/cuda:1"]) == \
+        "cuda:0–2,5, n1/cuda:0,1"
+    assert devices_said([]) == "—"
+
+
+def test_cudnn_benchmark_is_not_said_on_where_it_does_not_apply():
+    """torch holds cudnn.benchmark=True on a CPU machine too; the rank records None off CUDA, said as n/a."""
+    from harness.core.results import KernelsRecord
+
+    assert KernelsRecord(None, "highest", False).words().startswith("cudnn.benchmark n/a (no CUDA), ")
+    assert KernelsRecord(True, "high", True).words().startswith("cudnn.benchmark on, channels_last on")
+    assert KernelsRecord(False, "high", True).words().startswith("cudnn.benchmark off")
+
+
+def test_the_throughput_axis_is_the_bars_not_an_absurd_whisker_and_busy_rows_have_none(tmp_path):
+    """Bars near 100-130 img/s; one judged row's interval reaches 6,700 and a busy row has no interval: the axis
+    ends from the bars (within WHISKER_ROOM of the longest), the long whisker is cut with an arrow and its end
+    written, and only the judged rows get whiskers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from harness.report.plots import WHISKER_ROOM, throughput_figure
+    from harness.report.rows import Row
+
+    def row(label: str, rate: float, lo: float | None, hi: float | None, busy: str | None = None) -> Row:
+        strategy, amp = label.split()
+        return Row(label=label, strategy=strategy, amp=amp, model="resnet18", devices=["cpu"], processes=1,
+                   global_batch=32, status="ok", reason=None, runs=3, ok_runs=3, throughput=rate, throughput_lo=lo,
+                   throughput_hi=hi, spread_known=lo is not None, busy=busy)
+
+    rows = [row("single O0", 100.0, 95.0, 105.0), row("ddp O0", 120.0, 60.0, 6700.0),
+            row("zero O0", 130.0, None, None, busy="other processes used 1.9 of 2 cores")]
+    fig = throughput_figure(rows, rows, "single O0")
+    ax = fig.axes[0]
+    left, right = ax.get_xlim()
+    assert left == 0 and 130 < right <= WHISKER_ROOM * 130 < 6700, (left, right)
+    assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 2  # not the busy row's
+    assert "to 6700 " in [t.get_text() for t in ax.texts] and "▸ a whisker past the axis" in ax.get_xlabel()
+    plt.close(fig)
+    fig = throughput_figure(rows[:1], rows[:1], "single O0")  # nothing cut: the whisker is inside, no note
+    assert fig.axes[0].get_xlim()[1] >= 105 and "▸" not in fig.axes[0].get_xlabel()
+    plt.close(fig)
+
+
+def test_the_throughput_fit_is_built_once_for_the_rows_and_the_verdict(sweep, monkeypatch):
+    """The rows' levels and speedups and the verdict's standing come from one fit (harness.report.rows.row_set,
+    handed to harness.report.decision by findings.compute), never from one built again."""
+    from harness.report import decision, findings, rows
+
+    built: list[str] = []
+    fit_of = rows.row_fit
+
+    def counted(rows_, figure="run_throughputs", planned=None):
+        built.append(figure)
+        return fit_of(rows_, figure, planned)
+
+    monkeypatch.setattr(rows, "row_fit", counted)
+    monkeypatch.setattr(decision, "row_fit", counted)
+    made = findings.compute([sweep])
+    assert built.count("run_throughputs") == 1 and built.count("run_s_per_20") == 1, built
+    assert made.decision.margin is not None and made.decision.standing is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +14,7 @@ from harness.core.results import SCHEMA, MachineLoad, RunRecord
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.racing import standing
 from harness.verdict.rounds import balanced_order, round_overrides, run_rounds, starting_after, williams
-from tests.conftest import TINY, run_sweep
+from tests.conftest import TINY, run_config, run_sweep
 
 TEMPLATE = "${hydra.job.num}_${hydra.runtime.choices.strategy}_${amp.level}"
 COMBOS = [["strategy=a"], ["strategy=b"], ["strategy=c"]]
@@ -199,6 +200,43 @@ def test_standing_by_hand():
 
 def test_round_overrides_keep_the_users_folder_pattern():
     assert round_overrides(["amp=O1"], 7, 3, "x_${hydra.job.num}") == ["amp=O1", "round=3", "hydra.sweep.subdir='round-3/x_7'"]
+
+
+def test_the_sweeper_launches_the_checked_grid_in_hydras_order_and_expands_its_own_only_when_none_was_checked(
+        monkeypatch):
+    """A sweep's grid is expanded once: the rounds sweeper takes the combinations run.py's pre-check expanded,
+    composed and checked; only for a sweep this process did not check does it expand Hydra's grid (conf/sweep/'s
+    params, then the typed overrides) itself, into the same combinations in the same order (the job numbers)."""
+    from harness import compose
+    from harness.launch import checked
+    from harness.launch.checked import Checked
+    from harness.search import planner
+    from hydra_plugins import harness_rounds_sweeper
+
+    command = ["sweep=llm", "amp=O0", "batch_size=4,8", "hydra.sweep.dir=x", "hydra/launcher=basic"]
+    arguments = command[:3]  # what Hydra hands its sweeper: the task's overrides, not its own
+    with compose.hydra_context():
+        prechecked = compose.combinations(command, multirun=True)
+        # the class as Hydra's plugin scan (which runs its module again) left it
+        sweeper = harness_rounds_sweeper.RoundsSweeper(max_batch_size=None, params=compose.composed_sweep_params(command))
+    sweeper.hydra_context = SimpleNamespace(config_loader=None)
+    monkeypatch.setattr(planner, "_CURRENT", None)
+    checked.forget_all()
+    hydras = sweeper.combinations(arguments)  # nothing checked here: Hydra's grid
+    assert hydras == [[o for o in c if not o.startswith("hydra")] for c in prechecked]
+    assert hydras[:2] == [["strategy=ddp", "model.checkpoint=False", "amp=O0", "sweep=llm", "batch_size=4"],
+                          ["strategy=ddp", "model.checkpoint=False", "amp=O0", "sweep=llm", "batch_size=8"]]
+    assert len(hydras) == 12
+    expanded: list[object] = []
+    monkeypatch.setattr(compose, "expand", lambda *a: expanded.append(a) or [])
+    try:
+        for combo in prechecked:
+            checked.remember(combo, Checked(run_config(), {}))
+        checked.remember_sweep(command)
+        assert sweeper.combinations(arguments) == hydras and expanded == []  # the checked ones, not expanded again
+        assert sweeper.combinations(["sweep=llm", "amp=O1", "batch_size=4,8"]) == [] and len(expanded) == 1
+    finally:
+        checked.forget_all()
 
 
 @pytest.mark.slow

@@ -4,18 +4,22 @@ back, and to whom an error is attributed."""
 from __future__ import annotations
 
 import os
+from dataclasses import MISSING, fields
+from typing import Any
 
 import pytest
 from conftest import run_config
 from test_memory import FakeNvml, mib
 
+from harness.core.config import RunConfig
 from harness.core.devices import AllocatorPeak
 from harness.core.errors import Incompatible
 from harness.core.rank_record import RankRecord
+from harness.core.results import DeviceMemory, Precision, RunRecord
 from harness.core.timing import Window
 from harness.launch.decide import run_plan as plan
 from harness.launch.placement import Hardware
-from harness.launch.runner import memory_section
+from harness.launch.runner import measured, memory_section, planned
 from harness.memory.sampler import MemorySampler, NvmlSource
 
 ONE_GPU = Hardware(visible_gpus=(0,), cores=8)
@@ -74,9 +78,9 @@ def test_memory_falls_back_to_the_allocator_when_nvml_took_no_sample():
     records = [RankRecord(rank=0, pid=11, device="cuda:0", host="h",
                           allocator=[AllocatorPeak("cuda:0", max_allocated_mib=700.0, max_reserved_mib=812.5)])]
     memory = memory_section(sampler, ("cuda:0",), records, os.getpid(), None)
-    assert memory["source"] == "torch-allocator"
-    assert memory["per_device"] == [{"device": "cuda:0", "peak_mib": 812.5, "baseline_mib": 0.0}]
-    assert "Insufficient Permissions" in memory["warning"]
+    assert memory.source == "torch-allocator"
+    assert memory.per_device == [DeviceMemory(device="cuda:0", peak_mib=812.5, baseline_mib=0.0)]
+    assert memory.warning and "Insufficient Permissions" in memory.warning
 
 
 def windows(seconds: list[float], every: int = 20) -> list[Window]:
@@ -90,29 +94,25 @@ def windows(seconds: list[float], every: int = 20) -> list[Window]:
 def test_throughput_counts_the_global_batch_over_the_slowest_rank():
     """2 ranks of 4 images (global batch 8), windows of 20 iterations; the run's clock is the slower rank:
     cumulative 2, 3, 4 s -> steady 2 windows in 2 s -> 8 x 20 x 2 / 2 = 160 img/s (per-rank batch: 80)."""
-    from harness.launch.runner import measurements
-
     cfg = run_config("ddp", batch_size=8, iterations=60)
     decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
     records = [RankRecord(rank=0, windows=windows([1.5, 1.0, 1.0])), RankRecord(rank=1, windows=windows([2.0, 1.0, 1.0]))]
-    m = measurements(decided, records, started=0.0)
+    m = measured(planned(decided, None), decided, records, started=0.0)
     assert decided.placement.local_batch == 4
-    assert [w["cumulative_seconds"] for w in m["windows"]] == [2.0, 3.0, 4.0]
-    assert m["throughput_img_s"] == pytest.approx(160.0)
+    assert [w.cumulative_seconds for w in m.windows] == [2.0, 3.0, 4.0]
+    assert m.throughput_img_s == pytest.approx(160.0)
 
 
 def test_compile_time_is_the_slowest_ranks_and_comes_out_of_startup():
     """torch.compile runs on every rank side by side before the clock: the run waited for the slowest (5 s, not
     2 s), and start-up (first iteration 9 s after the start) is 9 - 5 = 4 s without it."""
-    from harness.launch.runner import measurements
-
     cfg = run_config("ddp", batch_size=8, iterations=60)
     decided = plan(cfg, Hardware(visible_gpus=(), cores=4))
     records = [RankRecord(rank=r, windows=windows([1.5, 1.0, 1.0]), first_iter_time=9.0 - r, compile_seconds=seconds)
                for r, seconds in ((0, 5.0), (1, 2.0))]
-    m = measurements(decided, records, started=0.0)
-    assert m["compile_seconds"] == 5.0
-    assert m["startup_seconds"] == pytest.approx(9.0 - 5.0)
+    m = measured(planned(decided, None), decided, records, started=0.0)
+    assert m.compile_seconds == 5.0
+    assert m.startup_seconds == pytest.approx(9.0 - 5.0)
 
 
 def test_an_unreadable_rank_record_is_named_not_dropped_silently(tmp_path, caplog):
@@ -220,3 +220,132 @@ def test_an_mfu_above_the_peak_is_refused_with_the_peak_it_was_divided_by():
     assert mfu is None
     assert why == ("MFU not reported: the run computed 87770% of the peak 0.04631 TFLOP/s (local: this machine's "
                    "measured GEMM rate, float16), so that peak is wrong")
+
+
+# ---- results.json assembled typed: the plan's record, then what was measured; each default of RunRecord once ----
+
+# What the plan decides (harness.launch.runner.planned); every other field keeps RunRecord's default until measured
+PLANNED = {"schema", "status", "strategy", "amp", "model", "launcher", "devices", "accelerator", "world_size", "nodes",
+           "global_batch", "local_batch", "image_size", "sample", "tokens_per_sample", "iterations",
+           "iterations_requested", "log_every", "warmup_windows", "threads_per_process", "notes", "precision",
+           "launcher_pid", "overrides", "config", "started_at", "strategy_options", "variant", "compile", "grad_accum"}
+# results.json's keys, in their order, before the record was assembled typed (a run of this harness, issue 53)
+WRITTEN_KEYS = [
+    "schema", "status", "strategy", "amp", "model", "error", "provisional", "launcher", "devices", "accelerator",
+    "world_size", "nodes", "global_batch", "local_batch", "image_size", "iterations", "iterations_requested",
+    "stopped_by", "log_every", "warmup_windows", "threads_per_process", "notes", "precision", "windows",
+    "per_rank_windows", "throughput_img_s", "sample", "tokens_per_sample", "throughput_tokens_s", "mfu", "kernels",
+    "data_wait_share", "profile", "gpu_activity", "energy_j_per_image", "startup_seconds", "command_startup_seconds",
+    "compile_seconds", "compile_cache", "ranks", "memory", "memory_theory", "parity", "launcher_pid", "overrides",
+    "config", "strategy_options", "variant", "compile", "grad_accum", "env", "started_at", "finished_at", "round",
+    "place", "after", "phases", "machine", "prediction", "prediction_error"]
+WRITTEN_PARTS = {
+    "precision": ["level", "impl", "dtype", "master_weights", "keep_batchnorm_fp32", "loss_scale", "final_loss_scale",
+                  "skipped_steps"],
+    "kernels": ["cudnn_benchmark", "matmul_precision", "channels_last"],
+    "memory": ["source", "samples", "per_device", "per_process", "warning"],
+    "memory_theory": ["params_mib", "grads_mib", "optimizer_state_mib", "master_weights_mib", "total_mib",
+                      "world_size", "sharded", "whole_bytes"],
+    "env": ["torch", "torch_built_for_cuda", "cuda_available", "cpu", "cpu_capability", "cpu_native_half", "python",
+            "hostname", "platform", "command", "harness_commit", "driver", "gpu_names", "packages", "launcher",
+            "describe_error"],
+    "machine": ["cores", "load_before", "others_cpu_s", "windows_s", "others_gpu_util_pct", "busy", "reason"],
+}
+
+
+def _default(f: Any) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def _single_plan(**values: Any) -> Any:
+    from conftest import config_dict
+
+    cfg = config_dict("single", nprocs=1, batch_size=8, **values)
+    return plan(RunConfig.from_dict(cfg, "single"), Hardware(visible_gpus=(), cores=2), resolved=cfg)
+
+
+def test_the_plans_record_leaves_every_other_field_at_runrecords_default():
+    decided = _single_plan()
+    record = planned(decided, ["strategy=single"])
+    assert {f.name for f in fields(RunRecord) if getattr(record, f.name) != _default(f)} <= PLANNED
+    assert (record.status, record.strategy, record.amp, record.model) == ("failed", "single", "O0", "tiny_cnn")
+    assert (record.world_size, record.global_batch, record.local_batch, record.nodes) == (1, 8, 8, 1)
+    assert (record.iterations, record.iterations_requested, record.overrides) == (40, 40, ["strategy=single"])
+    assert record.precision == Precision(level="O0", impl="native", dtype="float32", master_weights=False,
+                                         keep_batchnorm_fp32=True, loss_scale=1.0)
+    assert (record.variant, record.compile, record.grad_accum, record.strategy_options) == ("", False, 1, {})
+    # measured from no rank: still nothing but defaults beyond the plan (and the precision's outcome unknown)
+    empty = measured(record, decided, [], started=0.0)
+    assert {f.name for f in fields(RunRecord) if getattr(empty, f.name) != _default(f)} <= PLANNED
+    assert record.to_dict() == record.checked().to_dict()  # as written is as read back
+
+
+def test_no_default_of_a_record_is_written_again_where_results_are_assembled():
+    """Where results.json is put together (the runner, torchrun): no mapping keyed by RunRecord's field names (the
+    record is built typed), and no keyword argument to a record, or to `replace`, that restates its default."""
+    import ast
+    from dataclasses import is_dataclass
+    from pathlib import Path
+
+    from harness.core import results as records
+
+    classes = {name: cls for name, cls in vars(records).items()
+               if isinstance(cls, type) and is_dataclass(cls) and cls.__module__ == records.__name__}
+    run_fields = {f.name for f in fields(RunRecord)}
+
+    def default_of(cls: type, name: str) -> Any:
+        found = {f.name: f for f in fields(cls)}.get(name)
+        return MISSING if found is None else _default(found)
+
+    def literal(node: ast.expr) -> Any:
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return MISSING
+
+    found = []
+    for module in ("harness/launch/runner.py", "harness/launch/torchrun.py"):
+        tree = ast.parse((Path(__file__).resolve().parents[1] / module).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} & run_fields
+                if keys:
+                    found.append(f"{module}:{node.lineno}: a mapping keyed {sorted(keys)}")
+            if isinstance(node, ast.Call):
+                callee = node.func.id if isinstance(node.func, ast.Name) else None
+                owners = [classes[callee]] if callee in classes else list(classes.values()) if callee == "replace" \
+                    else []
+                for keyword in node.keywords:
+                    value = literal(keyword.value)
+                    if keyword.arg and value is not MISSING and any(
+                            default_of(cls, keyword.arg) is not MISSING and value == default_of(cls, keyword.arg)
+                            and type(value) is type(default_of(cls, keyword.arg)) for cls in owners):
+                        found.append(f"{module}:{node.lineno}: {callee}({keyword.arg}={value!r}) is its default")
+    assert not found, "\n".join(found)
+
+
+def test_a_run_writes_the_keys_it_wrote_before_its_record_was_typed(tmp_path):
+    """A tiny run in this process (harness.launch.runner.execute): results.json's keys and their order, and those of
+    its parts, as the dict-built record wrote them; what the plan decides, as it decided it."""
+    import json
+
+    from harness.launch.runner import execute
+
+    decided = _single_plan(memory={"enabled": True, "interval_ms": 50})
+    record = execute(decided, tmp_path, in_sweep=False, overrides=["strategy=single", "nprocs=1"])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert list(written) == WRITTEN_KEYS
+    for part, keys in WRITTEN_PARTS.items():
+        assert list(written[part]) == keys, part
+    assert list(written["ranks"][0]) == ["rank", "local_rank", "pid", "host", "device", "backend", "status", "error",
+                                         "allocator", "tensor_peak_mib", "params_held_mib"]
+    assert list(written["windows"][0]) == ["end_iter", "seconds", "cumulative_seconds", "warmup", "loss",
+                                           "data_wait_s", "profiled"]
+    assert written["status"] == "ok" and written["error"] is None and record.to_dict() == written
+    assert written["memory"]["source"] == "psutil" and written["memory"]["per_process"][0]["role"] == "rank"
+    assert (written["world_size"], written["global_batch"], written["iterations"], written["nodes"]) == (1, 8, 40, 1)
+    assert written["launcher"] == "elastic/forkserver" and written["devices"] == ["cpu"]
+    assert written["precision"]["skipped_steps"] == 0 and written["throughput_img_s"] > 0
+    assert list(written["phases"]) == ["prepare", "process_group", "build", "to_first_iteration", "windows",
+                                       "after_loop", "teardown", "results"]
+    assert written["prediction"] is None and written["prediction_error"] is None and written["provisional"] is False

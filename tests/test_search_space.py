@@ -9,7 +9,7 @@ import pytest
 from harness.core.errors import ConfigError
 from harness.plan.predict import Prediction, RankMemory
 from harness.search.prune import per_sample_s, prune
-from harness.search.space import AXES, check_axes, combinations
+from harness.search.space import all_axes, check_axes, combinations, searchable_strategies
 
 # which strategies have which option (as their composed configs do): DDP and ZeRO a bucket size, FSDP2 none
 HAS = {"ddp": {"strategy.bucket_cap_mb", "strategy.comm_hook"}, "zero": {"strategy.bucket_cap_mb", "strategy.comm_hook"},
@@ -32,10 +32,10 @@ def test_an_axis_is_crossed_only_where_its_key_exists():
 def test_the_default_space_counts_by_hand():
     """ddp and zero: 2 amp x 3 micro-batches x 2 buckets x 2 hooks x 2 compile = 48 each; fsdp: no bucket, 24;
     single: neither, 12; checkpointing applies to no model here (tiny_cnn): 132 in all."""
-    found = combinations(["model=tiny_cnn"], list(AXES.values()), has_key)
+    found = combinations(["model=tiny_cnn"], list(all_axes().values()), has_key)
     assert len(found) == 12 + 48 + 48 + 24 and len({tuple(c) for c in found}) == len(found)
     assert all(c[0] == "model=tiny_cnn" for c in found)
-    with_gpt = combinations(["model=gpt"], list(AXES.values()), has_key)
+    with_gpt = combinations(["model=gpt"], list(all_axes().values()), has_key)
     assert len(with_gpt) == 2 * 132  # checkpointing off and on
 
 
@@ -48,7 +48,7 @@ def test_the_default_space_holds_single_the_baseline_a_user_would_otherwise_run(
     cpu = combinations([], check_axes(SearchConfig().axes), has_key)
     assert len(cpu) == 4 * 2 * 3 and sum("strategy=single" in c for c in cpu) == 2 * 3
     assert cpu[0] == ["strategy=single", "amp=O0", "grad_accum=1"]
-    gpu = combinations([], list(AXES.values()), has_key)
+    gpu = combinations([], list(all_axes().values()), has_key)
     assert sum("strategy=single" in c for c in gpu) == 2 * 3 * 2  # amp x micro-batch x compile
 
 
@@ -67,7 +67,37 @@ def test_the_axes_are_the_ones_the_config_allows():
     """search.axes is checked in the parent against SEARCH_AXES (harness.core.config); the space knows each."""
     from harness.core.config import SEARCH_AXES
 
-    assert tuple(AXES) == SEARCH_AXES
+    assert tuple(all_axes()) == SEARCH_AXES
+
+
+def test_the_strategy_axis_is_the_strategies_that_declare_themselves_searchable():
+    """No list of names in the space: conf/strategy/'s classes say `searchable`, ordered from the baseline to the
+    most sharded, so the space (and the order its combinations run in) is what it was when the list was written."""
+    from harness.search import space
+    from strategies.compat import strategy_classes
+
+    classes = strategy_classes()
+    assert {name for name, cls in classes.items() if cls.searchable} == {"single", "ddp", "zero", "fsdp"}
+    assert searchable_strategies() == ("single", "ddp", "zero", "fsdp") == all_axes()["strategy"].values
+    assert space.AXES is all_axes()  # the name the callers import, built once at first use
+
+
+def test_a_strategy_declared_searchable_joins_the_axis_in_its_place():
+    """A new strategy needs its `searchable` only: it takes its place by its layout (one process before a process
+    group, then by what it shards, then by name)."""
+    from strategies.compat import strategy_classes
+
+    class Sharded:
+        searchable, one_process_per_device, shards = True, True, (True, True, True)
+
+    class OnlyOptimizerState(Sharded):
+        shards = (False, False, True)
+
+    class Unlisted(Sharded):
+        searchable = False
+
+    classes = {**strategy_classes(), "hsdp": Sharded, "adam_shards": OnlyOptimizerState, "textbook": Unlisted}
+    assert searchable_strategies(classes) == ("single", "ddp", "adam_shards", "zero", "fsdp", "hsdp")
 
 
 @pytest.mark.parametrize("axes", [["strategy", "precision"], [], ["amp", "amp"]])

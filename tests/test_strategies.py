@@ -52,11 +52,11 @@ def test_setup_runs_every_phase_once_in_one_order_and_builds_the_optimizer_once(
 
     from amp import Amp, AmpConfig, OptimizerSpec, resolve
     from harness.core.traffic import Traffic
-    from strategies.base import Strategy
+    from strategies.base import SingleProcessStrategy
 
     calls: list[str] = []
 
-    class Recording(Strategy):
+    class Recording(SingleProcessStrategy):
         @classmethod
         def traffic(cls, options):
             return Traffic()
@@ -175,6 +175,133 @@ def test_a_strategy_must_say_its_wrapper_and_its_traffic():
 
     with pytest.raises(TypeError, match="traffic"):
         Forgetful()
+
+
+def test_a_strategy_must_say_how_its_ranks_line_up_and_agree():
+    """barrier and max_over_ranks are abstract: a default that did nothing let a multi-process strategy that forgot
+    them time one rank instead of the slowest, with no barrier at the windows' edges. One process says so by its
+    base (SingleProcessStrategy), a process group by its own (ProcessGroupStrategy)."""
+    from torch import nn
+
+    from harness.core.traffic import Traffic
+    from strategies.base import ProcessGroupStrategy, SingleProcessStrategy, Strategy
+
+    class Unsynchronised(Strategy):
+        one_process_per_device = True
+
+        @classmethod
+        def traffic(cls, options):
+            return Traffic()
+
+        def wrap(self, model: nn.Module) -> nn.Module:
+            return model
+
+    with pytest.raises(TypeError, match=r"abstract methods? .*barrier.*max_over_ranks"):
+        Unsynchronised()
+    own = {"traffic": classmethod(lambda cls, options: Traffic()), "wrap": lambda self, model: model}
+    type("Grouped", (ProcessGroupStrategy,), own)()  # the same two are all a process group's strategy needs
+    alone = type("Alone", (SingleProcessStrategy,), own)()
+    alone.barrier()
+    assert alone.max_over_ranks(2.5) == 2.5  # nobody else to ask
+
+
+def test_a_capability_is_not_met_by_the_base_class_default():
+    """A mixin comes before the base class: a sharding strategy that forgets full_parameters cannot be built (after
+    the base, Strategy.full_parameters, the unsharded default, would have stood in for it, silently)."""
+    from harness.core.traffic import Traffic
+    from strategies.base import ProcessGroupStrategy
+    from strategies.capabilities import ShardedParameters
+
+    class Forgetful(ShardedParameters, ProcessGroupStrategy):
+        @classmethod
+        def traffic(cls, options):
+            return Traffic()
+
+        def wrap(self, model):
+            return model
+
+        def unit_names(self, model):
+            return []
+
+    with pytest.raises(TypeError, match="full_parameters"):
+        Forgetful()
+
+
+def shipped_strategies() -> dict[str, type]:
+    """Every strategy class there is: those conf/strategy/ names, the collectives' bare group, the test plugins."""
+    from plugins.late_optimizer import EarlyOptimizer, LateOptimizer
+    from plugins.unaveraged import SummedGradients
+
+    from strategies.base import BareProcessGroup
+    from strategies.compat import strategy_classes
+
+    return {**strategy_classes(), "bare": BareProcessGroup, "late": LateOptimizer, "early": EarlyOptimizer,
+            "summed": SummedGradients}
+
+
+def test_every_strategy_lines_up_its_ranks_as_its_processes_are_laid_out():
+    """One process: SingleProcessStrategy's answers. One process per device: a process group's (torch.distributed,
+    or Ignite's own context), never a single process's."""
+    from strategies.base import SingleProcessStrategy
+
+    for name, cls in shipped_strategies().items():
+        assert not cls.__abstractmethods__, name
+        one_process = issubclass(cls, SingleProcessStrategy)
+        assert one_process != cls.one_process_per_device, name
+        if not one_process:
+            assert cls.barrier is not SingleProcessStrategy.barrier, name
+            assert cls.max_over_ranks is not SingleProcessStrategy.max_over_ranks, name
+
+
+WORLD = 2
+
+
+def _rank_max(rank: int, ports: dict[str, int], out: str) -> None:
+    """Each multi-process strategy set up in turn over gloo, asked for the largest of the ranks' values."""
+    import json
+    import os
+    from pathlib import Path
+
+    from conftest import leave_at_once
+    from test_allreduce import cpu_placement
+
+    from harness.launch.launcher import loopback_interface
+    from strategies.base import RankEnv
+
+    torch.set_num_threads(1)
+    classes, found = shipped_strategies(), {}
+    for name, port in ports.items():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), GLOO_SOCKET_IFNAME=loopback_interface())
+        strategy = classes[name]()
+        strategy.setup(RankEnv(rank, rank, WORLD, cpu_placement(), timeout_s=60))
+        try:
+            found[name] = strategy.max_over_ranks(10.0 * rank + 1.5)
+            strategy.barrier()
+        finally:
+            strategy.teardown()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(found))
+    leave_at_once()
+
+
+@pytest.mark.slow
+def test_every_multi_process_strategy_takes_the_slowest_ranks_value(tmp_path):
+    """iterations=auto decides on max_over_ranks: on every rank, every shipped multi-process strategy answers the
+    largest value any rank holds (rank 1's here), not its own. Those whose set-up needs a package missing here
+    (horovod's own rendezvous) are left out; apex_ddp sets up as DDP does and is asked too."""
+    import json
+
+    import torch.multiprocessing as mp
+    from test_modern import free_port
+
+    from strategies.base import ProcessGroupStrategy
+
+    multi = {name: cls for name, cls in shipped_strategies().items() if cls.one_process_per_device
+             and (cls.unavailable_reason() is None or cls.setup is ProcessGroupStrategy.setup)}
+    assert {"ddp", "zero", "fsdp", "allreduce", "apex_ddp", "bare", "summed"} <= set(multi)
+    mp.spawn(_rank_max, args=({name: free_port() for name in multi}, str(tmp_path)), nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {name: 11.5 for name in multi}, rank
 
 
 def test_capabilities_are_mixins_the_rank_asks_for_not_names():

@@ -19,6 +19,7 @@ import pytest
 from harness.core.amp_levels import resolve
 from harness.core.inputs import images
 from harness.core.rank_record import RankRecord
+from harness.core.results import DeviceMemory
 from harness.launch import torchrun
 from harness.launch.placement import Hardware, TorchrunWorld, place
 from harness.launch.runner import memory_section
@@ -158,10 +159,10 @@ def test_rank_0_killed_without_a_chance_to_write_still_leaves_a_failed_record(tm
 
 
 def test_a_provisional_record_is_replaced_by_the_real_one_and_nothing_else_is(tmp_path):
-    from harness.core.results import write_provisional, write_results
+    from harness.core.results import RunRecord, write_provisional, write_results
 
     run = {"strategy": "ddp", "amp": "O0", "model": "tiny_cnn"}
-    write_provisional(tmp_path, {**run, "status": None}, "killed before writing")
+    write_provisional(tmp_path, RunRecord(schema=2, status="ok", **run), "killed before writing")
     assert json.loads((tmp_path / "results.json").read_text())["provisional"] is True
     write_results(tmp_path, {**run, "status": "ok"})
     written = json.loads((tmp_path / "results.json").read_text())
@@ -231,9 +232,9 @@ def test_gpu_memory_of_a_second_node_is_labelled_with_its_node():
                RankRecord(rank=3, pid=42, device=devices[1], host="b")]
     findings = torchrun.node_labelled(_nvml_findings((41, 42)), devices)
     memory = memory_section(findings, devices, records, launcher_pid=40, warning=None)
-    assert memory["per_device"] == [{"device": "node1/cuda:0", "peak_mib": 2500.0, "baseline_mib": 500.0},
-                                    {"device": "node1/cuda:1", "peak_mib": 2300.0, "baseline_mib": 500.0}]
-    assert [(p["rank"], p["device"], p["host"]) for p in memory["per_process"]] == [
+    assert memory.per_device == [DeviceMemory(device="node1/cuda:0", peak_mib=2500.0, baseline_mib=500.0),
+                                 DeviceMemory(device="node1/cuda:1", peak_mib=2300.0, baseline_mib=500.0)]
+    assert [(p.rank, p.device, p.host) for p in memory.per_process] == [
         (2, "node1/cuda:0", "b"), (3, "node1/cuda:1", "b")]
     # One node: labels are the plain cuda:N and nothing changes.
     plain = torchrun.node_labelled(_nvml_findings((41, 42)), ("cuda:0", "cuda:1"))
@@ -265,9 +266,9 @@ def _two_nodes_two_gpus_results(out_dir: Path) -> dict[str, Any]:
         node_info = None
         if local == 0:
             devices = (f"node{node}/cuda:0", f"node{node}/cuda:1")
-            node_info = {"node_rank": node, "devices": list(devices), "launcher_pid": 40,
-                         "sampler": torchrun.node_labelled(_nvml_findings((41, 42)), devices)}
-        gathered.append({"record": record, "node": node_info})
+            node_info = torchrun.NodeFindings(node_rank=node, devices=devices, launcher_pid=40,
+                                              sampler=torchrun.node_labelled(_nvml_findings((41, 42)), devices))
+        gathered.append(torchrun.Gathered(record, node_info))
     decided = RunPlan(config=cfg, resolved=cfg_dict, strategy_cls=TorchDDP, placement=placement, amp=precision,
                       launched=True, inputs=images(cfg.data.image_size, cfg.data.num_classes))
     torchrun.write_results(decided, gathered, 0.0, ["strategy=ddp"], out_dir)

@@ -60,7 +60,7 @@ def test_a_small_model_steps_on_the_cpu_a_large_one_on_the_meta_device(monkeypat
     model_check._check.cache_clear()  # a check another test made in this process is not made again
     stepped = []
     step = model_check._step
-    monkeypatch.setattr(model_check, "_step", lambda m, x, y: (stepped.append(x.device.type), step(m, x, y)))
+    monkeypatch.setattr(model_check, "_step", lambda m, x, y, fed: (stepped.append(x.device.type), step(m, x, y, fed)))
     data = DataConfig(name="custom", target="examples.custom_workload.batches")
     inputs = inputs_of({"_target_": "examples.custom_workload.build"}, data)
     built = check_model({"_target_": "examples.custom_workload.build"}, inputs, 32)

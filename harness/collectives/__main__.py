@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.collectives.config import register_defaults
 from harness.collectives.runner import remove_if_empty_run, run_benchmark
 from harness.compose import register_resolvers
 from harness.core.config import CONF_DIR
@@ -21,6 +22,7 @@ def main() -> None:
     from omegaconf import DictConfig, OmegaConf
 
     register_resolvers()
+    register_defaults()  # conf/collectives.yaml's `collectives_defaults`
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="collectives")
     def task(cfg: DictConfig) -> None:

@@ -12,7 +12,6 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,16 @@ def run_benchmark(cfg_dict: Mapping[str, Any], out_dir: Path, hw: Hardware | Non
     started = time.time()
     cfg = CollectivesConfig.from_dict(cfg_dict.get("collectives") or {})
     placement = placement_for(cfg_dict, hw or probe_hardware())
-    from harness.collectives.worker import collectives_rank  # torch.distributed: only when launching
+    # torch.distributed: only when launching
+    from harness.collectives.worker import CollectivesSpec, collectives_rank
     from harness.launch.launcher import launch_workers
 
     dist_cfg = {"timeout_s": 60, "start_timeout_s": 120, **(cfg_dict.get("dist") or {})}
     if placement.world_size < 2:
         log.info("note: one worker (%s): nothing crosses a link; use nprocs>=2 or two GPUs", placement.devices[0])
     record_dir = out_dir / "ranks"
-    spec = {"collectives": asdict(cfg), "placement": placement.as_dict(), "record_dir": str(record_dir),
-            "timeout_s": dist_cfg["timeout_s"], "log_file": str(out_dir / "collectives.log")}
+    spec = CollectivesSpec(collectives=cfg, placement=placement, record_dir=str(record_dir),
+                           timeout_s=dist_cfg["timeout_s"], log_file=str(out_dir / "collectives.log"))
     log.info("collectives: %d workers on %s, %d sizes %s–%s, %d warm-up + %d timed calls each", placement.world_size,
              ", ".join(placement.devices), len(cfg.sizes), format_size(cfg.sizes[0]), format_size(cfg.sizes[-1]),
              cfg.warmup, cfg.repeats)

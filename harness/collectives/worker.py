@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +58,31 @@ def collective_call(op: str, count: int, dtype: torch.dtype, device: torch.devic
     raise ValueError(f"unknown collective {op}")
 
 
-def collectives_rank(spec: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class CollectivesSpec:
+    """What every benchmark worker is handed (pickled by the launcher, as a training rank's RankSpec is)."""
+
+    collectives: CollectivesConfig
+    placement: Placement
+    record_dir: str
+    timeout_s: float
+    log_file: str | None = None
+
+
+def collectives_rank(spec: CollectivesSpec) -> None:
     """Entry point of every benchmark worker (started by harness.launch.launcher, one per device)."""
     from harness.rank.worker import rank_identity
     from strategies.base import BareProcessGroup, RankEnv
 
-    cfg = CollectivesConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["collectives"].items()})
-    placement = Placement.from_dict(spec["placement"])
+    placement = spec.placement
     rank, local_rank, world = rank_identity()
-    setup_worker(spec.get("log_file"), rank)
-    record_path = Path(spec["record_dir"]) / f"rank{rank}.json"
+    setup_worker(spec.log_file, rank)
+    record_path = Path(spec.record_dir) / f"rank{rank}.json"
     torch.set_num_threads(placement.threads_per_process)
     group = BareProcessGroup()  # the device and process group exactly as DDP gets them
-    group.setup(RankEnv(rank, local_rank, world, placement, spec["timeout_s"]))
+    group.setup(RankEnv(rank, local_rank, world, placement, spec.timeout_s))
     try:
-        measured, unsupported = measure(cfg, group, rank, world)
+        measured, unsupported = measure(spec.collectives, group, rank, world)
         if rank == 0:
             write_json_atomic(record_path, {"rank": rank, "status": "ok", "backend": dist.get_backend(),
                                             "measurements": measured, "unsupported": unsupported})

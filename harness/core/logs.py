@@ -89,6 +89,24 @@ def refusals() -> logging.Logger:
     return logger
 
 
+LIBRARY_WARNINGS = "py.warnings"  # the logger Python's `warnings` go to once captured (logging.captureWarnings)
+
+
+class NoLibraryWarnings(logging.Filter):
+    """Keeps a library's Python warning off the terminal (the harness itself warns through `logging`, never
+    `warnings`): a user cannot act on one (FSDP's about views, a deprecation), and in the terminal it lands
+    between a run's or a search's lines. The log file beside the run keeps it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != LIBRARY_WARNINGS
+
+
+def warnings_to_log() -> None:
+    """Python's warnings as records of the `py.warnings` logger: into the log files, not the terminal, whose
+    handlers filter them out (NoLibraryWarnings; conf/hydra/job_logging/harness.yaml, setup_cli)."""
+    logging.captureWarnings(True)
+
+
 class BelowWarning(logging.Filter):
     """Information to stdout; warnings and errors take stderr (a handler of their own)."""
 
@@ -107,6 +125,7 @@ def setup_cli() -> None:
     err.setLevel(logging.WARNING)
     for handler in (out, err):
         handler.setFormatter(TerminalFormatter("%(message)s"))
+        handler.addFilter(NoLibraryWarnings())
         root.addHandler(handler)
     root.setLevel(logging.INFO)
 

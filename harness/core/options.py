@@ -3,18 +3,27 @@
 A yaml in conf/strategy/, conf/model/, conf/optim/ names its class (or factory) with `_target_`; its other
 keys are that callable's keyword arguments. Binding them to the signature refuses an unknown key (naming
 the closest known one), a value of the wrong type and a missing required argument, in one line. Records of
-the harness's own sections (dataclasses) are checked against their field types the same way.
+the harness's own sections (dataclasses) are read by their fields the same way (`read_record`): each field's type,
+range and rule, written once in the field (harness.core.defaults' `option`).
 """
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import enum
+import functools
 import inspect
+import math
+import operator
 import pydoc
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from omegaconf.errors import ValidationError
+from omegaconf.nodes import EnumNode
 
 from harness.core.errors import ConfigError, unknown_key
 
@@ -111,15 +120,165 @@ def check_plugin(prefix: str, section: Mapping[str, Any], provided: tuple[str, .
     return obj
 
 
-def check_record(prefix: str, section: Mapping[str, Any], record: type) -> dict[str, Any]:
-    """The keys of `section` as a dataclass `record` takes them: unknown keys and wrong types refused."""
-    fields = {f.name: f for f in dataclasses.fields(record)}
-    hints = typing.get_type_hints(record)
-    for key, value in section.items():
-        if key not in fields:
-            raise ConfigError(f"{prefix}.{key}", value, unknown_key(f"{prefix}.{key}", fields))
-        check_type(f"{prefix}.{key}", value, hints.get(key))
-    return dict(section)
+T = TypeVar("T")
+
+
+def config_key(f: dataclasses.Field[Any]) -> str:
+    """A field's spelling in the config (`_target_` for a field named `target`)."""
+    return str(f.metadata.get("key", f.name))
+
+
+@functools.cache
+def _hints(record: type) -> dict[str, Any]:
+    return typing.get_type_hints(record)
+
+
+def read_record(prefix: str, section: Mapping[str, Any], record: type[T], **given: Any) -> T:
+    """`section` as the dataclass `record`, read by its fields (harness.core.defaults' `option`): a key that is no
+    field refused (naming the closest), each value checked by its field's type, then its range, then its own rule;
+    a nested record read as a section; an absent key left to the field's default. `given`: the derived fields."""
+    fields = {config_key(f): f for f in dataclasses.fields(record)  # type: ignore[arg-type]
+              if not f.metadata.get("derived")}
+    unknown = sorted(set(section) - set(fields))
+    if unknown:
+        key = _join(prefix, unknown[0])
+        raise ConfigError(key, section[unknown[0]], unknown_key(key, fields))
+    values = dict(given)
+    for name, f in fields.items():
+        key, hint = _join(prefix, name), _hints(record)[f.name]
+        if name in section:
+            values[f.name] = read_value(key, section[name], hint, f)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(key, None, allowed_text(key, hint, f))
+    return record(**values)
+
+
+def read_value(key: str, value: Any, hint: Any, f: dataclasses.Field[Any]) -> Any:
+    """One value as its field keeps it, or ConfigError naming the key, the value and what is allowed."""
+    if isinstance(value, enum.Enum):  # a Literal field as Hydra composes it (Choice): its plain string
+        value = value.value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if value is None:
+            return hint()
+        if f.metadata.get("switch") and isinstance(value, bool):  # `parity=true`: parity.enabled=true
+            return hint(enabled=value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, value, allowed_text(key, hint, f))
+        return read_record(key, value, hint)
+    if not _matches(value, hint) or (value is not None and not _in_range(value, f.metadata)):
+        raise ConfigError(key, value, allowed_text(key, hint, f))
+    if "check" in f.metadata:
+        f.metadata["check"](key, value)
+    if get_origin(hint) is Mapping:  # a plugin's section: the record's own copy
+        return dict(value)
+    tuples = get_origin(hint) is tuple or tuple in (get_origin(a) for a in get_args(hint))
+    return tuple(value) if tuples and isinstance(value, list) else value
+
+
+RANGE = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le), ("lt", "<", operator.lt))
+
+
+def _in_range(value: Any, metadata: Mapping[str, Any]) -> bool:
+    return all(test(value, metadata[name]) for name, _, test in RANGE if name in metadata)  # NaN: never
+
+
+def allowed_text(key: str, hint: Any, f: dataclasses.Field[Any]) -> str:
+    """What a field allows, in words: its `allowed`, else its type and range (`an integer >= 1`), a section's
+    keys."""
+    if "allowed" in f.metadata:
+        return str(f.metadata["allowed"])
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        keys = ", ".join(f"{key}.{config_key(g)}" for g in dataclasses.fields(hint))
+        return f"true, false, or the section ({keys})" if f.metadata.get("switch") else f"the section ({keys})"
+    bounds = " and ".join(f"{sign} {f.metadata[name]:g}" for name, sign, _ in RANGE
+                          if name in f.metadata and math.isfinite(f.metadata[name]))
+    if not bounds:
+        return describe(hint)
+    parts = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    text = f"{describe(Union[tuple(p for p in parts if p is not type(None))])} {bounds}"  # noqa: UP007
+    return f"{text} or null" if type(None) in parts else text
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+class _ChoiceType(enum.EnumMeta):
+    """A name that is no member refused as the harness refuses it: one line naming the key. OmegaConf keeps this
+    error as the cause of its own, where harness.compose.as_config_error finds it."""
+
+    def __getitem__(cls, name: str) -> Any:
+        try:
+            return super().__getitem__(name)
+        except KeyError:
+            raise ConfigError(cls._key, name, cls._allowed) from None  # type: ignore[attr-defined]
+
+
+class Choice(str, enum.Enum, metaclass=_ChoiceType):
+    """A `Literal` field's values as OmegaConf 2.3 takes a closed set, an Enum (it reads no Literal), so that
+    composing a bad choice already fails. A member is its value as a string (compares, hashes, prints and goes
+    to JSON as one); read_value keeps the plain string."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Any:  # an integer, as OmegaConf passes one: refused alike
+        raise ConfigError(cls._key, value, cls._allowed)  # type: ignore[attr-defined]
+
+
+@functools.cache
+def choice_enum(key: str, values: tuple[str, ...], allowed: str) -> type[Choice]:
+    """The Enum of one key's choices; the same class for the same key (a pickled config finds it again)."""
+    made = Choice(key, [(v, v) for v in values], module=__name__)  # type: ignore[call-overload]
+    made._key, made._allowed = key, allowed
+    return made  # type: ignore[no-any-return]
+
+
+def _reduce_choice(cls: type) -> Any:
+    key = getattr(cls, "_key", None)
+    return cls.__qualname__ if key is None else (choice_enum, (key, tuple(cls.__members__), cls._allowed))
+
+
+copyreg.pickle(_ChoiceType, _reduce_choice)
+
+
+def literal_values(hint: Any) -> tuple[tuple[str, ...], bool]:
+    """A `Literal[...]` (or `Literal[...] | None`) hint's values and whether null is allowed; () for other hints."""
+    parts = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    values = tuple(v for p in parts if get_origin(p) is Literal for v in get_args(p))
+    if not values or not all(isinstance(v, str) for v in values) or \
+            any(p is not type(None) and get_origin(p) is not Literal for p in parts):
+        return (), False
+    return values, type(None) in parts
+
+
+class ChoiceNode(EnumNode):  # type: ignore[misc]
+    """The node of a `Literal` field: an EnumNode that refuses a number or a boolean in the harness's words too
+    (EnumNode's own message would be OmegaConf's, with no key)."""
+
+    def validate_and_convert(self, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool | float) or not isinstance(value, str | int | enum.Enum)):
+            cause = ConfigError(self.enum_type._key, value, self.enum_type._allowed)
+            raise ValidationError(str(cause)) from cause
+        return super().validate_and_convert(value)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ChoiceNode:  # EnumNode's would copy into an EnumNode
+        copy = ChoiceNode(enum_type=self.enum_type)
+        self._deepcopy_impl(copy, memo)
+        return copy
+
+
+def literal_node(key: str, hint: Any, value: Any) -> Any:
+    """`value` as Hydra composes the field `key` of type `hint`: an Enum-typed node for a Literal (OmegaConf refuses
+    another value while composing, in the harness's words), the value itself otherwise."""
+    values, optional = literal_values(hint)
+    if not values:
+        return value
+    return ChoiceNode(enum_type=choice_enum(key, values, describe(hint)), value=value, is_optional=optional)
 
 
 def _signature(obj: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:

@@ -9,6 +9,7 @@ lacks takes the defaults below.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -16,9 +17,11 @@ import shlex
 import socket
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -258,12 +261,13 @@ class KernelsRecord:
     """What torch had while the run trained (KernelsConfig, read back in rank 0)."""
 
     __pydantic_config__ = _FORBID
-    cudnn_benchmark: bool
+    cudnn_benchmark: bool | None  # None: no CUDA device, where it does not apply
     matmul_precision: str  # torch.get_float32_matmul_precision(): highest = no TF32 for float32 matmuls
     channels_last: bool  # the model's convolution weights (and its image batches) in NHWC
 
     def words(self) -> str:
-        return (f"cudnn.benchmark {'on' if self.cudnn_benchmark else 'off'}, "
+        cudnn = "n/a (no CUDA)" if self.cudnn_benchmark is None else "on" if self.cudnn_benchmark else "off"
+        return (f"cudnn.benchmark {cudnn}, "
                 f"channels_last {'on' if self.channels_last else 'off'}, float32 matmul precision "
                 f"{self.matmul_precision}" + (" (no TF32)" if self.matmul_precision == "highest" else ""))
 
@@ -357,6 +361,53 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def checked(self) -> RunRecord:
+        """The record as results.json holds it and a reader loads it: every field checked against its type, as
+        pydantic reads it (an int where a float is declared becomes a float). A writer that builds the record
+        field by field returns this, so what it hands back is what its readers will see."""
+        return from_dict(self.to_dict())
+
+
+# plan.json leaves these out of a row where they are None: a row not predicted has no devices nor prediction
+_ABSENT_WHEN_NONE = ("name", "world_size", "prediction", "seconds")
+
+
+@dataclass(kw_only=True)
+class PlanRow:
+    """One row of plan.json (`plan=true`, a search on a preset): a combination predicted on a preset, or why not.
+    `status`: predicted, skipped or not predicted (a search adds pruned and refused); `reason` says why, or what
+    would not fit. Nothing here is measured: the prediction is the one a run's results.json holds."""
+
+    __pydantic_config__ = _FORBID
+    name: str | None = None  # a search's candidate, as its progress lines name it
+    strategy: str = ""
+    amp: str = ""
+    model: str = ""
+    variant: str = ""
+    hardware: str = ""
+    global_batch: int | None = None
+    status: str
+    world_size: int | None = None  # the devices predicted for (predicted rows)
+    reason: str | None = None
+    prediction: PredictionRecord | None = None
+    overrides: list[str] = field(default_factory=list)
+    tokens_per_sample: int | None = None  # a token model's sequence: its rates in tokens/s
+    unit: str = "img/s"
+    seconds: float | None = None  # how long its prediction took
+
+    @property
+    def label(self) -> str:
+        """`ddp O1 comm_hook=bf16`: how the tables name the row."""
+        return " ".join(filter(None, (self.strategy, self.amp, self.variant)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not (v is None and k in _ABSENT_WHEN_NONE)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> PlanRow:
+        """A row as harness.launch.on_preset.predict_on and a search build it, checked like a results.json."""
+        return record_of(cls, data, "plan.json")
+
 
 class SchemaError(ValueError):
     """A results.json this harness cannot read; one line naming the versions."""
@@ -370,15 +421,58 @@ def from_dict(data: Any) -> RunRecord:
     if data["schema"] not in READABLE_SCHEMAS:
         raise SchemaError(f"results.json schema {data['schema']!r} is not one this harness reads "
                           f"({', '.join(map(str, READABLE_SCHEMAS))})")
-    from pydantic import TypeAdapter, ValidationError
+    return record_of(RunRecord, data)
+
+
+Record = TypeVar("Record")
+
+
+def record_of(cls: type[Record], data: Any, where: str = RESULTS_NAME) -> Record:
+    """One of results.json's records (a whole RunRecord, or a part such as `Memory`) from the mapping that builds
+    it: the feature modules (harness.memory, .profile, .parity) hand their sections over as mappings, and each
+    is read into its record here, every field checked against its type as a results.json is when loaded."""
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(RunRecord).validate_python(data)
+        return _adapter(cls).validate_python(data)
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        at = ".".join(str(p) for p in first["loc"])
         got = "" if first["type"] == "missing" else f" (got {first.get('input')!r:.80})"
-        raise SchemaError(f"results.json: {where}: {first['msg']}{got}") from None
+        raise SchemaError(f"{where}: {at}: {first['msg']}{got}") from None
+
+
+def run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """RunRecord fields from plain values (the ranks' figures, merged by harness.core.rank_record): each read into
+    its field's type and checked as results.json is when loaded (a mapping becomes its record)."""
+    from pydantic import ValidationError
+
+    types = _run_types()
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise SchemaError(f"{RESULTS_NAME}: no RunRecord field {', '.join(unknown)} (a figure merged from the ranks "
+                          "needs one of the same name)")
+    fields = {}
+    for name, value in values.items():
+        try:
+            fields[name] = _adapter(types[name]).validate_python(value)
+        except ValidationError as error:
+            raise SchemaError(f"{RESULTS_NAME}: {name}: {error.errors()[0]['msg']} (got {value!r:.80})") from None
+    return fields
+
+
+@functools.cache
+def _run_types() -> dict[str, Any]:
+    """RunRecord's field -> its type (the annotations resolved once)."""
+    return typing.get_type_hints(RunRecord)
+
+
+@functools.cache
+def _adapter(cls: type) -> Any:
+    """pydantic's validator for a record class, built once per process (building it takes milliseconds)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -413,11 +507,11 @@ def write_results(run_dir: Path, results: RunRecord | dict[str, Any]) -> Path:
     return path
 
 
-def write_provisional(run_dir: Path, results: dict[str, Any], reason: str) -> Path:
+def write_provisional(run_dir: Path, record: RunRecord, reason: str) -> Path:
     """A `failed` record written before the run starts, replaced when it ends: if the writer is killed
     without a chance to write (NCCL's watchdog aborting rank 0 after a peer died, the OOM killer), the
     run is still on record, failed, with the likely reasons."""
-    return write_results(run_dir, {**results, "status": "failed", "error": reason, "provisional": True})
+    return write_results(run_dir, replace(record, status="failed", error=reason, provisional=True).checked())
 
 
 def _is_provisional(path: Path) -> bool:

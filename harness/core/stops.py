@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -56,6 +59,51 @@ class StopRequest:
     def check(self) -> None:
         if self.signal is not None:
             raise Interrupted(stopped_by(self.signal))
+
+
+INTERRUPTED_BEFORE_RUNS = "interrupted before the first run started: nothing was run"
+INTERRUPTED_BETWEEN_RUNS = "interrupted: no further run is started (runs that finished keep their results)"
+
+
+@contextmanager
+def interrupt_ends_quietly(said: str) -> Iterator[None]:
+    """Ctrl-C outside a run (imports, the pre-flight checks, Hydra's start-up, between a sweep's jobs): `said`
+    in one line and exit 130, not a traceback of wherever Python happened to be. A run stopped mid-way says
+    so itself and exits 130 on its own (harness.cli.task), its results written; a second Ctrl-C while this
+    process exits ends it at once, quietly too."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from harness.core.errors import EXIT_INTERRUPTED
+        from harness.core.logs import refusals
+
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+        end_descendants()
+        refusals().warning("%s", said)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def end_descendants() -> None:
+    """Every process below this one, SIGTERMed as this one exits on a Ctrl-C: the helpers that ignore Ctrl-C (the
+    fork server, the calibration child: harness.cli.start_fork_server), so that exiting waits for none of them, and
+    a child the fork server is still starting, which would otherwise print a traceback of its own (it reads a
+    semaphore this process removes as it exits). A run's ranks are stopped, on record, before this."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+
+
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ctrl-C ignored while a helper process starts: it inherits that (Python then installs no handler of its
+    own), so a Ctrl-C at the terminal, which signals every process of the group, is left to this process."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def caused_by(error: BaseException | None, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

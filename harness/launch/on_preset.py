@@ -43,7 +43,7 @@ def decide_on(cfg: RunConfig, hardware: str, cores: int) -> RunPlan:
 def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeasure | None = None) -> dict[str, Any]:
     """A row: the combination, `status` (predicted, skipped, not predicted), `reason`, and the prediction."""
     row: dict[str, Any] = {"strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
-                           "variant": variant_fields(cfg)["variant"],
+                           "variant": variant_fields(cfg).variant,
                            "hardware": f"{hardware}*{cfg.plan.nodes}" if cfg.plan.nodes else hardware,
                            "global_batch": cfg.batch_size}
     local = hardware == LOCAL

@@ -126,6 +126,9 @@ def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int
                        else "[] or null: this machine has no visible GPU (gpus=[] runs on CPU workers)")
             raise Incompatible("gpus", list(gpus), allowed)
         if not gpus and needs_cuda:
+            if not hw.has_gpu:  # the real reason: no GPU to give, whatever gpus says
+                raise Incompatible("strategy", name, "a strategy that runs on CPU workers: this one needs CUDA "
+                                   "GPUs and this machine has none")
             raise Incompatible("gpus", [], f"strategy={name} runs on GPUs: give their ids, e.g. gpus=[0,1]")
 
     notes: list[str] = []

@@ -8,8 +8,9 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,10 +22,30 @@ from amp import AmpSpec
 from harness.core.compile_cache import prepare_compile_cache
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
-from harness.core.rank_record import RankRecord
-from harness.core.results import PARAMETERS_NAME, SCHEMA, RunRecord, environment, from_dict, write_results
+from harness.core.rank_record import RankRecord, merge_figures
+from harness.core.results import (
+    PARAMETERS_NAME,
+    SCHEMA,
+    CompileCache,
+    DeviceMemory,
+    Environment,
+    GpuActivity,
+    MachineLoad,
+    Memory,
+    Parity,
+    Precision,
+    PredictionError,
+    PredictionRecord,
+    ProcessMemory,
+    Profile,
+    RunRecord,
+    WindowRecord,
+    environment,
+    record_of,
+    write_results,
+)
 from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
-from harness.core.timing import data_wait_share, merge_ranks, steady_throughput
+from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
 from harness.launch.launcher import WorkerFailure, launch_workers
 from harness.launch.machine_load import LoadReadings, machine_section
@@ -56,7 +77,7 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
     """
     started = time.time()
     cfg, placement = decided.config, decided.placement
-    base = base_results(decided, overrides)
+    base = planned(decided, overrides)
     if decided.unavailable is not None and decided.skip is None and not in_sweep:
         raise Unavailable(decided.unavailable)
     reason = decided.skipped_because(in_sweep)
@@ -73,13 +94,14 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
     shutdown()  # a calibration child started for this run ends before its workers start
     if prediction is not None:
         decided = decided.predicted(prediction)
-        base["prediction"] = prediction.as_dict()
+        base = replace(base, prediction=record_of(PredictionRecord, prediction.as_dict()))
         if not prediction.fits and cfg.plan.enforce:
             return _not_run(run_dir, base, decided, f"{prediction.misfit()} (plan.enforce=false starts it anyway)")
 
     for note in placement.notes:
         log.info("note: %s", note)
-    base["compile_cache"] = prepare_compile_cache() if cfg.compile else None  # before any worker starts
+    if cfg.compile:  # before any worker starts
+        base = replace(base, compile_cache=record_of(CompileCache, prepare_compile_cache()))
     record_dir = run_dir / "ranks"
     launched = decided.launched
     spec = RankSpec(plan=decided, record_dir=str(record_dir), parameters_path=str(run_dir / PARAMETERS_NAME),
@@ -125,34 +147,44 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
     records = read_records(record_dir)
     failures += silent_deaths(record_dir, records, failures)
     status, error = run_status(records, failures, interrupted)
-    results = {**base, **measurements(decided, records, started, run_dir), "status": status, "error": error,
-               "memory": memory_section(sampler, placement.devices, records + _unrecorded(failures, records, placement),
-                                        launcher_pid, warning),
-               **gpu_activity(sampler, records, cfg.batch_size * cfg.log_every),
-               "machine": machine_load(load, sampler, records, cfg.timing.busy_share),
-               "env": environment(env_extra), "round": cfg.round, "place": cfg.place,
-               "after": cfg.after, "finished_at": time.time()}
-    results["phases"] = phases(started, launching, returned, results["finished_at"], records, launched,
-                               results["compile_seconds"])
+    activity, energy = gpu_activity(sampler, records, cfg.batch_size * cfg.log_every)
+    record = replace(measured(base, decided, records, started, run_dir), status=status, error=error,
+                     memory=memory_section(sampler, placement.devices,
+                                           records + _unrecorded(failures, records, placement), launcher_pid, warning),
+                     gpu_activity=activity, energy_j_per_image=energy,
+                     machine=machine_load(load, sampler, records, cfg.timing.busy_share),
+                     env=record_of(Environment, environment(env_extra)), round=cfg.round, place=cfg.place,
+                     after=cfg.after, finished_at=(finished := time.time()))
+    record = replace(record, phases=phases(started, launching, returned, finished, records, launched,
+                                           record.compile_seconds))
     if prediction is not None:
-        results["prediction_error"] = prediction_error(prediction.peak_mib, prediction.s_per_iteration, results,
-                                                       records)
-        results["mfu"], refused = plausible_mfu(
-            model_flops_utilisation(prediction.flops_per_iteration, prediction.peak_tflops,
-                                    results["throughput_img_s"], cfg.batch_size, decided.device_ranks),
-            prediction.peak_tflops, prediction.peak_source)
-        if refused:
-            log.warning("[%s] %s", decided.label, refused)
-            results["notes"] = [*results["notes"], refused]
-    record = publish(run_dir, results)
+        record = predicted_against(record, prediction, records, decided)
+    record = publish(run_dir, record)
     if interrupted:
         raise KeyboardInterrupt(interrupted)
     return record
 
 
+def predicted_against(record: RunRecord, prediction: Prediction, records: list[RankRecord],
+                      decided: RunPlan) -> RunRecord:
+    """The prediction's error against what the run measured, and the MFU at the measured pace (or why not)."""
+    mfu, refused = plausible_mfu(
+        model_flops_utilisation(prediction.flops_per_iteration, prediction.peak_tflops, record.throughput_img_s,
+                                decided.config.batch_size, decided.device_ranks),
+        prediction.peak_tflops, prediction.peak_source)
+    if refused:
+        log.warning("[%s] %s", decided.label, refused)
+    return replace(record, mfu=mfu, notes=[*record.notes, refused] if refused else record.notes,
+                   prediction_error=prediction_error(prediction.peak_mib, prediction.s_per_iteration, record, records))
+
+
 def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
     """The run predicted on this machine before it starts (harness.plan); None, saying why, where the planner
-    cannot (a strategy it has no model of, a trace that fails)."""
+    cannot (a strategy it has no model of, a trace that fails). Raises ConfigError where the user's own model
+    code raised in the planner's step (harness.launch.model_check.raised_in_users_code): the run would fail too,
+    after its start-up, so it is refused in one line instead."""
+    from harness.core.errors import ConfigError
+    from harness.launch.model_check import raised_in_users_code, users_model
     from harness.plan.predict import NotPredictable, predict
     from harness.plan.targets import local_target
 
@@ -163,8 +195,16 @@ def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
     except NotPredictable as error:
         log.log(logging.DEBUG if quiet else logging.INFO, "[%s] not predicted: %s", decided.label, error)
         return None
-    except Exception as error:  # noqa: BLE001 (a prediction never stops a run)
-        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] not predicted: %s", decided.label, last_line(error))
+    except Exception as error:  # noqa: BLE001 (a prediction never stops a run, unless the user's model raised)
+        where = raised_in_users_code(cfg.model, error)
+        if where is not None:
+            raise ConfigError("model._target_", cfg.model["_target_"],
+                              f"a model whose training step runs: [{decided.label}] the planner's step of it raised "
+                              f"in its own code, {where}") from error
+        whose = "the planner's trace cannot step this model; the run goes on" if users_model(cfg.model) else \
+            "a bug of the planner's on a shipped model, please report it; the run goes on"
+        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] not predicted (%s): %s", decided.label, whose,
+                last_line(error))
         return None
     if not quiet:
         say_predicted(decided.label, prediction)
@@ -194,31 +234,30 @@ def say_predicted(label: str, prediction: Prediction) -> None:
              prediction.s_per_iteration)
 
 
-def _not_run(run_dir: Path, base: dict[str, Any], decided: RunPlan, reason: str) -> RunRecord:
+def _not_run(run_dir: Path, base: RunRecord, decided: RunPlan, reason: str) -> RunRecord:
     """results.json of a combination that measured nothing here, with its reason."""
-    known = {k: v for k, v in base.items() if k not in ("schema", "status", "error")}
-    record = RunRecord.not_run(status="skipped", error=reason, **known)
+    record = replace(base, status="skipped", error=reason).checked()
     write_results(run_dir, record)
     log.info("[%s] skipped: %s", decided.label, record.error)
     return record
 
 
-def prediction_error(peak_mib: float, s_per_iteration: float | None, results: dict[str, Any],
-                     records: list[RankRecord]) -> dict[str, Any]:
+def prediction_error(peak_mib: float, s_per_iteration: float | None, record: RunRecord,
+                     records: list[RankRecord]) -> PredictionError:
     """(measured - predicted) / measured for the peak (GPU: the caching allocator's reserved peak, the largest
     device's; CPU: the largest rank's live-tensor peak) and the time per iteration (the steady windows')."""
     reserved = [p.max_reserved_mib for r in records for p in r.allocator]
     probed = [r.tensor_peak_mib for r in records if r.tensor_peak_mib is not None]
     measured_peak, source = (max(reserved), "torch-allocator") if reserved else \
         (max(probed), "live-tensor-probe") if probed else (None, None)
-    throughput = results.get("throughput_img_s")
-    measured_s = results["global_batch"] / throughput if throughput else None
+    throughput = record.throughput_img_s
+    measured_s = record.global_batch / throughput if throughput and record.global_batch else None
 
     def error(measured: float | None, predicted: float | None) -> float | None:
         return (measured - predicted) / measured if measured and predicted is not None else None
 
-    return {"peak_mib": error(measured_peak, peak_mib), "s_per_iteration": error(measured_s, s_per_iteration),
-            "measured_peak_mib": measured_peak, "measured_s_per_iteration": measured_s, "memory_source": source}
+    return PredictionError(peak_mib=error(measured_peak, peak_mib), s_per_iteration=error(measured_s, s_per_iteration),
+                           measured_peak_mib=measured_peak, measured_s_per_iteration=measured_s, memory_source=source)
 
 
 def phases(started: float, launching: float, returned: float, finished: float, records: list[RankRecord],
@@ -298,7 +337,7 @@ def _unrecorded(failures: list[WorkerFailure], records: list[RankRecord], placem
 
 
 def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tuple[str, ...], records: list[RankRecord],
-                   launcher_pid: int, warning: str | None) -> dict[str, Any]:
+                   launcher_pid: int, warning: str | None) -> Memory:
     """The sampler's view joined with the ranks' records; the allocator's peaks where no sampler ran."""
     if sampler is None:
         return _allocator_memory(records, warning)
@@ -306,21 +345,21 @@ def memory_section(sampler: MemorySampler | SamplerFindings | None, devices: tup
         return _allocator_memory(records, f"{sampler.warning or 'the memory sampler took no sample'}; "
                                           "figures are torch's allocator peaks")
     ranks = [RankProcess(r.rank, r.pid, r.device, r.host, r.rss_at_start_mib, tuple(r.data_pids)) for r in records]
-    memory = summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid)
-    if sampler.warning:
-        memory["warning"] = sampler.warning
-    return memory
+    memory = record_of(Memory, summarize(sampler.tracker, sampler.source_name, devices, ranks, launcher_pid))
+    return replace(memory, warning=sampler.warning) if sampler.warning else memory
 
 
-def gpu_activity(sampler: MemorySampler | None, records: list[RankRecord], images_per_window: int) -> dict[str, Any]:
-    """NVML's utilisation, clock, power and energy over rank 0's steady windows (nothing where NVML read none)."""
+def gpu_activity(sampler: MemorySampler | None, records: list[RankRecord],
+                 images_per_window: int) -> tuple[GpuActivity | None, float | None]:
+    """NVML's utilisation, clock, power and energy over rank 0's steady windows, and the energy an image (neither
+    where NVML read none)."""
     reference = _steady_reference(records)
     if sampler is None or not sampler.tracker.activity or reference is None:
-        return {}
+        return None, None
     spans = steady_spans(reference.windows, reference.window_spans)
     activity, per_image = activity_section(sampler.tracker.activity, spans, images_per_window * len(spans),
                                            sampler.unsupported)
-    return {"gpu_activity": activity, "energy_j_per_image": per_image}
+    return record_of(GpuActivity, activity), per_image
 
 
 LOAD_INTERVAL_S = 0.1  # a reading costs ~1 ms of the launcher's time (it lists the process tree)
@@ -332,7 +371,7 @@ def _steady_reference(records: list[RankRecord]) -> RankRecord | None:
 
 
 def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: list[RankRecord],
-                 busy_share: float) -> dict[str, Any]:
+                 busy_share: float) -> MachineLoad:
     """How busy the machine was during rank 0's steady windows (harness.launch.machine_load)."""
     reference = _steady_reference(records)
     spans = steady_spans(reference.windows, reference.window_spans) if reference else []
@@ -341,13 +380,14 @@ def machine_load(load: LoadReadings, sampler: MemorySampler | None, records: lis
         seen = [value for at, per in sampler.tracker.activity if any(a <= at <= b for a, b in spans)
                 for device in per.values() if (value := device.get("others_sm_pct")) is not None]
         others_gpu = max(seen) if seen else None
-    return machine_section(load.readings, spans, psutil.cpu_count() or 1, load.load_before, others_gpu, busy_share)
+    return record_of(MachineLoad, machine_section(load.readings, spans, psutil.cpu_count() or 1, load.load_before,
+                                                  others_gpu, busy_share))
 
 
-def publish(run_dir: Path, results: dict[str, Any]) -> RunRecord:
-    """Write results.json (checked as a record: no key or type the schema lacks), show the run, and its
-    memory balance when it spans devices."""
-    record = from_dict({"schema": SCHEMA, **results})
+def publish(run_dir: Path, record: RunRecord) -> RunRecord:
+    """Write results.json (checked as a record: no type the schema lacks), show the run, and its memory balance
+    when it spans devices."""
+    record = record.checked()
     write_results(run_dir, record)
     _log_summary(record, run_dir)
     if len(record.memory.per_device) >= 2:
@@ -409,43 +449,54 @@ def _while_stopping(signum: int, frame: FrameType | None) -> None:
     """A stop signal after the first: the run is already stopping (see _signals_as_interrupt)."""
 
 
-def base_results(decided: RunPlan, overrides: list[str] | None) -> dict[str, Any]:
+def planned(decided: RunPlan, overrides: list[str] | None) -> RunRecord:
+    """results.json's record as the plan decides it, before anything is measured: the combination, where its ranks
+    go, its amp level as resolved; every other field keeps RunRecord's default (the status `failed` until the
+    run ends, as a rank's record says)."""
     cfg, placement = decided.config, decided.placement
-    return {
-        "schema": SCHEMA, "status": None, "error": None,
-        "strategy": cfg.strategy_name, "amp": cfg.amp.level, "model": cfg.model_name,
-        "launcher": f"{cfg.launcher.name}/{cfg.launcher.start_method}",
-        "devices": list(placement.devices), "accelerator": placement.accelerator,
-        "world_size": placement.world_size, "nodes": 1, "global_batch": cfg.batch_size,
-        "local_batch": placement.local_batch, "image_size": decided.inputs.image_size,
-        "sample": decided.inputs.kind, "tokens_per_sample": decided.inputs.tokens_per_sample,
-        "iterations": cfg.iterations, "iterations_requested": cfg.iterations or "auto", "stopped_by": None,
-        "log_every": cfg.log_every, "warmup_windows": cfg.warmup_windows,
-        "threads_per_process": placement.threads_per_process, "notes": list(placement.notes),
-        "precision": {**_amp_record(decided.amp), "final_loss_scale": None, "skipped_steps": None},
-        "windows": [], "per_rank_windows": {}, "throughput_img_s": None, "data_wait_share": None, "profile": None,
-        "gpu_activity": None, "energy_j_per_image": None,
-        "startup_seconds": None, "compile_seconds": None, "compile_cache": None,
-        "ranks": [], "memory": {"source": None, "per_device": [], "per_process": []},
-        "launcher_pid": os.getpid(), "overrides": overrides or [], "config": dict(decided.resolved),
-        "env": {}, "started_at": time.time(), **variant_fields(cfg),
-    }
+    variant = variant_fields(cfg)
+    return RunRecord(
+        schema=SCHEMA, status="failed", strategy=cfg.strategy_name, amp=cfg.amp.level, model=cfg.model_name,
+        launcher=f"{cfg.launcher.name}/{cfg.launcher.start_method}", devices=list(placement.devices),
+        accelerator=placement.accelerator, world_size=placement.world_size, nodes=placement.nodes,
+        global_batch=cfg.batch_size, local_batch=placement.local_batch, image_size=decided.inputs.image_size,
+        sample=decided.inputs.kind, tokens_per_sample=decided.inputs.tokens_per_sample, iterations=cfg.iterations,
+        iterations_requested=cfg.iterations or "auto", log_every=cfg.log_every, warmup_windows=cfg.warmup_windows,
+        threads_per_process=placement.threads_per_process, notes=list(placement.notes),
+        precision=_amp_record(decided.amp), launcher_pid=os.getpid(), overrides=list(overrides or []),
+        config=dict(decided.resolved), started_at=time.time(), strategy_options=variant.strategy_options,
+        variant=variant.variant, compile=variant.compile, grad_accum=variant.grad_accum)
 
 
-def variant_fields(cfg: RunConfig) -> dict[str, Any]:
-    """What sets this run apart from its strategy's plain form: the strategy's options, compile, grad_accum,
-    and the short `variant` the report puts in the row's label (e.g. `comm_hook=bf16 compile grad_accum=4`)."""
+@dataclass(frozen=True)
+class Variant:
+    """What sets a run apart from its strategy's plain form: RunRecord's fields of the same names."""
+
+    strategy_options: dict[str, Any]
+    variant: str  # the short form the report puts in the row's label (e.g. `comm_hook=bf16 compile grad_accum=4`)
+    compile: bool
+    grad_accum: int
+
+    def as_fields(self) -> dict[str, Any]:
+        """As keyword arguments of RunRecord (a record made from a config dict: harness.cli.record_not_run)."""
+        return asdict(self)
+
+
+def variant_fields(cfg: RunConfig) -> Variant:
+    """The strategy's options, compile, grad_accum, and the short `variant` the report puts in the row's label."""
     parts = [get_class(cfg.strategy["_target_"]).variant(cfg.strategy), "compile" if cfg.compile else "",
              f"grad_accum={cfg.grad_accum}" if cfg.grad_accum > 1 else ""]
-    return {"strategy_options": {k: v for k, v in cfg.strategy.items() if k != "_target_"},
-            "variant": " ".join(p for p in parts if p), "compile": cfg.compile, "grad_accum": cfg.grad_accum,
-            "compile_seconds": None, "memory_theory": None}
+    return Variant(strategy_options={k: v for k, v in cfg.strategy.items() if k != "_target_"},
+                   variant=" ".join(p for p in parts if p), compile=cfg.compile, grad_accum=cfg.grad_accum)
 
 
-def _amp_record(amp: AmpSpec) -> dict[str, Any]:
-    """results.json's `precision`: the amp level as resolved on this machine."""
-    return {"level": amp.level, "impl": amp.impl, "dtype": amp.dtype, "master_weights": amp.master_weights,
-            "keep_batchnorm_fp32": amp.keep_batchnorm_fp32, "loss_scale": amp.loss_scale}
+def _amp_record(amp: AmpSpec, state: Mapping[str, Any] | None = None) -> Precision:
+    """results.json's `precision`: the amp level as resolved on this machine, and (`state`: rank 0's amp plugin's
+    at the end) its loss scaling's outcome."""
+    state = state or {}
+    return Precision(level=amp.level, impl=amp.impl, dtype=amp.dtype, master_weights=amp.master_weights,
+                     keep_batchnorm_fp32=amp.keep_batchnorm_fp32, loss_scale=amp.loss_scale,
+                     final_loss_scale=state.get("final_loss_scale"), skipped_steps=state.get("skipped_steps"))
 
 
 def read_records(record_dir: Path) -> list[RankRecord]:
@@ -481,55 +532,58 @@ def run_status(records: list[RankRecord], failures: list[WorkerFailure], interru
     return "ok", None
 
 
-def measurements(decided: RunPlan, records: list[RankRecord], started: float, run_dir: Path = Path()) -> dict[str, Any]:
+def measured(base: RunRecord, decided: RunPlan, records: list[RankRecord], started: float,
+             run_dir: Path = Path()) -> RunRecord:
+    """`base` (the plan's record) with what the ranks' records measured, merged: every figure RankRecord declares
+    `merged`, as declared there (rank 0's, the slowest rank's compile time, ...) and by attribute, so that a
+    figure added there needs no line here; the run's windows its slowest rank's, and what is computed from them.
+    The one figure said here is compile time's XLA fallback: graphs compiled inside the windows, no pass apart."""
     cfg = decided.config
+    figures = merge_figures(records)
     per_rank = {r.rank: r.windows for r in records}
     windows = merge_ranks(list(per_rank.values()), cfg.warmup_windows)
     firsts = [r.first_iter_time for r in records if r.first_iter_time]
     # XLA compiles its graphs as the first iterations run: inside the warm-up windows, not in start-up
     in_windows = [r.window_compile_seconds for r in records if r.window_compile_seconds is not None]
-    state = next((r.amp_state for r in records if r.rank == 0 and r.amp_state), {})
-    precision = {**_amp_record(decided.amp), "final_loss_scale": state.get("final_loss_scale"),
-                 "skipped_steps": state.get("skipped_steps")}
-    compiled = [r.compile_seconds for r in records if r.compile_seconds is not None]
-    compile_seconds = max(compiled) if compiled else None  # the ranks compile side by side: the slowest's
-    theory = next((r.memory_theory for r in records if r.rank == 0 and r.memory_theory), None)
-    done: dict[str, Any] = {}
-    if cfg.iterations is None:  # iterations=auto: how many the ranks ran, and why they stopped (together)
-        done = {"iterations": windows[-1].end_iter if windows else None,
-                "stopped_by": next((r.stopped_by for r in records if r.stopped_by), None)}
-    return {
-        **done,
-        "windows": [w.as_dict() for w in windows],
-        "per_rank_windows": {str(rank): [w.as_dict() for w in ws] for rank, ws in per_rank.items()},
-        "throughput_img_s": (samples_s := steady_throughput(windows, cfg.batch_size, cfg.log_every)),
-        "throughput_tokens_s": samples_s * decided.inputs.tokens_per_sample
+    compile_seconds = figures["compile_seconds"]  # the ranks compile side by side: the slowest's
+    if compile_seconds is None and in_windows:
+        figures["compile_seconds"] = max(in_windows)
+    auto = cfg.iterations is None  # iterations=auto: how many the ranks ran
+    samples_s = steady_throughput(windows, cfg.batch_size, cfg.log_every)
+    parity = run_parity(cfg, decided.placement, records)
+    zero = next((r for r in records if r.rank == 0), None)
+    return replace(
+        base,
+        **figures,
+        iterations=(windows[-1].end_iter if windows else None) if auto else base.iterations,
+        windows=[_window(w) for w in windows],
+        per_rank_windows={str(rank): [_window(w) for w in ws] for rank, ws in per_rank.items()},
+        throughput_img_s=samples_s,
+        throughput_tokens_s=samples_s * decided.inputs.tokens_per_sample
         if samples_s is not None and decided.inputs.tokens_per_sample else None,
-        "data_wait_share": data_wait_share(windows),
-        "profile": profile_section(records, windows, run_dir) if cfg.profile else None,
-        "startup_seconds": (max(firsts) - started - (compile_seconds or 0)) if firsts else None,
-        "command_startup_seconds": (max(firsts) - command_start_time() - (compile_seconds or 0)) if firsts else None,
-        "compile_seconds": compile_seconds if compile_seconds is not None else (max(in_windows) if in_windows else None),
-        "memory_theory": theory,
-        "kernels": next((r.kernels for r in records if r.rank == 0 and r.kernels), None),
-        "precision": precision,
-        "parity": run_parity(cfg, decided.placement, records),
-        "ranks": [r.summary() for r in records],
-    }
+        data_wait_share=data_wait_share(windows),
+        profile=record_of(Profile, profile_section(records, windows, run_dir)) if cfg.profile else None,
+        startup_seconds=(max(firsts) - started - (compile_seconds or 0)) if firsts else None,
+        command_startup_seconds=(max(firsts) - command_start_time() - (compile_seconds or 0)) if firsts else None,
+        precision=_amp_record(decided.amp, zero.amp_state if zero else None),
+        parity=record_of(Parity, parity) if parity else None,
+        ranks=[r.summary() for r in records],
+    )
 
 
-def _allocator_memory(records: list[RankRecord], warning: str | None) -> dict[str, Any]:
+def _window(window: Window) -> WindowRecord:
+    return WindowRecord(**window.as_dict())
+
+
+def _allocator_memory(records: list[RankRecord], warning: str | None) -> Memory:
     """Without a sampler (disabled, or no NVML): the ranks' own allocator peaks, if any."""
-    per_device = [{"device": peak.device, "peak_mib": round(peak.max_reserved_mib, 1), "baseline_mib": 0.0}
+    per_device = [DeviceMemory(device=peak.device, peak_mib=round(peak.max_reserved_mib, 1), baseline_mib=0.0)
                   for r in records for peak in r.allocator]
-    per_process = [{"pid": r.pid, "rank": r.rank, "device": r.device, "role": "rank", "host": r.host,
-                    "peak_mib": round(sum(p.max_reserved_mib for p in r.allocator), 1)}
+    per_process = [ProcessMemory(pid=r.pid, rank=r.rank, device=r.device, host=r.host,
+                                 peak_mib=round(sum(p.max_reserved_mib for p in r.allocator), 1))
                    for r in records if r.allocator]
-    memory: dict[str, Any] = {"source": "torch-allocator" if per_device else None, "per_device": per_device,
-                              "per_process": per_process}
-    if warning:
-        memory["warning"] = warning
-    return memory
+    return Memory(source="torch-allocator" if per_device else None, per_device=per_device, per_process=per_process,
+                  warning=warning)
 
 
 def _describe_source(source: Any) -> dict[str, Any]:

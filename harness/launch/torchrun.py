@@ -13,8 +13,8 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -24,13 +24,21 @@ from harness.core.config import CONF_DIR, RunConfig
 from harness.core.errors import ConfigError
 from harness.core.logs import setup_worker
 from harness.core.rank_record import RankRecord
-from harness.core.results import PARAMETERS_NAME, environment, write_provisional
+from harness.core.results import (
+    PARAMETERS_NAME,
+    Environment,
+    Memory,
+    RunRecord,
+    environment,
+    record_of,
+    write_provisional,
+)
 from harness.launch.decide import run_plan
 from harness.launch.placement import TorchrunWorld, probe_hardware
 from harness.launch.runner import (
-    base_results,
-    measurements,
+    measured,
     memory_section,
+    planned,
     publish,
     read_records,
     run_status,
@@ -104,6 +112,30 @@ def node_labelled(findings: SamplerFindings, devices: tuple[str, ...]) -> Sample
     return findings
 
 
+@dataclass(frozen=True)
+class NodeFindings:
+    """What a node's local rank 0 sends global rank 0: its devices and what its memory sampler saw."""
+
+    node_rank: int
+    devices: tuple[str, ...]
+    launcher_pid: int  # the node's torchrun agent
+    sampler: SamplerFindings | None
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """One rank's part of the run, gathered to global rank 0 (a node's local rank 0 adds its node's)."""
+
+    record: RankRecord
+    node: NodeFindings | None = None
+
+
+def torchrun_record(decided: RunPlan, overrides: list[str]) -> RunRecord:
+    """The plan's record (harness.launch.runner.planned), run by torchrun."""
+    return replace(planned(decided, overrides),
+                   env=replace(record_of(Environment, environment()), launcher="torchrun"))
+
+
 def run_worker(overrides: list[str]) -> int:
     started = time.time()
     rank, local_rank, _ = rank_identity()
@@ -121,8 +153,7 @@ def run_worker(overrides: list[str]) -> int:
     out_dir = out_dir or run_dir_for(cfg, dt.datetime.now())
     setup_worker(out_dir / "run.log", rank)
     if rank == 0:
-        write_provisional(out_dir, {**base_results(decided, overrides),
-                                    "env": environment({"launcher": "torchrun"})}, PROVISIONAL_REASON)
+        write_provisional(out_dir, torchrun_record(decided, overrides), PROVISIONAL_REASON)
     sampler = None
     launcher_pid = os.getppid()  # the torchrun agent of this node
     if local_rank == 0 and cfg.memory.enabled:
@@ -137,47 +168,44 @@ def run_worker(overrides: list[str]) -> int:
     def gather(record: RankRecord) -> None:
         if sampler is not None:
             sampler.stop()
-        node = {"node_rank": placement.node_rank, "devices": placement.devices, "launcher_pid": launcher_pid,
-                "sampler": node_labelled(sampler.findings(), placement.devices) if sampler else None}
-        payload = {"record": record, "node": node if local_rank == 0 else None}
-        gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        node = NodeFindings(placement.node_rank, placement.devices, launcher_pid,
+                            node_labelled(sampler.findings(), placement.devices) if sampler else None)
+        payload = Gathered(record, node if local_rank == 0 else None)
+        gathered: list[Gathered | None] | None = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if gathered is not None:  # rank 0
-            write_results(decided, gathered, started, overrides, out_dir)
+            write_results(decided, [g for g in gathered if g is not None], started, overrides, out_dir)
 
     try:
         run_rank(spec, before_teardown=gather)
     except BaseException:
         if rank == 0:  # the process group is gone: record what this rank knows
             records = read_records(record_dir)
-            write_results(decided, [{"record": r, "node": None} for r in records], started, overrides, out_dir)
+            write_results(decided, [Gathered(r) for r in records], started, overrides, out_dir)
         raise
     finally:
         shutil.rmtree(record_dir, ignore_errors=True)  # this rank's record: sent to rank 0 or written by it
     return 0
 
 
-def write_results(decided: RunPlan, gathered: list[dict[str, Any]], started: float, overrides: list[str],
+def write_results(decided: RunPlan, gathered: list[Gathered], started: float, overrides: list[str],
                   out_dir: Path) -> None:
     placement = decided.placement
-    records: list[RankRecord] = sorted((g["record"] for g in gathered), key=lambda r: r.rank)
-    nodes = sorted((g["node"] for g in gathered if g["node"]), key=lambda n: n["node_rank"])
-    devices = [d for n in nodes for d in n["devices"]] or list(placement.devices)
+    records: list[RankRecord] = sorted((g.record for g in gathered), key=lambda r: r.rank)
+    nodes = sorted((g.node for g in gathered if g.node), key=lambda n: n.node_rank)
+    devices = [d for n in nodes for d in n.devices] or list(placement.devices)
     stopped = next((r.error for r in records if r.status == "interrupted"), None)  # SIGTERM: scancel
     status, error = run_status(records, [], stopped)
     if status == "ok" and len(records) < placement.world_size:
         status, error = "failed", f"only {len(records)} of {placement.world_size} ranks reported"
-    per_device, per_process, sources = [], [], set()
+    sections = []
     for node in nodes:
-        node_records = [r for r in records if r.device in node["devices"]]
-        section = memory_section(node["sampler"], tuple(node["devices"]), node_records, node["launcher_pid"], None)
-        per_device += section["per_device"]
-        per_process += [{**p, "node": node["node_rank"]} for p in section["per_process"]]
-        sources.add(section["source"])
-    results = {**base_results(decided, overrides),
-               **measurements(decided, records, started, out_dir), "status": status, "error": error,
-               "devices": devices, "nodes": placement.nodes,
-               "memory": {"source": "+".join(sorted(s for s in sources if s)) or None, "per_device": per_device,
-                          "per_process": per_process},
-               "env": environment({"launcher": "torchrun"}), "finished_at": time.time()}
-    publish(out_dir, results)
+        node_records = [r for r in records if r.device in node.devices]
+        section = memory_section(node.sampler, node.devices, node_records, node.launcher_pid, None)
+        sections.append(replace(section, per_process=[replace(p, node=node.node_rank) for p in section.per_process]))
+    memory = Memory(source="+".join(sorted({s.source for s in sections if s.source})) or None,
+                    per_device=[d for s in sections for d in s.per_device],
+                    per_process=[p for s in sections for p in s.per_process])
+    record = replace(measured(torchrun_record(decided, overrides), decided, records, started, out_dir),
+                     status=status, error=error, devices=devices, memory=memory, finished_at=time.time())
+    publish(out_dir, record)

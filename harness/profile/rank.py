@@ -21,13 +21,23 @@ from harness.core.timing import Window
 
 log = logging.getLogger(__name__)
 SPAN = "harness.window"
+KINETO_QUIET = "6"  # above kineto's every level: its highest, USDT (5), is the "profiler_start/stop" notes
+
+
+def quiet_kineto(accelerator: str) -> None:
+    """Without a GPU, what kineto writes to a process's stderr from C++ says nothing a user can act on: an ERROR
+    that it found no GPU ("gpuGetDeviceCount failed with code 35") and a USDT line at every profiler start and
+    stop (the CPU ranks' tensor peak, profile=true). Kineto reads KINETO_LOG_LEVEL when a process's first profile
+    starts, and started processes inherit it: set before either. On a GPU its errors (CUPTI's) matter, and a
+    user's own KINETO_LOG_LEVEL wins."""
+    if accelerator != "cuda":
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 
 
 class WindowProfiler:
     def __init__(self, window_index: int, accelerator: str, barrier: Callable[[], None]) -> None:
         self.window_index, self._barrier = window_index, barrier
-        if accelerator != "cuda":  # kineto would log that it found no GPU, once per rank, as an ERROR line
-            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        quiet_kineto(accelerator)  # for a rank started elsewhere (torchrun); run.py has set it already
         activities = [torch.profiler.ProfilerActivity.CPU]
         if accelerator == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)

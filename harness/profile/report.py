@@ -1,29 +1,32 @@
-"""The report's breakdown (profile=true), the profile feature's side: the profiled window's parts, the
-slowest rank's, pooled over the repeats."""
+"""The report's breakdown (profile=true), the profile feature's side: the profiled window's parts, the slowest
+rank's, pooled over a row's repeats from the runs' records alone (this package never imports the report)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from harness.core.results import RunRecord
 
-if TYPE_CHECKING:
-    from harness.report.rows import Row
+
+@dataclass(frozen=True)
+class ProfileSection:
+    """Where a row's profiled window went: each part's share of it and how much communication overlapped other
+    work, each the median over the repeats."""
+
+    breakdown: Mapping[str, float]  # part (compute, communication, data_wait, optimizer, other) -> share
+    comm_overlapped_share: float | None = None  # of all the time a collective was in flight
+    view: str | None = None  # host or device
 
 
-def _median_of(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def pool(row: Row, ok: Sequence[RunRecord]) -> None:
-    """The profiled window's parts and how much communication overlapped, each the median over repeats."""
+def section(ok: Sequence[RunRecord]) -> ProfileSection | None:
+    """None: no run of the row was profiled."""
     runs = [r.profile.run for r in ok if r.profile and r.profile.run]
     if not runs:
-        return
-    row.breakdown = {part: statistics.median(run["shares"][part] for run in runs) for part in runs[0]["shares"]}
-    row.comm_overlapped_share = _median_of([run["communication_overlapped_s"] / run["communication_total_s"]
-                                            if run["communication_total_s"] > 0 else None for run in runs])
-    row.breakdown_view = runs[0]["view"]
+        return None
+    overlapped = [run["communication_overlapped_s"] / run["communication_total_s"] for run in runs
+                  if run["communication_total_s"] > 0]
+    return ProfileSection(
+        breakdown={part: statistics.median(run["shares"][part] for run in runs) for part in runs[0]["shares"]},
+        comm_overlapped_share=statistics.median(overlapped) if overlapped else None, view=runs[0]["view"])

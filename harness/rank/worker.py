@@ -153,7 +153,7 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         kernels.apply(cfg.kernels)
         layout = kernels.memory_format(cfg.kernels, plan.inputs)
         model = instantiate(cfg.model, **dict(plan.inputs.provided)).to(memory_format=layout)
-        record.kernels = kernels.in_effect(model)  # before a wrapper shards the weights
+        record.kernels = kernels.in_effect(model, placement.accelerator)  # before a wrapper shards the weights
         amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))

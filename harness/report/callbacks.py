@@ -54,7 +54,7 @@ def report_sweep(sweep_dir: Path, baseline: str | None) -> None:
     """The report of every run under `sweep_dir`, its table also kept in the sweep's own `sweep.log`
     (each job's lines are in the job's run.log; the last job's would otherwise get the report's)."""
     from harness.core.logs import add_file
-    from harness.report import build_report
+    from harness.report.outputs import build_report
 
     root = logging.getLogger()
     job_files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]

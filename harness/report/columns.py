@@ -8,7 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.results import RunRecord
+from harness.memory.report import MemorySection
 from harness.parity import report as parity
+from harness.plan.report import PredictionSection
+from harness.profile.report import ProfileSection
 from harness.report.rows import PER, Row
 from harness.verdict.rule import interval_text
 
@@ -26,11 +30,41 @@ def pct(share: float | None) -> str:
     return fmt(100 * share, 0, "%") if share is not None else "—"
 
 
+# A row without a feature's section reads as a section with every figure unknown ("—", report.csv's nan).
+NO_MEMORY, NO_PROFILE, NO_PREDICTION = MemorySection(), ProfileSection(breakdown={}), PredictionSection()
+
+
+def memory(row: Row) -> MemorySection:
+    return row.memory or NO_MEMORY
+
+
+def profile(row: Row) -> ProfileSection:
+    return row.profile or NO_PROFILE
+
+
+def prediction(row: Row) -> PredictionSection:
+    return row.prediction or NO_PREDICTION
+
+
+def per_run(figure: Callable[[RunRecord], float | None]) -> Callable[[Row], float | None]:
+    """A figure each run measured (a RunRecord field), pooled over the row's finished runs (their median): a
+    column reads it so, and a figure added to RunRecord needs nothing between results.json and its column."""
+    return lambda row: row.median(figure)
+
+
+STARTUP_S = per_run(lambda run: run.startup_seconds)
+COMPILE_S = per_run(lambda run: run.compile_seconds)
+MFU = per_run(lambda run: run.mfu)
+DATA_WAIT = per_run(lambda run: run.data_wait_share)
+ENERGY = per_run(lambda run: run.energy_j_per_image)
+
+
 def breakdown_cell(row: Row) -> str:
     """'41/35/19/2/3': the profiled window's shares in percent, in BREAKDOWN_HEAD's order."""
-    if not row.breakdown:
+    shares = profile(row).breakdown
+    if not shares:
         return "—"
-    return "/".join(f"{100 * row.breakdown[p]:.0f}" for p in BREAKDOWN_PARTS)
+    return "/".join(f"{100 * shares[p]:.0f}" for p in BREAKDOWN_PARTS)
 
 
 def _always(rows: Sequence[Row]) -> bool:
@@ -47,7 +81,8 @@ class Column:
     `csv`: report.csv's columns from it, (name, value) with plain numbers or text. `terminal`/`terminal_cell`:
     the terminal's short form (None: not there). `star`: the `winners()` figure that earns it a ★. `numeric`:
     index.html sorts it by the number its cells start with. `shown`: whether the sweep's rows need it at all.
-    `section`: the question whose table holds it in report.md and index.html."""
+    `section`: the question whose table holds it in report.md and index.html. `parts`: the separator of a cell
+    listing several things (devices), where index.html breaks it rather than widen its table."""
 
     header: str | None
     cell: Callable[[Row], str] | None = None
@@ -58,6 +93,28 @@ class Column:
     numeric: bool = True
     shown: Callable[[Sequence[Row]], bool] = field(default=_always)
     section: str = "speed"  # which question's table shows it (SECTIONS); the combination is in every one
+    parts: str | None = None  # what joins a cell's parts (a device each): index.html gives each its own line
+
+
+def _percent(share: float | None) -> float | None:
+    return share and 100 * share
+
+
+def _mem_max(r: Row) -> str:
+    """`1024 (1000–1100)`: the largest device's use, with its min-max over repeats where there are some."""
+    found = memory(r)
+    return fmt(found.max_mib, 0) + (f" ({fmt(found.max_lo, 0)}–{fmt(found.max_hi, 0)})" if found.max_lo is not None
+                                    else "")
+
+
+def _band(r: Row, end: int) -> float | None:
+    band = prediction(r).predicted_peak_band
+    return band[end] if band else None
+
+
+def _loss_diff(r: Row) -> str:
+    diff = r.parity.loss_diff if r.parity else None
+    return "—" if diff is None else f"{diff:.1e}"
 
 
 def _signed_pct(share: float | None) -> str:
@@ -66,8 +123,8 @@ def _signed_pct(share: float | None) -> str:
 
 def _predicted_peak(r: Row) -> str:
     """`13.3 [12.0–14.8]`: the planner's peak with its 90 % band."""
-    band = r.predicted_peak_band
-    return fmt(r.predicted_peak_mib, 1) + (_between(band[0], band[1], 1) if band else "")
+    band = prediction(r).predicted_peak_band
+    return fmt(prediction(r).predicted_peak_mib, 1) + (_between(band[0], band[1], 1) if band else "")
 
 
 def _between(lo: float | None, hi: float | None, digits: int, suffix: str = "") -> str:
@@ -93,6 +150,15 @@ def _tokens_s(r: Row) -> str:
         return "—"
     return fmt(_times_tokens(r, r.throughput), 0) + _interval_or_unknown(r, _times_tokens(r, r.throughput_lo),
                                                                          _times_tokens(r, r.throughput_hi), 0)
+
+
+BUSY = "— (busy)"  # a figure a busy machine made: shown for what it is, never judged
+
+
+def _time_error(r: Row) -> str:
+    """A busy row's time was taken with others on the machine: its error says nothing about the prediction."""
+    error = prediction(r).time_error
+    return BUSY if r.busy and error is not None else _signed_pct(error)
 
 
 def _interval_or_unknown(r: Row, lo: float | None, hi: float | None, digits: int) -> str:
@@ -151,6 +217,33 @@ def _runs(r: Row) -> str:
                                                                  else "")
 
 
+def devices_said(devices: Sequence[str]) -> str:
+    """`cuda:0–7`: a row's devices with consecutive indices as a range, so that eight GPUs take one short cell;
+    report.csv keeps each name."""
+    groups: dict[str, list[int]] = {}
+    said: list[str] = []
+    for device in devices:
+        kind, _, index = device.rpartition(":")
+        if kind and index.isdigit():
+            if kind not in groups:
+                said.append(kind)
+            groups.setdefault(kind, []).append(int(index))
+        else:
+            said.append(device)
+    return ", ".join(f"{kind}:{_ranges(groups[kind])}" if kind in groups else kind for kind in said) or "—"
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 5] -> `0–3,5`."""
+    spans: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(f"{a}–{b}" if b > a + 1 else f"{a},{b}" if b > a else str(a) for a, b in spans)
+
+
 def pids_said(pids: Sequence[int]) -> str:
     """The PID of the row's last run on a device, and how many other runs' PIDs there were (one per run)."""
     if not pids:
@@ -158,16 +251,18 @@ def pids_said(pids: Sequence[int]) -> str:
     return f"PID {max(pids)}" + (f" (+{len(pids) - 1} in other runs)" if len(pids) > 1 else "")
 
 
+PART = " · "  # between the devices of a per-device cell
+
+
 def _per_device(r: Row) -> str:
-    return " · ".join(f"{d['device']} {fmt(d['used_mib'], 0)} MiB, {pids_said(d['pids'])}"
-                      for d in r.memory_per_device) or "—"
+    return PART.join(f"{d.device} {fmt(d.used_mib, 0)} MiB, {pids_said(d.pids)}" for d in memory(r).per_device) or "—"
 
 
 def _imbalance(r: Row) -> str:
     """Meaningful for devices only: CPU worker processes have no device memory to be out of balance."""
-    if r.memory_source == "psutil":
+    if memory(r).source == "psutil":
         return "n/a"
-    return fmt(r.mem_imbalance_pct, 0, "%")
+    return fmt(memory(r).imbalance_pct, 0, "%")
 
 
 def columns(rows: Sequence[Row]) -> list[Column]:
@@ -177,7 +272,7 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                terminal_cell=lambda r: r.label, numeric=False, section="all"),
         Column(None, csv=(("strategy", lambda r: r.strategy), ("amp", lambda r: r.amp), ("model", lambda r: r.model),
                           ("variant", lambda r: r.variant))),
-        Column("devices", lambda r: ",".join(r.devices) or "—",
+        Column("devices", lambda r: devices_said(r.devices),
                csv=(("devices", lambda r: " ".join(r.devices)), ("n_devices", lambda r: r.n_devices))),
         Column("procs", lambda r: str(r.processes or "—"), csv=(("processes", lambda r: r.processes),)),
         Column(None, csv=(("global_batch", lambda r: r.global_batch),)),
@@ -208,61 +303,59 @@ def columns(rows: Sequence[Row]) -> list[Column]:
                csv=(("speedup", lambda r: r.speedup), ("speedup_lo", lambda r: r.speedup_lo),
                     ("speedup_hi", lambda r: r.speedup_hi)),
                terminal="speedup", terminal_cell=lambda r: fmt(r.speedup, 2, "×")),
-        Column("efficiency", lambda r: fmt(r.efficiency and 100 * r.efficiency, 0, "%"),
+        Column("efficiency", lambda r: fmt(_percent(r.efficiency), 0, "%"),
                csv=(("efficiency", lambda r: r.efficiency),)),
         Column("final loss", lambda r: fmt(r.final_loss, 4), csv=(("final_loss", lambda r: r.final_loss),)),
-        Column("mem max MiB", section="memory", cell=lambda r: fmt(r.mem_max_mib, 0) + (f" ({fmt(r.mem_max_lo, 0)}–{fmt(r.mem_max_hi, 0)})"
-                                                                 if r.mem_max_lo is not None else ""),
-               csv=(("mem_max_mib", lambda r: r.mem_max_mib), ("mem_max_lo_mib", lambda r: r.mem_max_lo),
-                    ("mem_max_hi_mib", lambda r: r.mem_max_hi)),
-               terminal="mem MiB", terminal_cell=lambda r: fmt(r.mem_max_mib, 0), star="mem_max_mib"),
-        Column("mem min MiB", lambda r: fmt(r.mem_min_mib, 0), csv=(("mem_min_mib", lambda r: r.mem_min_mib),),
+        Column("mem max MiB", section="memory", cell=_mem_max,
+               csv=(("mem_max_mib", lambda r: memory(r).max_mib), ("mem_max_lo_mib", lambda r: memory(r).max_lo),
+                    ("mem_max_hi_mib", lambda r: memory(r).max_hi)),
+               terminal="mem MiB", terminal_cell=lambda r: fmt(memory(r).max_mib, 0), star="mem_max_mib"),
+        Column("mem min MiB", lambda r: fmt(memory(r).min_mib, 0), csv=(("mem_min_mib", lambda r: memory(r).min_mib),),
                section="memory"),
         # the one answer to "will it fit": the prediction with its band beside the measured peak of the same kind
         Column("predicted peak MiB [90 %]", _predicted_peak, section="memory",
-               csv=(("predicted_peak_mib", lambda r: r.predicted_peak_mib),
-                    ("predicted_peak_lo_mib", lambda r: r.predicted_peak_band and r.predicted_peak_band[0]),
-                    ("predicted_peak_hi_mib", lambda r: r.predicted_peak_band and r.predicted_peak_band[1])),
-               terminal="predicted peak MiB", terminal_cell=lambda r: fmt(r.predicted_peak_mib, 1)),
-        Column("measured peak MiB", lambda r: fmt(r.measured_peak_mib, 1), section="memory",
-               csv=(("measured_peak_mib", lambda r: r.measured_peak_mib),),
-               terminal="measured peak MiB", terminal_cell=lambda r: fmt(r.measured_peak_mib, 1)),
-        Column("params/rank MiB", lambda r: fmt(r.params_rank_mib, 2), section="memory",
-               csv=(("params_rank_mib", lambda r: r.params_rank_mib),),
-               shown=lambda rows: any(r.params_rank_mib is not None for r in rows)),
+               csv=(("predicted_peak_mib", lambda r: prediction(r).predicted_peak_mib),
+                    ("predicted_peak_lo_mib", lambda r: _band(r, 0)), ("predicted_peak_hi_mib", lambda r: _band(r, 1))),
+               terminal="predicted peak MiB", terminal_cell=lambda r: fmt(prediction(r).predicted_peak_mib, 1)),
+        Column("measured peak MiB", lambda r: fmt(prediction(r).measured_peak_mib, 1), section="memory",
+               csv=(("measured_peak_mib", lambda r: prediction(r).measured_peak_mib),),
+               terminal="measured peak MiB", terminal_cell=lambda r: fmt(prediction(r).measured_peak_mib, 1)),
+        Column("params/rank MiB", lambda r: fmt(memory(r).params_rank_mib, 2), section="memory",
+               csv=(("params_rank_mib", lambda r: memory(r).params_rank_mib),),
+               shown=lambda rows: any(memory(r).params_rank_mib is not None for r in rows)),
         # the older per-rank theory (parameters, gradients, optimizer state; no activations): report.csv only
-        Column(None, None, csv=(("theory_mib", lambda r: r.theory_mib),)),
-        Column("imbalance", _imbalance, csv=(("mem_imbalance_pct", lambda r: r.mem_imbalance_pct),), section="memory"),
-        Column("per device (PIDs)", _per_device, numeric=False, section="memory"),
-        Column("startup s", lambda r: fmt(r.startup_s, 1), csv=(("startup_s", lambda r: r.startup_s),),
-               section="time"),
-        Column("compile s", lambda r: fmt(r.compile_s, 1), csv=(("compile_s", lambda r: r.compile_s),), section="time"),
-        Column("MFU", lambda r: fmt(r.mfu and 100 * r.mfu, 1, "%"), csv=(("mfu", lambda r: r.mfu),), section="time",
-               shown=lambda rows: any(r.mfu is not None for r in rows)),
-        Column("data wait", lambda r: pct(r.data_wait_share), csv=(("data_wait_share", lambda r: r.data_wait_share),),
-               section="time"),
+        Column(None, None, csv=(("theory_mib", lambda r: memory(r).theory_mib),)),
+        Column("imbalance", _imbalance, csv=(("mem_imbalance_pct", lambda r: memory(r).imbalance_pct),),
+               section="memory"),
+        Column("per device (PIDs)", _per_device, numeric=False, section="memory", parts=PART),
+        Column("startup s", lambda r: fmt(STARTUP_S(r), 1), csv=(("startup_s", STARTUP_S),), section="time"),
+        Column("compile s", lambda r: fmt(COMPILE_S(r), 1), csv=(("compile_s", COMPILE_S),), section="time"),
+        Column("MFU", lambda r: fmt(_percent(MFU(r)), 1, "%"), csv=(("mfu", MFU),), section="time",
+               shown=lambda rows: any(MFU(r) is not None for r in rows)),
+        Column("data wait", lambda r: pct(DATA_WAIT(r)), csv=(("data_wait_share", DATA_WAIT),), section="time"),
         Column(f"profiled: {BREAKDOWN_HEAD}", breakdown_cell, section="time",
-               csv=tuple((f"profiled_{part}_share", lambda r, part=part: r.breakdown.get(part))
+               csv=tuple((f"profiled_{part}_share", lambda r, part=part: profile(r).breakdown.get(part))
                          for part in BREAKDOWN_PARTS)),
-        Column("comm overlapped", lambda r: pct(r.comm_overlapped_share), section="time",
-               csv=(("comm_overlapped_share", lambda r: r.comm_overlapped_share),)),
-        Column("J/image", lambda r: fmt(r.energy_j_per_image, 3), section="time",
-               csv=(("energy_j_per_image", lambda r: r.energy_j_per_image),)),
+        Column("comm overlapped", lambda r: pct(profile(r).comm_overlapped_share), section="time",
+               csv=(("comm_overlapped_share", lambda r: profile(r).comm_overlapped_share),)),
+        Column("J/image", lambda r: fmt(ENERGY(r), 3), section="time", csv=(("energy_j_per_image", ENERGY),)),
         # harness.plan's prediction, made before the run, beside the measurement
-        Column("memory error", lambda r: _signed_pct(r.peak_error), section="prediction",
-               csv=(("peak_error", lambda r: r.peak_error),)),
-        Column("predicted s/it", lambda r: fmt(r.predicted_s_per_it, 4), section="prediction",
-               csv=(("predicted_s_per_it", lambda r: r.predicted_s_per_it),)),
-        Column("measured s/it", lambda r: fmt(r.measured_s_per_it, 4), section="prediction",
-               csv=(("measured_s_per_it", lambda r: r.measured_s_per_it),)),
-        Column("time error", lambda r: _signed_pct(r.time_error), section="prediction",
-               csv=(("time_error", lambda r: r.time_error),)),
+        Column("memory error", lambda r: _signed_pct(prediction(r).peak_error), section="prediction",
+               csv=(("peak_error", lambda r: prediction(r).peak_error),)),
+        Column("predicted s/it", lambda r: fmt(prediction(r).predicted_s_per_it, 4), section="prediction",
+               csv=(("predicted_s_per_it", lambda r: prediction(r).predicted_s_per_it),)),
+        Column("measured s/it", lambda r: fmt(prediction(r).measured_s_per_it, 4), section="prediction",
+               csv=(("measured_s_per_it", lambda r: prediction(r).measured_s_per_it),)),
+        Column("time error", _time_error, section="prediction",  # a busy row's: not judged (report.csv: nan)
+               csv=(("time_error", lambda r: None if r.busy else prediction(r).time_error),)),
         # numerical parity (parity=true): before the status; report.csv always has its columns
-        Column("parity (max rel Δ)", parity.cell, shown=_with_parity, section="parity",
-               csv=(("parity", lambda r: r.parity or ""), ("parity_reference", lambda r: r.parity_reference or ""),
-                    ("parity_max_abs", lambda r: r.parity_max_abs), ("parity_max_rel", lambda r: r.parity_max_rel))),
-        Column("max loss Δ", lambda r: "—" if r.parity_loss_diff is None else f"{r.parity_loss_diff:.1e}",
-               shown=_with_parity, section="parity", csv=(("parity_loss_diff", lambda r: r.parity_loss_diff),)),
+        Column("parity (max rel Δ)", lambda r: parity.cell(r.parity), shown=_with_parity, section="parity",
+               csv=(("parity", lambda r: r.parity.verdict if r.parity else ""),
+                    ("parity_reference", lambda r: r.parity and r.parity.reference or ""),
+                    ("parity_max_abs", lambda r: r.parity and r.parity.max_abs),
+                    ("parity_max_rel", lambda r: r.parity and r.parity.max_rel))),
+        Column("max loss Δ", _loss_diff, shown=_with_parity, section="parity",
+               csv=(("parity_loss_diff", lambda r: r.parity and r.parity.loss_diff),)),
         Column("status", _status, numeric=False, section="not_run",
                csv=(("status", lambda r: r.status), ("reason", lambda r: r.reason or "")),
                ),

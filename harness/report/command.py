@@ -41,10 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("--out=%s is not allowed: a folder of its own (it holds runs, whose report stays theirs)", out)
         return 2
     from harness.core.errors import ConfigError
-    from harness.report import build_report, build_rows, find_results
+    from harness.report.outputs import build_report
 
     presets = [p for p in (args.project or "").split(",") if p]
-    try:  # checked before anything is written
+    try:  # checked before anything is written: a baseline no row can be, as the rows are built (strict)
         if args.project is not None:
             from harness.report.projection import check_presets
 
@@ -53,11 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_presets(presets)
         if args.baseline is not None:
             check_baseline_form("--baseline", args.baseline)
-            build_rows(find_results(args.paths)[0], args.baseline, strict=True)
+        report = build_report(args.paths, out, args.baseline, project=presets, strict=True)
     except ConfigError as error:
         log.error("%s", error)
         return 2
-    report = build_report(args.paths, out, args.baseline, project=presets)
     if not report.rows:
         log.error("no results.json found under %s", ", ".join(map(str, args.paths)))
         return 1

@@ -34,10 +34,12 @@ class Decision:
 
 
 def decide(rows: Sequence[Row], plan: SweepPlan | None = None, command: str | None = None,
-           started: Sequence[Sequence[str]] = ()) -> Decision:
+           started: Sequence[Sequence[str]] = (), fit: Fit | None = None) -> Decision:
     """`plan`: the sweep's rounds.json (what was typed, what never started); `command`: the command line the
-    runs came from, for the advice to run more rounds; `started`: every run's overrides."""
-    fit = row_fit(rows, planned=plan.planned if plan else None)
+    runs came from, for the advice to run more rounds; `started`: every run's overrides; `fit`: the fit the
+    rows' levels came from (harness.report.rows.row_set), built here only for rows handed over without it."""
+    if fit is None:
+        fit = row_fit(rows, planned=plan.planned if plan else None)
     state = standing(fit, [r.label for r in judged(rows)])
     never = plan.never_started([list(o) for o in started]) if plan else []
     return Decision(verdict(rows, fit, state, plan, command or (plan.command if plan else None), never),
@@ -51,10 +53,11 @@ def winners(rows: Sequence[Row], state: Standing) -> dict[str, str]:
     result = {}
     if state.decided == "winner":
         result["throughput"] = result["s_per_20"] = str(state.leader)
-    mem = sorted((r for r in rows if r.throughput and r.mem_max_mib is not None), key=lambda r: r.mem_max_mib or 0)
-    if len(mem) >= 2 and mem[0].mem_max_hi is not None and mem[1].mem_max_lo is not None and \
-            mem[0].mem_max_hi < mem[1].mem_max_lo:
-        result["mem_max_mib"] = mem[0].label
+    mem = sorted(((m, r.label) for r in rows if r.throughput and (m := r.memory) is not None and m.max_mib is not None),
+                 key=lambda pair: pair[0].max_mib or 0)
+    if len(mem) >= 2 and mem[0][0].max_hi is not None and mem[1][0].max_lo is not None and \
+            mem[0][0].max_hi < mem[1][0].max_lo:
+        result["mem_max_mib"] = mem[0][1]
     return result
 
 

@@ -6,14 +6,15 @@ decides anything again."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.report.decision import Decision, decide, figure
-from harness.report.rows import Context, Row, build_rows, context, find_results
+from harness.report.rows import Context, Row, context, find_results, row_set
 from harness.search.answer import SearchAnswer, answer
 from harness.search.record import read_search
+from harness.verdict.intervals import Fit
 from harness.verdict.sweep_plan import SweepPlan, read_plan
 
 
@@ -32,20 +33,22 @@ class Report:
         """report.json."""
         return {"baseline": self.baseline, "skipped_files": self.skipped_files, "winners": self.decision.winners,
                 "verdict": self.decision.verdict, "how_reproducible": self.decision.reproducibility,
-                "rows": [asdict(r) for r in self.rows], "projected": self.projected,
+                "rows": [r.as_json() for r in self.rows], "projected": self.projected,
                 "search": self.search.as_json() if self.search else None}
 
 
-def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequence[str] = ()) -> Report:
+def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequence[str] = (),
+            strict: bool = False) -> Report:
     """Every results.json under `paths` into one Report. `project`: hardware presets to project every finished
-    row onto (harness.report.projection)."""
+    row onto (harness.report.projection); `strict`: a baseline no row can be is a ConfigError (else a warning)."""
     found, skipped = find_results(paths)
     plan = read_plan(list(paths))
-    rows, base = build_rows(found, baseline, planned=plan.planned if plan else None)
+    built = row_set(found, baseline, strict, plan.planned if plan else None)  # the fit, built once
+    rows, base = built.rows, built.baseline
     mark_stopped(rows, plan)
     ctx = context(found)
     decision = decide(rows, plan, ctx.commands[0] if len(ctx.commands) == 1 else None,
-                      [record.overrides for _, record in found])
+                      [record.overrides for _, record in found], fit=built.fit)
     projected: list[dict[str, Any]] = []
     if project:
         from harness.report import projection
@@ -77,6 +80,7 @@ def search_answer(paths: list[Path], rows: list[Row], decision: Decision) -> Sea
     return answer(record, rows, decision.standing, decision.margin, figure)
 
 
-def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = ()) -> Report:
-    """A Report of rows already built (tests, the report's own benchmark): decided here, as compute() does."""
-    return Report(rows=rows, baseline=baseline, decision=decide(rows), skipped_files=list(skipped))
+def of_rows(rows: list[Row], baseline: str | None, skipped: Sequence[str] = (), fit: Fit | None = None) -> Report:
+    """A Report of rows already built (tests, the report's own benchmark): decided here, as compute() does, on
+    `fit` where the rows came with theirs (harness.report.rows.row_set)."""
+    return Report(rows=rows, baseline=baseline, decision=decide(rows, fit=fit), skipped_files=list(skipped))

@@ -1,14 +1,16 @@
 """index.html: the report a person opens and shares. One self-contained file (the plots inside it), no network:
 the verdict first, a header saying when, on what and how the figures were made, then a section per question
 (speed, time over iterations, memory, parity, where the time goes), each with a table of at most ten columns,
-sortable by any of them, and its plots; what did not run is one list. At 1400 px nothing scrolls sideways;
-narrower, only a table scrolls, inside its own box."""
+sortable by any of them, and its plots; what did not run is one list. At 1400 px nothing scrolls sideways, with
+every feature's columns: cells break at their spaces and a cell listing devices puts each on its own line, so a
+table narrows to its box before it grows past it; narrower, only a table scrolls, inside its own box."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,9 +29,11 @@ h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.15em;margin:1.6em 0 .5em}
 .verdict{background:#f3f6fb;border-left:4px solid #1f77b4;padding:.6em 1em;margin:1em 0;overflow-wrap:anywhere}
 p,li{overflow-wrap:anywhere}
 .scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:13px}
-th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right;white-space:nowrap;vertical-align:top}
+th,td{border-bottom:1px solid #ddd;padding:4px 6px;text-align:right;vertical-align:top}
 th{cursor:pointer;background:#fafafa;position:sticky;top:0} th:hover{background:#eef}
-td.name,th.name{text-align:left}
+td.name,th.name{text-align:left} td.name{min-width:8em;overflow-wrap:anywhere}
+td .part{display:block} td .nw{white-space:nowrap}
+#projection table{display:block;overflow-x:auto;max-width:100%}
 .figures{display:grid;grid-template-columns:minmax(0,1fr);gap:1em;margin-top:1em}
 figure{margin:0} figure img{width:100%;max-width:1100px;height:auto;border:1px solid #eee}
 @media (max-width:900px){body{margin:.5em auto} table{font-size:12px}}
@@ -80,9 +84,28 @@ def embedded(png: Path) -> str:
     return f'<figure><img src="data:image/png;base64,{data}" alt="{alt}"></figure>'
 
 
+def _header(text: str) -> str:
+    """A header may break at its spaces, and inside a long word after each `/` (`compute/comm/data/...`)."""
+    return " ".join("/<wbr>".join(html.escape(p) for p in word.split("/")) if len(word) > 12 else html.escape(word)
+                    for word in text.split(" "))
+
+
+def _words(text: str) -> str:
+    """A cell breaks at its spaces only: a range (`[1.85–2.01]`, `cuda:0–7`) or a ratio stays whole."""
+    return re.sub(r"\S*[–/-]\S*", lambda m: f'<span class="nw">{m.group(0)}</span>', html.escape(text))
+
+
+def _cell_html(column: columns.Column, cell: str) -> str:
+    """A figure's cell keeps its ranges whole; a cell listing several things (devices with their PIDs) puts each
+    on a line of its own, not one long line; a name may break anywhere (td.name)."""
+    if column.parts and column.parts in cell:
+        return "".join(f'<span class="part">{html.escape(part)}</span>' for part in cell.split(column.parts))
+    return _words(cell) if column.numeric else html.escape(cell)
+
+
 def _table(rows: Sequence[Row], shown: Sequence[columns.Column], body: Sequence[Sequence[str]],
            won: dict[str, str]) -> str:
-    head = "".join(f'<th class="{"name" if i == 0 else ""}">{html.escape(c.header or "")}</th>'
+    head = "".join(f'<th class="{"name" if i == 0 else ""}">{_header(c.header or "")}</th>'
                    for i, c in enumerate(shown))
     trs = []
     for row, cells in zip(columns.ran(rows), body, strict=True):
@@ -91,7 +114,7 @@ def _table(rows: Sequence[Row], shown: Sequence[columns.Column], body: Sequence[
             star = "★ " if column.star and won.get(column.star) == row.label else ""
             value = _sort_value(cell) if column.numeric else cell
             tds.append(f'<td class="{"name" if i == 0 else ""}" data-v="{html.escape(value)}">'
-                       f"{star}{html.escape(cell)}</td>")
+                       f"{star}{_cell_html(column, cell)}</td>")
         trs.append("<tr>" + "".join(tds) + "</tr>")
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table></div>'
 
@@ -104,9 +127,13 @@ def _notes(rows: Sequence[Row], section: str, baseline: str | None, decision: De
                 "median window pooled the same way, each with its 95 % interval from the runs in brackets; ★ marks "
                 f"the winner when the rule finds it faster than every other row. {html.escape(decision.reproducibility)}"
                 ". Click a column to sort.</p>")
-    if section == "memory" and any(r.memory_source == "psutil" for r in columns.ran(rows)):
+    if section == "memory" and any(columns.memory(r).source == "psutil" for r in columns.ran(rows)):
         return ("<p>On CPU each worker is a process, not a device: the figures are each process's resident memory "
                 "growth, and imbalance (a device holding more than its share) has no meaning there (n/a).</p>")
+    if section == "prediction" and any(r.busy and columns.prediction(r).time_error is not None
+                                       for r in columns.ran(rows)):
+        return ("<p>— (busy): every run of the row was timed while the machine was busy, so its time says "
+                "nothing of the prediction; its error is not judged (memory is unaffected).</p>")
     if section == "parity":
         said = "".join(f"<li>{html.escape(line)}</li>" for line in parity.notes(rows))
         return f"<ul>{said}</ul>" if said else ""

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.memory.report import MemorySection
+from harness.profile.report import ProfileSection
 from harness.report.rows import Row
 
 WIDTH_IN, DPI = 9.0, 150  # at a 1400 px page (one plot per row, ≤ 1100 px wide) 8-point text is ≥ 9 px
@@ -119,33 +121,10 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
     legends(ax, ran, colours, bars=False)
     written.append(_save(fig, out_dir / "cumulative_time.png", footer))
 
-    rated = [r for r in ran if r.throughput]
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.3 * len(rated) + 1.8))
-    ys = list(range(len(rated)))
-    for y, r in zip(ys, rated, strict=True):
-        s = style(r, colours)
-        lo, hi = r.throughput - (r.throughput_lo or r.throughput), (r.throughput_hi or r.throughput) - r.throughput
-        ax.barh(y, r.throughput, xerr=[[lo], [hi]], color=s["color"], hatch=s["hatch"], edgecolor="black",
-                linewidth=0.5, capsize=3)
-    base = next((r for r in rows if r.label == baseline), None)
-    if base is not None and base.throughput:
-        ax.axvline(base.throughput, color="black", linestyle="--", linewidth=1)
-        ax.text(base.throughput, -0.6, f" baseline {base.label}", fontsize=FONT, va="bottom")
-    quiet = [r.throughput_hi or r.throughput for r in rated if not r.busy and r.throughput]
-    if quiet:  # a busy row's figure (no interval, not judged) never sets the scale: it is clipped, and says so
-        right = 1.15 * max(quiet)
-        ax.set_xlim(0, right)
-        for y, r in zip(ys, rated, strict=True):
-            if r.busy and r.throughput and r.throughput > right:
-                ax.text(right, y, f" {r.throughput:.0f} (busy) ▸", fontsize=FONT, va="center", ha="right")
-    ax.set_yticks(ys, [r.label + (" (busy)" if r.busy else "") for r in rated], fontsize=FONT)
-    ax.invert_yaxis()
-    ax.set(xlabel="throughput (images/s, steady state; whiskers: 95 % interval from the runs)", title="Throughput")
-    ax.grid(axis="x", alpha=0.3)
-    legends(ax, rated, colours, bars=True)
+    fig = throughput_figure(ran, rows, baseline)
     written.append(_save(fig, out_dir / "throughput.png", footer))
 
-    with_mem = [r for r in ran if r.memory_per_device]
+    with_mem = [(r, r.memory) for r in ran if r.memory and r.memory.per_device]
     if with_mem:
         written.append(_memory_plot(with_mem, colours, out_dir / "memory_per_device.png", footer))
 
@@ -163,40 +142,108 @@ def write_plots(rows: Sequence[Row], out_dir: Path, baseline: str | None = None)
         legends(ax, lossy, colours, bars=False)
         written.append(_save(fig, out_dir / "loss.png", footer))
 
-    profiled = [r for r in ran if r.breakdown]
+    profiled = [(r, r.profile) for r in ran if r.profile and r.profile.breakdown]
     if profiled:
         written.append(_breakdown_plot(profiled, colours, out_dir / "breakdown.png", footer))
     return written
+
+
+WHISKER_ROOM = 1.5  # the throughput axis ends at most this far past the longest judged bar, whatever a whisker says
+
+
+def whiskered(row: Row) -> bool:
+    """Only a judged row's interval is drawn: a busy row or one whose spread is unknown has none to show."""
+    return bool(row.throughput and not row.busy and row.spread_known and row.throughput_lo is not None
+                and row.throughput_hi is not None)
+
+
+def throughput_limit(rated: Sequence[Row]) -> float:
+    """Where the throughput axis ends: past the longest bar (a busy row's only where no row was judged), and past
+    the whiskers as far as WHISKER_ROOM allows. An absurd interval (6,700 img/s beside bars of 700) or a busy
+    row's figure never squashes the bars into a corner: it is cut at the axis, and says so."""
+    bars = [r.throughput for r in rated if r.throughput and not r.busy] or [r.throughput for r in rated
+                                                                              if r.throughput]
+    top = max(bars)
+    reach = max((r.throughput_hi for r in rated if whiskered(r) and r.throughput_hi), default=top)
+    return max(1.15 * top, min(1.05 * reach, WHISKER_ROOM * top))
+
+
+def throughput_figure(ran: Sequence[Row], rows: Sequence[Row], baseline: str | None) -> Any:
+    """Bars of throughput with the judged rows' 95 % intervals, the baseline as a line. The axis is the bars'
+    (throughput_limit): a whisker past it ends in an arrow with its end written beside it, a busy bar past it
+    is cut with its figure written."""
+    import matplotlib.pyplot as plt
+
+    colours = strategy_colours(rows)
+    rated = [r for r in ran if r.throughput]
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.3 * len(rated) + 1.8))
+    ys = list(range(len(rated)))
+    right = throughput_limit(rated) if rated else 1.0
+    clipped = False
+    for y, r in zip(ys, rated, strict=True):
+        s = style(r, colours)
+        value = r.throughput or 0.0
+        ax.barh(y, min(value, right), color=s["color"], hatch=s["hatch"], edgecolor="black", linewidth=0.5)
+        if r.busy and value > right:
+            ax.text(right, y, f" {value:.0f} (busy) ▸", fontsize=FONT, va="center", ha="right")
+        if not whiskered(r) or r.throughput_lo is None or r.throughput_hi is None:
+            continue  # not judged: no interval to draw
+        if r.throughput_hi <= right:
+            ax.errorbar(value, y, xerr=[[value - r.throughput_lo], [r.throughput_hi - value]], fmt="none",
+                        ecolor="black", elinewidth=1, capsize=3)
+            continue
+        clipped = True
+        ax.errorbar(value, y, xerr=[[value - r.throughput_lo], [0.0]], fmt="none", ecolor="black", elinewidth=1,
+                    capsize=3)
+        ax.annotate("", xy=(right, y), xytext=(value, y), arrowprops={"arrowstyle": "-|>", "color": "black",
+                                                                       "lw": 1, "shrinkA": 0, "shrinkB": 0})
+        ax.text(right, y - 0.25, f"to {r.throughput_hi:.0f} ", fontsize=FONT - 1, va="bottom", ha="right")
+    base = next((r for r in rows if r.label == baseline), None)
+    if base is not None and base.throughput and base.throughput <= right:
+        ax.axvline(base.throughput, color="black", linestyle="--", linewidth=1)
+        ax.text(base.throughput, -0.6, f" baseline {base.label}", fontsize=FONT, va="bottom")
+    ax.set_xlim(0, right)
+    ax.set_yticks(ys, [r.label + (" (busy)" if r.busy else "") for r in rated], fontsize=FONT)
+    ax.invert_yaxis()
+    said = "; ▸ a whisker past the axis, its end written" if clipped else ""
+    ax.set(xlabel=f"throughput (images/s, steady state; whiskers: 95 % interval from the runs{said})",
+           title="Throughput")
+    ax.grid(axis="x", alpha=0.3)
+    legends(ax, rated, colours, bars=True)
+    return fig
 
 
 PART_COLOURS = {"compute": "#4c72b0", "communication": "#dd8452", "data_wait": "#c44e52", "optimizer": "#55a868",
                 "other": "#bbbbbb"}
 
 
-def _breakdown_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, footer: str) -> Path:
+def _breakdown_plot(profiled: Sequence[tuple[Row, ProfileSection]], colours: dict[str, str], path: Path,
+                    footer: str) -> Path:
     """One stacked bar per combination: where its profiled window's time went (shares of the window, the
     slowest rank's), with the communication that overlapped other work noted beside it."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    rows = [r for r, _ in profiled]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.35 * len(rows) + 2.0))
-    for y, r in enumerate(rows):
+    for y, (_, found) in enumerate(profiled):
         left = 0.0
         for part, colour in PART_COLOURS.items():
-            share = 100 * r.breakdown.get(part, 0.0)
+            share = 100 * found.breakdown.get(part, 0.0)
             ax.barh(y, share, left=left, color=colour, edgecolor="white", linewidth=0.5)
             if share >= 6:
                 ax.text(left + share / 2, y, f"{share:.0f}", ha="center", va="center", fontsize=FONT - 1,
                         color="white")
             left += share
-        if r.comm_overlapped_share is not None:
-            ax.text(101, y, f"comm overlapped {100 * r.comm_overlapped_share:.0f} %", va="center", fontsize=FONT - 1)
+        if found.comm_overlapped_share is not None:
+            ax.text(101, y, f"comm overlapped {100 * found.comm_overlapped_share:.0f} %", va="center",
+                    fontsize=FONT - 1)
     ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=FONT)
     for tick, r in zip(ax.get_yticklabels(), rows, strict=True):
         tick.set_color(colours[r.strategy])
     ax.invert_yaxis()
     ax.set_xlim(0, 135)
-    views = sorted({r.breakdown_view or "?" for r in rows})
+    views = sorted({found.view or "?" for _, found in profiled})
     ax.set(xlabel=f"share of the profiled window (%; {'/'.join(views)} view; the slowest rank)",
            title="Where the time goes (profile=true)")
     ax.legend(handles=[Patch(color=c, label=p.replace("_", " ")) for p, c in PART_COLOURS.items()], fontsize=FONT,
@@ -211,42 +258,42 @@ MEMORY_AXIS = {
 }
 
 
-def _memory_plot(rows: Sequence[Row], colours: dict[str, str], path: Path, footer: str) -> Path:
+def _memory_plot(with_mem: Sequence[tuple[Row, MemorySection]], colours: dict[str, str], path: Path,
+                 footer: str) -> Path:
     """Horizontal bars, one per device of each combination (the combination's label on its first bar, the
     device and the PIDs holding it beside each bar), the theory per rank as a dotted mark: as readable with
     40 combinations as with 4 (the plot grows downwards)."""
     import matplotlib.pyplot as plt
 
-    bars = sum(len(r.memory_per_device) for r in rows)
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.28 * bars + 0.2 * len(rows) + 1.6))
+    bars = sum(len(found.per_device) for _, found in with_mem)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.28 * bars + 0.2 * len(with_mem) + 1.6))
     y, ticks, labels = 0.0, [], []
     theory_drawn = False
-    top = max(d["used_mib"] for r in rows for d in r.memory_per_device) or 1.0
-    for r in rows:
+    top = max(d.used_mib for _, found in with_mem for d in found.per_device) or 1.0
+    for r, found in with_mem:
         s = style(r, colours)
         first = y
-        for i, d in enumerate(r.memory_per_device):
-            ax.barh(y, d["used_mib"], height=0.8, color=s["color"], hatch=s["hatch"], edgecolor="black",
+        for i, d in enumerate(found.per_device):
+            ax.barh(y, d.used_mib, height=0.8, color=s["color"], hatch=s["hatch"], edgecolor="black",
                     linewidth=0.5)
-            pids = f"PID {max(d['pids'])}" + (f" (+{len(d['pids']) - 1} in other runs)" if len(d["pids"]) > 1
-                                               else "") if d["pids"] else "no PID"
-            ax.text(d["used_mib"] + top * 0.01, y, f"{d['used_mib']:.0f} MiB · {pids}", va="center",
-                    fontsize=FONT - 1)
+            pids = f"PID {max(d.pids)}" + (f" (+{len(d.pids) - 1} in other runs)" if len(d.pids) > 1
+                                           else "") if d.pids else "no PID"
+            ax.text(d.used_mib + top * 0.01, y, f"{d.used_mib:.0f} MiB · {pids}", va="center", fontsize=FONT - 1)
             ticks.append(y)
-            device = d["device"].rpartition("/")[2] if "/" in d["device"] else d["device"]
+            device = d.device.rpartition("/")[2] if "/" in d.device else d.device
             labels.append(f"{r.label}  {device}" if i == 0 else device)
             y += 1
-        if r.theory_mib is not None:  # what parameters, gradients and optimizer state take per rank in theory
-            ax.vlines(r.theory_mib, first - 0.45, y - 0.55, colors="black", linestyles=":", linewidth=1.5)
+        if found.theory_mib is not None:  # what parameters, gradients and optimizer state take per rank in theory
+            ax.vlines(found.theory_mib, first - 0.45, y - 0.55, colors="black", linestyles=":", linewidth=1.5)
             theory_drawn = True
         y += 0.6
     ax.set_yticks(ticks, labels, fontsize=FONT)
-    owners = [row for row in rows for _ in row.memory_per_device]
+    owners = [row for row, found in with_mem for _ in found.per_device]
     for tick, owner in zip(ax.get_yticklabels(), owners, strict=True):
         tick.set_color(colours[owner.strategy])
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.7)  # room for the figures and PIDs beside the longest bar
-    sources = {r.memory_source for r in rows}
+    sources = {found.source for _, found in with_mem}
     xlabel = MEMORY_AXIS.get(next(iter(sources)), "memory (MiB)") if len(sources) == 1 else "memory (MiB; mixed sources)"
     ax.set(xlabel=xlabel, title="Memory per device (and the PIDs holding it)")
     ax.grid(axis="x", alpha=0.3)

@@ -8,8 +8,8 @@ import logging
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,13 @@ import numpy as np
 from harness.core.errors import ConfigError
 from harness.core.results import RESULTS_NAME, RunRecord, WindowRecord, from_dict, load_results
 from harness.memory import report as memory_report
+from harness.memory.report import MemorySection
 from harness.parity import report as parity
+from harness.parity.report import ParitySection
 from harness.plan import report as plan_report
+from harness.plan.report import PredictionSection
 from harness.profile import report as profile_report
+from harness.profile.report import ProfileSection
 from harness.verdict.intervals import Fit, Observation
 from harness.verdict.rule import Design
 
@@ -30,6 +34,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Row:
+    """One combination, its repeats pooled: what the report's rows compare. A figure of each run that only a
+    column shows is pooled by that column (`median`); the features' figures are their own sections."""
+
     label: str
     strategy: str
     amp: str
@@ -43,7 +50,6 @@ class Row:
     ok_runs: int
     s_per_20: float | None = None  # each run's median steady window, per PER iterations; geometric mean over runs
     tokens_per_sample: int | None = None  # a token model's sequence length (tokens/s = samples/s x this)
-    mfu: float | None = None  # model FLOPs utilisation, median over the runs that have one (predicted runs)
     model_sample: str | None = None  # what one sample is: images, tokens, samples (a workload of one's own)
     s_per_20_lo: float | None = None  # its 95 % interval, from the runs (harness.verdict.intervals)
     s_per_20_hi: float | None = None
@@ -67,49 +73,33 @@ class Row:
     speedup_hi: float | None = None
     speedup_word: str | None = None  # the rule's word: faster, slower, equivalent or undecided
     efficiency: float | None = None  # multi-device rows: speedup over the one-device row at this amp / devices
-    mem_max_mib: float | None = None  # median over repeats of the run's largest per-device use
-    mem_max_lo: float | None = None  # min-max over repeats (None with one repeat: spread unknown)
-    mem_max_hi: float | None = None
-    mem_min_mib: float | None = None
-    mem_imbalance_pct: float | None = None
-    memory_per_device: list[dict[str, Any]] = field(default_factory=list)  # device, used_mib (median), pids
-    memory_source: str | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
     final_loss: float | None = None
-    startup_s: float | None = None
-    compile_s: float | None = None  # median over repeats: torch.compile's pass (apart from start-up) or XLA's graph compiles (in warm-up)
     variant: str = ""  # strategy options, compile, grad_accum that set this row apart (in its label)
-    theory_mib: float | None = None  # params + grads + optimizer state per rank in theory (median over repeats)
-    params_rank_mib: float | None = None  # measured: what the largest rank's parameters hold (median over repeats)
     overrides: list[str] = field(default_factory=list)  # the command line's overrides of the row's first run
-    sources: list[str] = field(default_factory=list)
-    parity: str | None = None  # numerical parity verdict (harness.parity.report); None: the row ran without it
-    parity_reference: str | None = None  # the row compared with
-    parity_max_abs: float | None = None  # largest |parameter - reference's|, over tensors and repeats
-    parity_max_rel: float | None = None  # the same over the tensor's largest |reference value|
-    parity_loss_diff: float | None = None  # largest |loss - reference's loss| at the same iteration
-    parity_note: str | None = None  # what the verdict means for this row, in words
-    data_wait_share: float | None = None  # of the steady windows' time (median over repeats)
-    # profile=true: the profiled window's parts as shares of it (median over repeats), the slowest rank's
-    breakdown: dict[str, float] = field(default_factory=dict)
-    comm_overlapped_share: float | None = None  # of all the time a collective was in flight
-    breakdown_view: str | None = None  # host or device
-    energy_j_per_image: float | None = None
-    # harness.plan's prediction made before each run, beside what the run measured (medians over repeats)
-    predicted_peak_mib: float | None = None
-    predicted_peak_band: tuple[float, float] | None = None  # where 90 % of the truths fall, by the band's source
-    measured_peak_mib: float | None = None
-    peak_error: float | None = None  # (measured - predicted) / measured
-    predicted_s_per_it: float | None = None
-    measured_s_per_it: float | None = None  # the speed table's s_per_20 / PER: one figure for one question
-    time_error: float | None = None  # (measured - predicted) / measured
+    # each feature's section, pooled over the repeats by the feature itself (None: no run of the row has it)
+    memory: MemorySection | None = None  # harness.memory.report
+    profile: ProfileSection | None = None  # harness.profile.report (profile=true)
+    prediction: PredictionSection | None = None  # harness.plan.report: the prediction beside what was measured
+    parity: ParitySection | None = None  # harness.parity.report (parity=true)
     # what a projection needs of the row (`--project`): its first finished run's resolved config and batch share
     config: dict[str, Any] = field(default_factory=dict, repr=False)
     local_batch: int | None = None
+    records: tuple[RunRecord, ...] = field(default=(), repr=False)  # its finished runs: what `median` pools
 
     @property
     def n_devices(self) -> int:
         return max(1, len(self.devices))
+
+    def median(self, figure: Callable[[RunRecord], float | None]) -> float | None:
+        """A figure each finished run measured, pooled over the repeats: the median of the runs that have it. A
+        column reads a run's figure through this, so that a figure added to RunRecord needs no field here."""
+        known = [value for run in self.records if (value := figure(run)) is not None]
+        return statistics.median(known) if known else None
+
+    def as_json(self) -> dict[str, Any]:
+        """report.json's row: every field but the runs' records (each run's results.json holds its own)."""
+        return {k: v for k, v in asdict(replace(self, records=())).items() if k != "records"}
 
 
 def find_results(paths: Iterable[Path]) -> tuple[list[tuple[Path, RunRecord]], list[str]]:
@@ -316,7 +306,6 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.final_loss = row.losses[-1][1] if row.losses else None
 
     row.tokens_per_sample = next((r.tokens_per_sample for r in ok if r.tokens_per_sample), None)
-    row.mfu = _median_of([r.mfu for r in ok if r.mfu is not None])
     row.model_sample = next((r.sample for r in ok if r.sample), None)
     timed = [r for r in ok if r.timed]
     row.run_rates = [r.throughput_img_s for r in timed if r.throughput_img_s]
@@ -329,25 +318,18 @@ def _row(group: list[RunRecord], label: str, sweep_of: Mapping[int, int] | None 
     row.run_throughputs = [(sweep_round(r), r.throughput_img_s) for r in quiet if r.throughput_img_s]
     row.run_s_per_20 = [(sweep_round(r), _median_window(r)) for r in quiet]
     row.run_places = {n: r.place for r in quiet if r.place is not None and (n := sweep_round(r)) is not None}
-    row.startup_s = _median_of([r.startup_seconds for r in ok])
-    row.compile_s = _median_of([r.compile_seconds for r in ok])
-    row.theory_mib = _median_of([r.memory_theory.total_mib for r in ok if r.memory_theory])
-    row.data_wait_share = _median_of([r.data_wait_share for r in ok])
-    row.energy_j_per_image = _median_of([r.energy_j_per_image for r in ok])
-    row.config, row.local_batch = ok[0].config, ok[0].local_batch
-    plan_report.pool(row, ok)  # each feature's figures, pooled over the repeats by the feature itself
-    memory_report.pool(row, ok)
-    profile_report.pool(row, ok)
+    row.config, row.local_batch, row.records = ok[0].config, ok[0].local_batch, tuple(ok)
+    # each feature's section, pooled over the repeats by the feature itself
+    row.memory, row.profile = memory_report.section(ok), profile_report.section(ok)
+    row.prediction = plan_report.section(ok)
     return row
 
 
 def measured_beside_predicted(row: Row) -> None:
     """The prediction section's measured time is the speed table's (its s per PER iterations, the runs' level),
     not a second figure for the same question (each run's mean over its steady windows, in results.json)."""
-    if row.predicted_s_per_it is None or row.s_per_20 is None:
-        return
-    row.measured_s_per_it = row.s_per_20 / PER
-    row.time_error = (row.measured_s_per_it - row.predicted_s_per_it) / row.measured_s_per_it
+    if row.prediction is not None:
+        row.prediction = plan_report.beside(row.prediction, row.s_per_20 / PER if row.s_per_20 is not None else None)
 
 
 def _steady(window: WindowRecord) -> bool:
@@ -368,13 +350,6 @@ def sweep_folder(path: Path) -> Path:
     return parent.parent if parent.name.startswith("round-") else parent
 
 
-def _median_of(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-
-
 def _rank_pids(results: RunRecord) -> int:
     return len({(p.node, p.pid) for p in results.memory.per_process if p.role == "rank"})
 
@@ -384,8 +359,18 @@ def _median_int(values: Sequence[int]) -> int | None:
     return int(statistics.median_low(values)) if values else None
 
 
-def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
-               strict: bool = False, planned: int | None = None) -> tuple[list[Row], str | None]:
+@dataclass(frozen=True)
+class RowSet:
+    """The rows with the baseline of their speedups and the fit their levels came from: the verdict decides on
+    this same fit (harness.report.findings hands it on), never on one built again."""
+
+    rows: list[Row]
+    baseline: str | None
+    fit: Fit
+
+
+def row_set(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
+            strict: bool = False, planned: int | None = None) -> RowSet:
     """`strict`: a baseline that matches no row that ran is a ConfigError (the report command's --baseline);
     else a warning, and the default baseline (a sweep's report.baseline may name a row that was skipped).
     `planned`: the rounds a racing sweep planned (its rounds.json), for the levels of its looks."""
@@ -402,8 +387,10 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baselin
     keys = list(groups)
     rows = [_row(groups[k], _label(k, varying[k], _common_options(k, keys), _said(k, keys), groups[k][0].overrides),
                  sweep_of) for k in keys]
-    parity.annotate(rows, [[parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True)
-                            if r.status == "ok"] for k in keys])
+    found_parity = parity.sections([r.label for r in rows], [
+        [parity.Run(r, f) for r, f in zip(groups[k], folders[k], strict=True) if r.status == "ok"] for k in keys])
+    for row, section in zip(rows, found_parity, strict=True):
+        row.parity = section
     fit = apply_intervals(rows, planned)
     base = _pick_baseline(rows, baseline, strict)
     if base is not None and base.throughput and not base.busy:
@@ -416,7 +403,14 @@ def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baselin
         reference = _one_device_reference(key, row, keys, rows)
         if row.throughput and not row.busy and reference is not None and reference.throughput and not reference.busy:
             row.efficiency = row.throughput / (reference.throughput * row.n_devices)
-    return rows, base.label if base else None
+    return RowSet(rows, base.label if base else None, fit)
+
+
+def build_rows(found: Sequence[tuple[Path, RunRecord | dict[str, Any]]], baseline: str | None = None,
+               strict: bool = False, planned: int | None = None) -> tuple[list[Row], str | None]:
+    """The rows and their baseline's label, for a reader that needs no verdict (row_set keeps the fit too)."""
+    built = row_set(found, baseline, strict, planned)
+    return built.rows, built.baseline
 
 
 def judged(rows: Sequence[Row]) -> list[Row]:

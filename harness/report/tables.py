@@ -57,6 +57,9 @@ SECTION_NOTES = {
         f"profile=true, the profiled window's time split into {BREAKDOWN_HEAD} (the slowest rank's), and the share "
         "of communication that overlapped other work."),
 }
+BUSY_NOTE = (  # under the prediction table, where a busy row's time error is not judged
+    "A row whose every run was timed while the machine was busy shows its time error as `— (busy)`: "
+    "the others' work is in its time, so it says nothing of the prediction (memory is unaffected).")
 
 
 def to_markdown(report: Report) -> str:
@@ -85,6 +88,9 @@ def to_markdown(report: Report) -> str:
                       f"How reproducible: {decision.reproducibility}.", ""]
         if section == "parity":
             lines += [f"- {s}" for s in parity.notes(rows)] + [""]
+        if section == "prediction" and any(r.busy and columns.prediction(r).time_error is not None
+                                           for r in columns.ran(rows)):
+            lines += [BUSY_NOTE, ""]
     missing = columns.not_run(rows)
     if missing:
         lines += ["## What did not run here", "", *[f"- {status}: {reason} — {', '.join(labels)}"

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from harness.search.record import SearchRecord
 from harness.verdict.racing import Standing
 from harness.verdict.rule import interval_text
-
-if TYPE_CHECKING:
-    from harness.report.rows import Row
 
 # overrides that belong to the search, not to the training run it recommends
 NOT_FOR_TRAINING = ("search.", "sweep=", "round=", "place=", "after=", "repeat=", "hydra.", "timing.budget_s=")
@@ -47,14 +44,39 @@ class SearchAnswer:
         return lines
 
 
+class Candidate(Protocol):
+    """What the answer reads of a report's row (harness.report's Row is one; the search sits below the report)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def throughput(self) -> float | None: ...
+
+    @property
+    def runs(self) -> int: ...
+
+    @property
+    def overrides(self) -> list[str]: ...
+
+
+C = TypeVar("C", bound=Candidate)  # the rows answered from, handed back to `figure_of` as they are
+
+
 def training_command(overrides: Sequence[str]) -> str:
     """`python run.py strategy=fsdp amp=O1 grad_accum=2`: the winner's settings as one training run."""
     kept = [o for o in overrides if not o.lstrip("+~").startswith(NOT_FOR_TRAINING)]
     return " ".join(["python run.py", *kept])
 
 
-def answer(record: SearchRecord, rows: Sequence[Row], state: Standing, margin: float,
-           figure_of: Callable[[Row], str]) -> SearchAnswer:
+def answer(record: SearchRecord, rows: Sequence[C], state: Standing, margin: float,
+           figure_of: Callable[[C], str]) -> SearchAnswer:
     """`figure_of(row)`: the row's throughput as the verdict words it (its unit, its interval)."""
     by_label = {r.label: r for r in rows}
     leader = by_label.get(str(state.leader)) if state.leader is not None else None

@@ -6,10 +6,15 @@ own (`model.seq_len=64,128`), as in any sweep."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from harness.core.config import check_search_axes
+
+if TYPE_CHECKING:
+    from strategies.spec import StrategySpec
 
 
 @dataclass(frozen=True)
@@ -21,19 +26,44 @@ class Axis:
     always: bool = False
 
 
-# What matters first for the speed of data-parallel training, in the order a reader meets it. The micro-batch
-# axis is gradient accumulation: the global batch the user asked for stays, each step's micro-batch halves.
-# `single` (one process, one device) is in the space: it is the baseline a user would otherwise run, and on a CPU
-# (or for a model too small to gain from more devices) it can be the fastest.
-AXES: dict[str, Axis] = {
-    "strategy": Axis("strategy", ("single", "ddp", "zero", "fsdp"), always=True),
-    "amp": Axis("amp", ("O0", "O1"), always=True),
-    "micro_batch": Axis("grad_accum", ("1", "2", "4"), always=True),
-    "bucket": Axis("strategy.bucket_cap_mb", ("25", "100")),
-    "comm_hook": Axis("strategy.comm_hook", ("none", "bf16")),
-    "compile": Axis("compile", ("false", "true"), always=True),
-    "checkpoint": Axis("model.checkpoint", ("false", "true")),
-}
+def searchable_strategies(classes: Mapping[str, type[StrategySpec]] | None = None) -> tuple[str, ...]:
+    """The strategy axis's values: the conf/strategy/ choices whose class says `searchable`, from the baseline to
+    the most sharded (one process first, then by how many of parameters, gradients and optimizer state a rank
+    shards, then by name: single, ddp, zero, fsdp), so that a strategy added searchable joins the space with
+    nothing here changed, and the space's order stays put."""
+    if classes is None:
+        from strategies.compat import strategy_classes
+
+        classes = strategy_classes()
+    chosen = sorted((cls.one_process_per_device, sum(cls.shards), name) for name, cls in classes.items()
+                    if cls.searchable)
+    return tuple(name for _, _, name in chosen)
+
+
+@cache
+def all_axes() -> dict[str, Axis]:
+    """Every axis by its name in `search.axes`. What matters first for the speed of data-parallel training, in
+    the order a reader meets it. The micro-batch axis is gradient accumulation: the global batch the user asked
+    for stays, each step's micro-batch halves. `single` (one process, one device) is in the space: it is the
+    baseline a user would otherwise run, and on a CPU (or for a model too small to gain from more devices) it
+    can be the fastest. Built at first use: the strategies are read from conf/strategy/ and their modules
+    imported, which a run that searches nothing does not pay for."""
+    return {
+        "strategy": Axis("strategy", searchable_strategies(), always=True),
+        "amp": Axis("amp", ("O0", "O1"), always=True),
+        "micro_batch": Axis("grad_accum", ("1", "2", "4"), always=True),
+        "bucket": Axis("strategy.bucket_cap_mb", ("25", "100")),
+        "comm_hook": Axis("strategy.comm_hook", ("none", "bf16")),
+        "compile": Axis("compile", ("false", "true"), always=True),
+        "checkpoint": Axis("model.checkpoint", ("false", "true")),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """`AXES`, the name the callers import: `all_axes()`, built at first use."""
+    if name == "AXES":
+        return all_axes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def key_of(override: str) -> str:
@@ -51,7 +81,8 @@ def swept(override: str) -> list[str] | None:
 def check_axes(names: Sequence[str]) -> list[Axis]:
     """`search.axes` as given, checked by the config's own rule (harness.core.config), as their Axis records."""
     check_search_axes(names)
-    return [AXES[n] for n in names]
+    known = all_axes()
+    return [known[n] for n in names]
 
 
 def combinations(typed: Sequence[str], axes: Sequence[Axis], has_key: Callable[[list[str], str], bool],
@@ -67,7 +98,7 @@ def combinations(typed: Sequence[str], axes: Sequence[Axis], has_key: Callable[[
     found: list[list[str]] = []
     for base in itertools.product(*own):
         stems = [list(base)]
-        for axis in searched:  # in AXES' order: the strategy is chosen before the axes that depend on it
+        for axis in searched:  # in all_axes()' order: the strategy is chosen before the axes that depend on it
             grown: list[list[str]] = []
             for stem in stems:
                 if axis.always or has_key(stem, axis.key):

@@ -12,7 +12,7 @@ from torch import nn
 
 from amp import Amp
 from harness.core.traffic import Traffic
-from strategies.base import AmpRule, Strategy
+from strategies.base import AmpRule, SingleProcessStrategy
 
 
 class Reparametrized(nn.Module):
@@ -30,7 +30,7 @@ class Reparametrized(nn.Module):
         return torch.func.functional_call(self.module, params, (x,))
 
 
-class LateOptimizer(Strategy):
+class LateOptimizer(SingleProcessStrategy):
     """Its wrapper replaces the parameters, so it is the `shard` phase: the base builds the optimizer after."""
 
     amp_rules = (AmpRule({"level": ("O1", "O2", "O3")}, "level", "O0 for this test strategy"),)
