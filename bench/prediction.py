@@ -1,4 +1,4 @@
-"""How right the predictions are: every case predicted before it runs (harness.plan, on this machine's measured
+"""How right the predictions are: every case predicted before it runs (harness.prediction, on this machine's measured
 preset), then measured, by `run.py -m` exactly as a user types it; the table shows each case's errors.
 
     python bench/prediction.py [--write-results]

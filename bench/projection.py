@@ -1,10 +1,10 @@
-"""How right the GPU projections are: the GPU operator model (harness/plan/gpu_model.py) against every published
-training result in harness/plan/published.csv, each predicted by factors fitted without it (leave-one-out), and
+"""How right the GPU projections are: the GPU operator model (harness/prediction/gpu_model.py) against every published
+training result in harness/prediction/published.csv, each predicted by factors fitted without it (leave-one-out), and
 the same prediction (a preset's, this machine's) taken on a quiet and on a loaded machine.
 
     python bench/projection.py [--write-results] [--fit]
 
-`--fit` also writes the factors fitted to every case, with the leave-one-out band, to harness/plan/gpu_factors.yaml
+`--fit` also writes the factors fitted to every case, with the leave-one-out band, to harness/prediction/gpu_factors.yaml
 (what every GPU prediction uses); the shipped ones then come from `python bench/published_llm.py --fit`, which fits
 them again with the language-model runs (the fused-attention factor among them) and keeps this band. Goals: median
 |error| <= 15 % and every case within +-30 %, for images and for transformers apart; a prediction on a loaded machine within 10 % of the quiet one, or flagged busy.
@@ -23,7 +23,7 @@ import time
 import common
 
 MEDIAN_GOAL, CASE_GOAL, LOAD_GOAL = 0.15, 0.30, 0.10
-HELD_CASE_GOAL, BAND_Z = 0.35, 1.645  # issue 51's goal for held-out cases; the band's 90 % (harness.plan.gpu_model)
+HELD_CASE_GOAL, BAND_Z = 0.35, 1.645  # issue 51's goal for held-out cases; the band's 90 % (harness.prediction.gpu_model)
 QUICK_CASES = 6  # --quick: the first few rows (one workload), no band written
 
 
@@ -37,7 +37,7 @@ def preset_prediction(overrides: list[str]) -> tuple[float, str | None]:
     """img/s the planner predicts for the overrides' combination on its preset (composed as run.py does), and
     why its calibration was flagged busy (None: not flagged, or nothing calibrated)."""
     from harness.launch.on_preset import predict_on  # noqa: PLC0415 (the harness, after the path common sets)
-    from harness.plan import calibrate  # noqa: PLC0415
+    from harness.prediction import calibrate  # noqa: PLC0415
 
     calibrate._calibrate.cache_clear()  # each call calibrates anew: the load at that moment is what is measured
     cfg = common.compose_config(overrides).run
@@ -65,7 +65,7 @@ def published_fits(cases: list) -> tuple[common.Table, bool]:
         if c.seq_len or key in seen:
             continue
         seen.add(key)
-        model = (["model=custom", f"model._target_=harness.plan.published.{c.workload}"] if "resnext" in c.workload
+        model = (["model=custom", f"model._target_=harness.prediction.published.{c.workload}"] if "resnext" in c.workload
                  else ["model=resnet50", f"model.name={c.workload}"])
         overrides = ["plan.enabled=true", f"plan.hardware={c.gpu}", "strategy=single", *model,
                      f"batch_size={c.batch_per_gpu}", f"amp={AMP_OF[c.precision]}",
@@ -85,14 +85,14 @@ def published_fits(cases: list) -> tuple[common.Table, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit", action="store_true", help="write the fitted factors to harness/plan/gpu_factors.yaml")
+    parser.add_argument("--fit", action="store_true", help="write the fitted factors to harness/prediction/gpu_factors.yaml")
     args = common.parse_args(parser, argv)
-    from harness.plan import gpu_model, published  # noqa: PLC0415
+    from harness.prediction import gpu_model, published  # noqa: PLC0415
 
     cases = published.load_table()
     if args.quick:
         cases = cases[:QUICK_CASES]
-    settings = {"cases": f"{len(cases)} published results (harness/plan/published.csv)",
+    settings = {"cases": f"{len(cases)} published results (harness/prediction/published.csv)",
                 "fit": "least squares on log(predicted / published), factors " +
                        ", ".join(published.fitted_parameters(False)),
                 "band": "z 1.645 x the widest RMS of log errors: leave-one-out, architecture families held out, GPU types "
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     fitted.print()
 
     if args.fit and not args.quick:
-        header = ("# Written by `python bench/projection.py --fit`: harness/plan/gpu_model.py's factors fitted to "
-                  "every\n# case of harness/plan/published.csv; log_sd is the band: the widest RMS of log errors of "
+        header = ("# Written by `python bench/projection.py --fit`: harness/prediction/gpu_model.py's factors fitted to "
+                  "every\n# case of harness/prediction/published.csv; log_sd is the band: the widest RMS of log errors of "
                   "leave-one-out,\n# architecture families held out and GPU types held out (benchmark 14).\n")
         gpu_model.write_factors(dataclasses.replace(
-            factors, source=f"harness/plan/published.csv, {len(cases)} cases, fitted {time.strftime('%Y-%m-%d')}"),
+            factors, source=f"harness/prediction/published.csv, {len(cases)} cases, fitted {time.strftime('%Y-%m-%d')}"),
             header=header)
         print(f"wrote {gpu_model.FACTORS_FILE}", flush=True)
     load_table = common.Table("the same prediction, quiet and loaded (both cores spinning in other processes)",
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{held_sd['GPU type']:.3f}), x1.645: x{low:.2f}–x{high:.2f}. A preset's compute is computed from the "
              "traced operators, not timed here, so this machine's load cannot move it; this machine's own prediction "
              "is calibrated here, and says so when other processes kept the cores busy meanwhile (the last table).",
-             "", "Sources (full rows, commits and quotes in harness/plan/published.csv): NVIDIA DeepLearningExamples "
+             "", "Sources (full rows, commits and quotes in harness/prediction/published.csv): NVIDIA DeepLearningExamples "
              "ResNet-50 v1.5, ResNeXt-101 32x4d, SE-ResNeXt-101 32x4d, EfficientNet and BERT READMEs (PyTorch), "
              "lambdal/deeplearning-benchmark's PyTorch CSVs (data-centre and GDDR cards), this project's own GPU check."]
     bounded = [f"{name} {getattr(factors, name):g} (bounds {low_b:g}–{high_b:g})"

@@ -1,11 +1,11 @@
-"""Language models planned against published runs: every bf16 row of harness/plan/published_llm.csv (llm-foundry's
+"""Language models planned against published runs: every bf16 row of harness/prediction/published_llm.csv (llm-foundry's
 MPT benchmarks on A100 80GB and H100 80GB; torchtitan's Llama runs) planned through the planner's own command line
 (harness.launch.published_llm), the GPU model's factors fitted with the A100 rows beside the image and BERT results
-of harness/plan/published.csv, the H100 rows and torchtitan's held out.
+of harness/prediction/published.csv, the H100 rows and torchtitan's held out.
 
     python bench/published_llm.py [--write-results] [--fit]
 
-`--fit` writes the joint factors to harness/plan/gpu_factors.yaml (as bench/projection.py --fit does for the image
+`--fit` writes the joint factors to harness/prediction/gpu_factors.yaml (as bench/projection.py --fit does for the image
 results alone; its band kept)."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ MEDIAN_GOAL, CASE_GOAL, FURTHER_GOAL, MEMORY_GOAL = 0.10, 0.15, 0.20, 0.10
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit", action="store_true", help="write the joint factors to harness/plan/gpu_factors.yaml")
+    parser.add_argument("--fit", action="store_true", help="write the joint factors to harness/prediction/gpu_factors.yaml")
     args = common.parse_args(parser, argv)
     from harness.launch import published_llm as llm  # noqa: PLC0415
-    from harness.plan import gpu_model, published  # noqa: PLC0415
+    from harness.prediction import gpu_model, published  # noqa: PLC0415
 
     foundry = llm.load_cases(sources=("LLMF",))
     further = llm.load_cases(sources=("TT-PERF",))
@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         foundry = [c for c in foundry if c.seq_len == 2048][:6]
         further, memory = further[:1], memory[:1]
     settings = {"runs": f"{len(foundry)} llm-foundry bf16 runs (A100 80GB, H100 80GB), {len(further)} torchtitan "
-                        "runs (harness/plan/published_llm.csv)",
+                        "runs (harness/prediction/published_llm.csv)",
                 "as planned": "model=<named size> strategy=fsdp amp=O2 amp.dtype=bfloat16 optim=adamw, the run's "
                               "micro-batch, global batch, checkpointing and loss chunks (harness.launch.published_llm)",
-                "fit": "least squares on log(predicted / published) over harness/plan/published.csv and the A100 rows",
+                "fit": "least squares on log(predicted / published) over harness/prediction/published.csv and the A100 rows",
                 "cores": common.cores(),
                 "OMP_NUM_THREADS": "not set: the throughputs are computed on each preset by the GPU model, not timed; "
                                    "the plan seconds are this machine's wall clock at torch's default threads"}
@@ -115,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     if args.fit:
-        mine = ("# bench/published_llm.py --fit refits them with the A100 rows of harness/plan/published_llm.csv "
+        mine = ("# bench/published_llm.py --fit refits them with the A100 rows of harness/prediction/published_llm.csv "
                 "(benchmark 18)\n")
         header = "".join(line for line in gpu_model.FACTORS_FILE.read_text().splitlines(keepends=True)
                          if line.startswith("#") and line != mine)
         gpu_model.write_factors(dataclasses.replace(
-            factors, source=f"harness/plan/published.csv and harness/plan/published_llm.csv's A100 rows, "
+            factors, source=f"harness/prediction/published.csv and harness/prediction/published_llm.csv's A100 rows, "
                             f"{factors.cases} cases, fitted {time.strftime('%Y-%m-%d')}"),
             header=header + mine)
     if args.write_results:

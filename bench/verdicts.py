@@ -49,7 +49,7 @@ from harness.report.rows import Row, apply_intervals, build_rows, find_results, 
 from harness.verdict.racing import standing  # noqa: E402
 from harness.verdict.rounds import run_rounds  # noqa: E402
 from harness.verdict.rule import Design, interval_text, rounds_needed  # noqa: E402
-from harness.verdict.sweep_plan import read_plan  # noqa: E402
+from harness.verdict.sweep_record import read_sweep_record  # noqa: E402
 
 OLD_COMMIT = "63d49a2"  # the last commit before issue 49: rounds as listed, then reversed; Bonferroni; TOST at 1 - alpha
 JOB_SECONDS = 6.0  # what one run costs the fake clock: this host's main job, a run's wall time (benchmark 9)
@@ -432,7 +432,7 @@ def real_four(runs: common.Path, repeat: int | None) -> list[str]:
                           runs / f"four-{repeat or 'racing'}")
     report = compute([folder])  # as `python -m harness.report FOLDER` makes it
     found, _ = find_results([folder])
-    plan = read_plan([folder])
+    plan = read_sweep_record([folder])
     decision = report.decision
     fit = row_fit(report.rows, planned=plan.planned if plan else None)
     places: dict[str, list[int]] = {}

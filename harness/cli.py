@@ -85,16 +85,16 @@ def plan_shorthand(override: str) -> str:
 
 
 def search_requested(overrides: Sequence[str]) -> bool:
-    from harness.search.planner import requested
+    from harness.search.shortlist import requested
 
     return requested(overrides)
 
 
 def search_precheck(overrides: list[str], multirun: bool) -> list[str]:
     """`-m search=true`: the space composed, checked, planned and predicted (check_runs), then pruned by the
-    predictions (harness.search.planner); Hydra gets the command line with no grid of its own, and the rounds
+    predictions (harness.search.shortlist); Hydra gets the command line with no grid of its own, and the rounds
     sweeper races what was kept."""
-    from harness.search import planner
+    from harness.search import shortlist
     from harness.search.space import swept
 
     base = compose_one([*[o for o in overrides if _key(o) != SWEEP_GROUP and swept(o) is None],
@@ -106,9 +106,9 @@ def search_precheck(overrides: list[str], multirun: bool) -> list[str]:
         raise ConfigError("search", "true", "with -m: a search runs many combinations (python run.py -m search=true)")
     if base.run.plan.enabled:  # a layout found without running: predicted on plan.hardware, nothing trained
         sys.exit(search_on_preset(overrides, base.run))
-    candidates = planner.space(overrides, base.run.search)
+    candidates = shortlist.space(overrides, base.run.search)
     check_runs([(combo, compose_one(combo)) for combo in candidates], multirun=True)
-    planner.settle(candidates, base.run.search, " ".join(["run.py", "-m", *overrides]))
+    shortlist.settle(candidates, base.run.search, " ".join(["run.py", "-m", *overrides]))
     return [*[o for o in overrides if _key(o) != SWEEP_GROUP], f"{SWEEP_GROUP}={NO_GRID}"]
 
 
@@ -123,7 +123,7 @@ def search_on_preset(overrides: list[str], base: RunConfig) -> int:
     from harness import planning
     from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
-    from harness.plan.hardware import LOCAL
+    from harness.prediction.hardware import LOCAL
     from harness.search import preset
 
     planning.check_plan_presets([base])
@@ -226,7 +226,7 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
         end_descendants()
         raise
     finally:
-        from harness.plan.calibrate import shutdown
+        from harness.prediction.calibrate import shutdown
 
         shutdown()  # the calibration child holds no device while runs are measured
     for combo, one in decided.items():

@@ -35,7 +35,7 @@ def sized_for_gpus(root: Any) -> bool:
     if plan is not None and OmegaConf.select(plan, "enabled", default=False) is True:
         hardware = OmegaConf.select(plan, "hardware", default="local")
         if hardware != "local":
-            from harness.plan.hardware import preset_accelerator
+            from harness.prediction.hardware import preset_accelerator
 
             accelerator = preset_accelerator(str(hardware))
             if accelerator is not None:

@@ -1,6 +1,6 @@
 """`python run.py plan=true ... plan.hardware=<preset>` (and with -m): every combination predicted on a
 preset, nothing trained. Each combination is placed on the preset's devices as it would be there, refused
-or skipped for the reasons a run would be, and predicted (harness.plan); plan.json and the tables land in
+or skipped for the reasons a run would be, and predicted (harness.prediction); plan.json and the tables land in
 runs/plan/<time>/. Bad input (an unknown preset, a preset missing a field) is one line, exit 2, nothing
 written. Also measures this machine's link for the `local` preset when it is needed and not yet cached."""
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from harness.core.config import RunConfig
 from harness.core.results import PlanRow, PredictionRecord
-from harness.plan.hardware import LOCAL, load_preset
-from harness.plan.links import Link, fit_links
-from harness.plan.targets import local_target
+from harness.prediction.hardware import LOCAL, load_preset
+from harness.prediction.links import Link, fit_links
+from harness.prediction.targets import local_target
 
 log = logging.getLogger(__name__)
 PLAN_DIR = Path("runs") / "plan"
@@ -29,7 +29,7 @@ LINK_DTYPES = ("float32", "bfloat16")
 
 
 def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
-    """This machine's link: the collectives benchmark over `nprocs` workers, fitted (harness.plan.links)."""
+    """This machine's link: the collectives benchmark over `nprocs` workers, fitted (harness.prediction.links)."""
     import tempfile
 
     from harness.collectives import run_benchmark
@@ -66,7 +66,7 @@ def plan_folder() -> Iterator[Path]:
     """runs/plan/<time>/, this process's log copied to its plan.log; on the way out the calibration's child is
     stopped and the log handler removed (plan=true's and a search on a preset's)."""
     from harness.core.logs import add_file, setup_cli
-    from harness.plan.calibrate import shutdown
+    from harness.prediction.calibrate import shutdown
 
     setup_cli()
     out = PLAN_DIR / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -170,7 +170,7 @@ def tables(rows: Sequence[PlanRow | Mapping[str, Any]]) -> str:
 def sample_unit(cfg: RunConfig) -> dict[str, Any]:
     """What the plan's rates count (PlanRow's fields of these names): tokens for a token model (its samples are
     sequences), else its samples."""
-    from harness.plan.predict import inputs_here
+    from harness.prediction.predict import inputs_here
 
     inputs = inputs_here(cfg)
     unit = "tokens/s" if inputs.tokens_per_sample else "img/s" if inputs.kind == "images" else "samples/s"
@@ -204,7 +204,7 @@ def figure(row: PlanRow | Mapping[str, Any]) -> tuple[str, str]:
 
 
 def mfu_text(mfu: float | None) -> str:
-    """`41.2 %`: the model's FLOPs per second over the devices' peak (harness.plan.predict.Prediction.mfu)."""
+    """`41.2 %`: the model's FLOPs per second over the devices' peak (harness.prediction.predict.Prediction.mfu)."""
     return "—" if mfu is None else f"{100 * mfu:.1f} %"
 
 
@@ -217,9 +217,9 @@ def _mib(value: float) -> str:
 
 
 def ensure_link(ranks: int, gpus: bool) -> None:
-    """Before runs whose predictions need this machine's link: measure it once (cached by harness.plan.hardware).
+    """Before runs whose predictions need this machine's link: measure it once (cached by harness.prediction.hardware).
     A failed measurement leaves the predictions without communication, saying so; it never stops the runs."""
-    from harness.plan.hardware import read_machine
+    from harness.prediction.hardware import read_machine
 
     if ranks < 2 or read_machine().get("link") is not None:
         return

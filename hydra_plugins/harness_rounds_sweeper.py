@@ -30,12 +30,12 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 class RoundsSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:  # noqa: UP006
         from harness.launch.checked import sweep_settings
-        from harness.search import planner
+        from harness.search import shortlist
         from harness.verdict.rounds import combination_names, run_rounds
-        from harness.verdict.sweep_plan import SweepPlan
+        from harness.verdict.sweep_record import SweepRecord
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
-        search = planner.current()  # `-m search=true`: its record follows the rounds (search.json)
+        search = shortlist.current()  # `-m search=true`: its record follows the rounds (search.json)
         combinations = self.combinations(arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ class RoundsSweeper(BasicSweeper):
         settings = sweep_settings(self.config)  # typed, as checked before the sweep
         budget_s = search.budget_s if search is not None else settings.timing.budget_s
         names = combination_names(combinations, describe)  # what the logs and rounds.json call each combination
-        plan = SweepPlan(combinations=combinations, names=names,
+        plan = SweepRecord(combinations=combinations, names=names,
                          repeat=settings.repeat, budget_s=budget_s, margin=settings.verdict.margin,
                          command=" ".join(["run.py", "-m", *arguments]))
 
@@ -86,9 +86,9 @@ class RoundsSweeper(BasicSweeper):
         order; its jobs then each check their own config (harness.cli.task)."""
         from harness.compose import expand
         from harness.launch import checked
-        from harness.search import planner
+        from harness.search import shortlist
 
-        search = planner.current()
+        search = shortlist.current()
         if search is not None:
             return [list(c) for c in search.kept]
         known = checked.combinations(arguments)

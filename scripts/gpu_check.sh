@@ -37,7 +37,7 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
     ${GPU_CHECK_SELECT:+-k "$GPU_CHECK_SELECT"} 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 "$py" scripts/gpu_summary.py "$out/junit.xml" "$out/gpu-check.md" "$commit"
-# the GPU model's predictions against this GPU (rows to append to harness/plan/published.csv, then refit)
+# the GPU model's predictions against this GPU (rows to append to harness/prediction/published.csv, then refit)
 "$py" scripts/gpu_projection.py "$out" 2>&1 | tee "$out/gpu-projection.log"
 echo "GPU check: $out/gpu-check.md (pytest exit $status)"
 exit "$status"

@@ -1,10 +1,10 @@
-"""On a lent GPU: the GPU model's prediction (harness/plan/gpu_model.py) against this GPU's own measurement, for a
+"""On a lent GPU: the GPU model's prediction (harness/prediction/gpu_model.py) against this GPU's own measurement, for a
 few workloads at one device, so that the first GPU the project gets corrects the fitted factors.
 
     python scripts/gpu_projection.py OUT_DIR      (scripts/gpu_check.sh runs it)
 
 Writes OUT_DIR/gpu-projection.md (measured, predicted, measured / predicted) and OUT_DIR/gpu-projection.csv:
-the measurements as rows of harness/plan/published.csv (source GPU-CHECK). Appending them there and running
+the measurements as rows of harness/prediction/published.csv (source GPU-CHECK). Appending them there and running
 `python bench/projection.py --fit --write-results` refits the factors with them. Each case is timed as the
 harness times a run: warm-up steps apart, the device synchronized at the window's edges only."""
 
@@ -38,7 +38,7 @@ def measure(workload: str, precision: str, batch: int, seq_len: int) -> float:
 
     from amp import OptimizerSpec
     from amp.native import NativeAmp
-    from harness.plan import published
+    from harness.prediction import published
 
     spec = published.WORKLOADS[workload]
     amp = published.amp_for(precision)
@@ -72,9 +72,9 @@ def measure(workload: str, precision: str, batch: int, seq_len: int) -> float:
 def main(argv: list[str]) -> int:
     import torch
 
-    from harness.plan import published
-    from harness.plan.gpu_model import load_factors
-    from harness.plan.hardware import load_preset
+    from harness.prediction import published
+    from harness.prediction.gpu_model import load_factors
+    from harness.prediction.hardware import load_preset
 
     out = Path(argv[0]) if argv else REPO / "runs" / "gpu-projection"
     out.mkdir(parents=True, exist_ok=True)

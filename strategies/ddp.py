@@ -21,7 +21,7 @@ from strategies.base import Backend, ProcessGroupStrategy
 from strategies.capabilities import GradientSyncControl
 
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
-HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}  # what a compression hook sends (harness.plan)
+HOOK_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}  # what a compression hook sends (harness.prediction)
 
 
 class TorchDDP(GradientSyncControl, ProcessGroupStrategy):

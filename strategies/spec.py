@@ -1,7 +1,7 @@
 """What the parent reads of a strategy before anything starts: how its processes are laid out, which amp
 levels it refuses, what it sends each iteration, and why it cannot run here. Class attributes and class
 methods only: nothing here builds a model, a device or a process group, so the planner
-(harness.launch.decide, harness.plan) asks them of the class that conf/strategy/ names."""
+(harness.launch.decide, harness.prediction) asks them of the class that conf/strategy/ names."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class StrategySpec(ABC):
     @classmethod
     @abstractmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
-        """Required: what each iteration sends and what is held to send it (harness.plan's predictions);
+        """Required: what each iteration sends and what is held to send it (harness.prediction's predictions);
         `Traffic()` for a strategy that sends nothing."""
 
     @classmethod

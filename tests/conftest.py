@@ -380,7 +380,7 @@ def shared_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     return sweep, proc
 
 
-MACHINE_FIGURES = {  # what harness.plan measures of this machine, fixed for the tests (tests/test_planning.py
+MACHINE_FIGURES = {  # what harness.prediction measures of this machine, fixed for the tests (tests/test_planning.py
     # measures them for real once): rates in TFLOP/s per thread count, this machine's link per collective
     "rates": {f"{accelerator}:{threads}": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}
               for accelerator in ("cpu", "cuda") for threads in range(1, 65)},
@@ -389,15 +389,35 @@ MACHINE_FIGURES = {  # what harness.plan measures of this machine, fixed for the
                for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast") for dtype in ("", ":bfloat16")}}
 
 
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterable[None]:
+    """A command called in-process (cli.precheck, planning, run.py) sets the root logger's terminal handlers on the
+    streams pytest captured for that test, and routes warnings to logging; the next test would log to those closed
+    streams, and its own warnings_to_log would find the route already taken."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)  # run.py in-process routes warnings to logging (warnings_to_log): undone
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fixed_machine_figures(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Path]:
     """Every run of the session (subprocesses too) reads this machine's figures from a folder of the session's
     own, written here: no test measures them by chance, none waits for another's measurement."""
-    from harness.plan import hardware
+    from harness.prediction import hardware
 
     folder = tmp_path_factory.mktemp("machine")
     # and the bare model calibrated in-process (plan.calibration's default from the environment): a child per
-    # run.py would cost the suite minutes; tests/test_plan_predict.py and test_planning.py run the strategy's
+    # run.py would cost the suite minutes; tests/test_prediction_predict.py and test_planning.py run the strategy's
     # and runs are not predicted unless a test asks (plan.predict=true): the suite's hundreds of runs would each
     # trace and calibrate (tests/test_plan_*.py and test_planning.py check predictions)
     settings = {"HARNESS_MACHINE_CACHE": str(folder), "HARNESS_PLAN_CALIBRATION": "model",

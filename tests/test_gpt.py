@@ -19,7 +19,7 @@ from harness import cli
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.errors import ConfigError
 from harness.core.inputs import loss, loss_for, tokens
-from harness.plan.trace import trace_step
+from harness.prediction.trace import trace_step
 from harness.rank import gpt
 from harness.rank.gpt import GPT, checkpoint_mode, swiglu_hidden
 from harness.rank.worker import run_rank

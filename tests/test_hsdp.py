@@ -23,11 +23,11 @@ from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
 from harness.memory.footprint import footprint, per_rank
 from harness.parity import report as verdicts
-from harness.plan import predict as predict_module
-from harness.plan.hardware import Preset
-from harness.plan.links import Link, collective_seconds
-from harness.plan.predict import MIB, Target, comm_time, predict
-from harness.plan.trace import StepTrace
+from harness.prediction import predict as predict_module
+from harness.prediction.hardware import Preset
+from harness.prediction.links import Link, collective_seconds
+from harness.prediction.predict import MIB, Target, comm_time, predict
+from harness.prediction.trace import StepTrace
 from harness.report import build_rows, find_results
 from strategies.base import RankEnv
 from strategies.fsdp import FSDP2
@@ -162,7 +162,7 @@ TRACE = StepTrace(peak=330 * MIB, params=100 * MIB, masters=0, grads=80 * MIB, o
 
 def test_hsdp_gathers_within_a_node_and_all_reduces_a_gradient_shard_between_nodes():
     """4 ranks, replicate=2: shard groups {0, 1} and {2, 3}, one a node; replicate groups {0, 2} and {1, 3}, across.
-    Nothing overlaps (compute 0): every second is exposed. The alpha-beta model (harness/plan/links.py), n ranks:
+    Nothing overlaps (compute 0): every second is exposed. The alpha-beta model (harness/prediction/links.py), n ranks:
     latency x hops + bus factor x bytes / bandwidth.
     - all_gather of the 100 MiB of parameters in the shard group: n = 2 in one node, 1 hop at 2 us, bus factor
       (n-1)/n = 1/2 at 100 GB/s: 2e-6 + 0.5 x 100 MiB / 100e9 (= 526 us)

@@ -160,9 +160,9 @@ def test_the_users_model_raising_in_the_planner_is_refused_in_one_line():
                                             (("model=custom", "model._target_=examples.custom_workload.build",
                                               *CUSTOM_DATA), "the planner's trace cannot step this model")])
 def test_a_planner_failure_of_its_own_is_a_warning(model, why, monkeypatch, caplog):
-    """The harness's own error (here the planner's, raised in harness/plan) never refuses a run."""
+    """The harness's own error (here the planner's, raised in harness/prediction) never refuses a run."""
     from harness.launch import runner
-    from harness.plan import predict
+    from harness.prediction import predict
 
     def broken(*args: Any) -> None:
         raise RuntimeError("the planner's own bug")

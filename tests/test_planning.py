@@ -87,7 +87,7 @@ def test_a_bad_preset_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypat
 
 def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_path, monkeypatch):
     from harness import cli
-    from harness.plan import hardware
+    from harness.prediction import hardware
 
     presets = tmp_path / "presets"
     presets.mkdir()

@@ -71,8 +71,11 @@ BAD_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpus-negative": (("gpus=[-1]",), ("gpus=[-1]", "non-negative integer")),
     "gpus-fraction": (("gpus=[0.5]",), ("gpus=[0.5]", "non-negative integer")),
     "gpus-beyond-visible": ((f"gpus=[{GPU_BEYOND}]",), (f"gpus=[{GPU_BEYOND}]", "visible GPU")),
-    "dp-with-no-gpus": (("strategy=dp", "gpus=[]"), ("gpus=[]", "strategy=dp runs on GPUs")),
-    "apex_ddp-with-no-gpus": (("strategy=apex_ddp", "gpus=[]"), ("gpus=[]", "strategy=apex_ddp runs on GPUs")),
+    # the reason said is the machine's where it has no GPU to give, else the empty list's
+    "dp-with-no-gpus": (("strategy=dp", "gpus=[]"), ("gpus=[]", "strategy=dp runs on GPUs") if GPU_BEYOND else
+                        ("strategy=dp", "needs CUDA GPUs and this machine has none")),
+    "apex_ddp-with-no-gpus": (("strategy=apex_ddp", "gpus=[]"), ("gpus=[]", "strategy=apex_ddp runs on GPUs")
+                              if GPU_BEYOND else ("strategy=apex_ddp", "needs CUDA GPUs and this machine has none")),
     "batch-zero": (("batch_size=0",), ("batch_size=0", "an integer >= 1")),
     "image-size-negative": (("data.image_size=-8",), ("data.image_size=-8", "an integer >= 1")),
     "iterations-below-log_every": (("iterations=10", "log_every=20"), ("iterations=10", "a multiple of log_every (20)")),

@@ -640,9 +640,9 @@ def test_undecided_says_how_many_rounds_would_decide_and_the_command(tmp_path):
     (4.9 %). Planned for the 5 % margin at that spread, not for the 1.08 seen: (1.96 + 0.84)^2 x (0.0482 /
     0.0488)^2 = 7.7 rounds by the normal, 10 by the noncentral t, to tell 5 % apart, and 10 to show them within
     +-5 %; at 60 s a round, 10 min. The same spread around 1.02 gets the same advice."""
-    from harness.verdict.sweep_plan import SweepPlan
+    from harness.verdict.sweep_record import SweepRecord
 
-    plan = SweepPlan([["strategy=single"], ["strategy=ddp"]], ["single O0", "ddp O0"], repeat=3, budget_s=140.0,
+    plan = SweepRecord([["strategy=single"], ["strategy=ddp"]], ["single O0", "ddp O0"], repeat=3, budget_s=140.0,
                      margin=0.05, command="run.py -m strategy=single,ddp repeat=3", rounds_started=3,
                      ended_by="repeat", round_seconds=[60.0, 60.0, 60.0])
     said = {}
@@ -666,11 +666,11 @@ def test_undecided_says_how_many_rounds_would_decide_and_the_command(tmp_path):
 
 def test_an_interrupted_sweep_says_so_in_the_terms_typed_and_names_what_never_started(tmp_path):
     """repeat=3 was typed and Ctrl-C came in round 1: not 'rounds or repeat=N give one', but what happened."""
-    from harness.verdict.sweep_plan import SweepPlan
+    from harness.verdict.sweep_record import SweepRecord
 
     write(tmp_path, "0a", round_run("single", 1, 100.0, repeat=3, overrides=["strategy=single", "amp=O0", "round=1"]))
     write(tmp_path, "0b", round_run("ddp", 1, 90.0, repeat=3, overrides=["strategy=ddp", "amp=O0", "round=1"]))
-    plan = SweepPlan([["strategy=single", "amp=O0"], ["strategy=ddp", "amp=O0"], ["strategy=allreduce", "amp=O0"]],
+    plan = SweepRecord([["strategy=single", "amp=O0"], ["strategy=ddp", "amp=O0"], ["strategy=allreduce", "amp=O0"]],
                      ["single O0", "ddp O0", "allreduce O0"], repeat=3, budget_s=140.0, margin=0.05,
                      rounds_started=1)
     found = report.find_results([tmp_path])[0]
@@ -687,7 +687,7 @@ def test_stopped_early_only_for_the_rows_racing_stopped_as_rounds_json_says(tmp_
     without a plan (a merged report) say nothing of stopping."""
     from harness.report.findings import compute
     from harness.verdict.rounds import RoundsOutcome
-    from harness.verdict.sweep_plan import NAME, SweepPlan
+    from harness.verdict.sweep_record import NAME, SweepRecord
 
     combinations, names = [["strategy=single", "amp=O0"], ["strategy=ddp", "amp=O0"]], ["single O0", "ddp O0"]
     fixed, racing = tmp_path / "fixed", tmp_path / "racing"
@@ -697,14 +697,14 @@ def test_stopped_early_only_for_the_rows_racing_stopped_as_rounds_json_says(tmp_
         write(racing, f"r{n}a", round_run("single", n, a))
         if n < 3:
             write(racing, f"r{n}b", round_run("ddp", n, b))
-    SweepPlan(combinations, names, repeat=3, budget_s=140.0, margin=0.05, rounds_started=3, ended_by="repeat"
+    SweepRecord(combinations, names, repeat=3, budget_s=140.0, margin=0.05, rounds_started=3, ended_by="repeat"
               ).write(fixed)
     rows = {r.label: r for r in compute([fixed]).rows}
     assert rows["ddp O0"].stopped_early is None and rows["single O0"].stopped_early is None
     header, body = report.table_rows(list(rows.values()))
     assert dict(zip(header, body[list(rows).index("ddp O0")], strict=True))["runs"] == "2 (+1 busy)"
 
-    plan = SweepPlan(combinations, names, repeat=None, budget_s=140.0, margin=0.05)
+    plan = SweepRecord(combinations, names, repeat=None, budget_s=140.0, margin=0.05)
     plan.update(RoundsOutcome(rounds=3, planned=5, stopped={1: 2}, started=3, ended_by="budget"))
     assert plan.stopped == {"ddp O0": 2}
     plan.write(racing)
@@ -745,7 +745,7 @@ def test_a_busy_rows_time_error_is_not_judged_in_report_md_or_csv(tmp_path):
     error stays a figure."""
     import csv
 
-    from harness.plan.report import PredictionSection
+    from harness.prediction.report import PredictionSection
     from harness.report.rows import measured_beside_predicted
 
     for n, (a, b) in enumerate([(100.0, 4000.0), (102.0, 4100.0), (98.0, 3900.0)], start=1):

@@ -16,7 +16,7 @@ import pytest
 from harness.core.results import SCHEMA, from_dict
 from harness.memory.report import DeviceUse, MemorySection
 from harness.parity.report import ParitySection
-from harness.plan.report import PredictionSection
+from harness.prediction.report import PredictionSection
 from harness.profile.report import ProfileSection
 from harness.report.rows import Row
 from tests.conftest import TINY, run_sweep

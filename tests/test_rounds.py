@@ -210,7 +210,7 @@ def test_the_sweeper_launches_the_checked_grid_in_hydras_order_and_expands_its_o
     from harness import compose
     from harness.launch import checked
     from harness.launch.checked import Checked
-    from harness.search import planner
+    from harness.search import shortlist
     from hydra_plugins import harness_rounds_sweeper
 
     command = ["sweep=llm", "amp=O0", "batch_size=4,8", "hydra.sweep.dir=x", "hydra/launcher=basic"]
@@ -220,7 +220,7 @@ def test_the_sweeper_launches_the_checked_grid_in_hydras_order_and_expands_its_o
         # the class as Hydra's plugin scan (which runs its module again) left it
         sweeper = harness_rounds_sweeper.RoundsSweeper(max_batch_size=None, params=compose.composed_sweep_params(command))
     sweeper.hydra_context = SimpleNamespace(config_loader=None)
-    monkeypatch.setattr(planner, "_CURRENT", None)
+    monkeypatch.setattr(shortlist, "_CURRENT", None)
     checked.forget_all()
     hydras = sweeper.combinations(arguments)  # nothing checked here: Hydra's grid
     assert hydras == [[o for o in c if not o.startswith("hydra")] for c in prechecked]

@@ -19,7 +19,7 @@ from conftest import REPO
 
 from harness import cli
 from harness.core.config import RunConfig
-from harness.plan.predict import Prediction, RankMemory
+from harness.prediction.predict import Prediction, RankMemory
 from harness.search import preset
 from harness.search.space import key_of
 
@@ -67,7 +67,7 @@ def faked(monkeypatch, tmp_path):
         raise AssertionError("a search on a preset launches nothing")
 
     monkeypatch.setattr("harness.launch.on_preset.predict_on", predict_on)
-    for entry in ("harness.cli.check_runs", "harness.search.planner.settle", "harness.launch.launcher.launch_workers",
+    for entry in ("harness.cli.check_runs", "harness.search.shortlist.settle", "harness.launch.launcher.launch_workers",
                   "harness.launch.launcher.preload_forkserver", "harness.launch.runner.execute", "hydra.main"):
         monkeypatch.setattr(entry, launched)
     monkeypatch.chdir(tmp_path)

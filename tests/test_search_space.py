@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.core.errors import ConfigError
-from harness.plan.predict import Prediction, RankMemory
+from harness.prediction.predict import Prediction, RankMemory
 from harness.search.prune import per_sample_s, prune
 from harness.search.space import all_axes, check_axes, combinations, searchable_strategies
 

@@ -120,7 +120,7 @@ def test_a_vision_transformer_is_traced_at_o1_too():
     the same computation at either level, but for attention's kernel, counted apart under autocast (27.5 against
     29.3 MFLOP here)."""
     from harness.core.amp_levels import AmpConfig, resolve
-    from harness.plan.trace import trace_step
+    from harness.prediction.trace import trace_step
 
     model = {"_target_": "harness.rank.models.vit", "image_size": 16, "patch_size": 4}
     sgd = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}
@@ -161,7 +161,7 @@ def test_an_optimizer_that_keeps_its_step_count_on_the_default_device_is_traced_
     """The O0 trace builds on the meta device; an optimizer making a scalar there and reading it failed with
     "Tensor.item() cannot be called on meta tensors" (every Adam prediction on an H200 with torch 2.11)."""
     from harness.core.amp_levels import AmpConfig, resolve
-    from harness.plan.trace import trace_step
+    from harness.prediction.trace import trace_step
 
     model = {"_target_": "harness.rank.models.TinyCNN", "num_classes": 10}
     optim = {"_target_": f"{__name__}.LegacyStepCounter", "_partial_": True, "lr": 0.01}

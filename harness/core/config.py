@@ -110,7 +110,7 @@ def _folder(key: str, root: str | None) -> None:
 
 def _preset(key: str, hardware: str) -> None:
     """Whether `plan.hardware` names a preset, and the preset's own fields, are checked where presets are read
-    (harness.plan.hardware), before anything starts; here only its form."""
+    (harness.prediction.hardware), before anything starts; here only its form."""
     own_file = hardware.endswith(PRESET_FILE_SUFFIXES)
     if not hardware or not (own_file or hardware.replace("-", "").replace("_", "").isalnum()):
         raise ConfigError(key, hardware, "the name of a preset in conf/plan/hardware/ (letters, digits, - and _) or a "
@@ -253,7 +253,7 @@ class ParityConfig:
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """Predictions before launch (harness.plan). `plan=true` on the command line is short for
+    """Predictions before launch (harness.prediction). `plan=true` on the command line is short for
     `plan.enabled=true`: predict every combination on `hardware` (a conf/plan/hardware/ preset) and train
     nothing. Otherwise every run is predicted on this machine first; one predicted not to fit its device
     memory is skipped unless `enforce` is false."""

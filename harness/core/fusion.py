@@ -1,5 +1,5 @@
 """Code a GPU runs as one fused kernel (a fused cross-entropy: Liger's, flash-attn's; CUDA's fused RMSNorm), marked
-so that the planner's operator recorder (harness.plan.gpu_model) times it as one: one launch, the bytes it reads
+so that the planner's operator recorder (harness.prediction.gpu_model) times it as one: one launch, the bytes it reads
 from memory made before it, what it writes over them, and the outputs it declares (`Kernel.writes`); what it makes
 and drops inside stays on chip. Eager execution runs the marked code as the aten operators it is written in (the
 numbers are the same); only the planner's timing reads the mark."""

@@ -82,7 +82,7 @@ class RankEntry:
 
 @dataclass
 class PredictionRecord:
-    """What harness.plan predicted before the run (on this machine's measured preset): the figures compared,
+    """What harness.prediction predicted before the run (on this machine's measured preset): the figures compared,
     and the breakdown (memory per rank by kind, time by part, assumptions) as the planner wrote it."""
 
     __pydantic_config__ = _FORBID
@@ -97,7 +97,7 @@ class PredictionRecord:
     time: dict[str, float | None] = field(default_factory=dict)
     flops_per_iteration: int | None = None  # torch's FLOP counter over one traced step, every rank's batch
     misfit: str | None = None
-    mfu: float | None = None  # the model's FLOPs per second over every device's peak (harness.plan.predict)
+    mfu: float | None = None  # the model's FLOPs per second over every device's peak (harness.prediction.predict)
     peak_tflops: float | None = None  # one device's (CPU: one process's) peak in the run's compute dtype
     peak_source: str = ""
     peak_mib_band: list[float | None] = field(default_factory=list)  # where 90 % of the truths fall
@@ -336,7 +336,7 @@ class RunRecord:
     after: int | None = None  # the combination (job number) run just before it in the sweep (None: the first)
     phases: dict[str, float] = field(default_factory=dict)  # where the run's wall time went, seconds (PHASES)
     machine: MachineLoad | None = None  # what else the machine did while the run was timed
-    prediction: PredictionRecord | None = None  # harness.plan's, made before the run started
+    prediction: PredictionRecord | None = None  # harness.prediction's, made before the run started
     prediction_error: PredictionError | None = None
 
     @classmethod

@@ -1,5 +1,5 @@
 """What a strategy sends and keeps for sending each iteration, declared by the strategy itself
-(`Strategy.traffic`), so that predictions (harness.plan) never ask a strategy's name.
+(`Strategy.traffic`), so that predictions (harness.prediction) never ask a strategy's name.
 
 Sizes are named, not counted: the planner knows the model (`grads` = every gradient the model makes, in
 the dtype backward leaves it; `params` = every parameter in the dtype the forward uses; `stored_params`

@@ -27,7 +27,7 @@ from torch import nn
 from harness.core.errors import ConfigError
 from harness.core.inputs import Inputs, loss, loss_for
 from harness.core.stops import last_line
-from harness.plan.trace import hashable, on_meta
+from harness.prediction.trace import hashable, on_meta
 
 log = logging.getLogger(__name__)
 SMALL_MODEL_BYTES = 64 * 2**20

@@ -1,5 +1,5 @@
 """A combination placed and predicted on a hardware preset (or this machine) as it would run there: refused or
-skipped for the reasons a run would be, then predicted (harness.plan). Used by `plan=true` and by the
+skipped for the reasons a run would be, then predicted (harness.prediction). Used by `plan=true` and by the
 report's projection (`--project`)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from harness.core.errors import Incompatible
 from harness.launch.decide import run_plan
 from harness.launch.placement import Hardware, TorchrunWorld, probe_hardware
 from harness.launch.runner import variant_fields
-from harness.plan.hardware import LOCAL, load_preset
-from harness.plan.links import Link
-from harness.plan.predict import NotPredictable, predict
-from harness.plan.targets import local_target, preset_target
+from harness.prediction.hardware import LOCAL, load_preset
+from harness.prediction.links import Link
+from harness.prediction.predict import NotPredictable, predict
+from harness.prediction.targets import local_target, preset_target
 from harness.rank.run_plan import RunPlan
 
 LinkMeasure = Callable[[int], tuple[Link, dict[str, Link]]]  # measures this machine's link over n ranks

@@ -1,5 +1,5 @@
-"""Published language-model training runs (harness/plan/published_llm.csv, its sources in its header and in
-harness/plan/published_llm_notes.md) as the planner's own commands: each row becomes the `python run.py plan=true ...` line a
+"""Published language-model training runs (harness/prediction/published_llm.csv, its sources in its header and in
+harness/prediction/published_llm_notes.md) as the planner's own commands: each row becomes the `python run.py plan=true ...` line a
 user would type for it, composed and predicted by the planner (harness.launch.on_preset.predict_on), so that what
 is checked is what a user gets: does it fit, how many tokens/s per GPU.
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TABLE = Path(__file__).parents[1] / "plan" / "published_llm.csv"
+TABLE = Path(__file__).parents[1] / "prediction" / "published_llm.csv"
 COLUMNS = ("model", "gpu", "gpus", "seq_len", "global_batch", "micro_batch", "checkpointing", "precision", "sharding",
            "tp", "pp", "compile", "published_tokens_s_per_gpu", "published_mfu", "published_memory_gib", "source",
            "where")
@@ -132,13 +132,13 @@ class Placed:
 
 @functools.cache
 def placed(case: LlmCase) -> Placed | None:
-    """The case planned once (harness.launch.on_preset.decide_on, harness.plan.predict): None where it would not
+    """The case planned once (harness.launch.on_preset.decide_on, harness.prediction.predict): None where it would not
     fit or cannot run."""
     from harness.compose import compose_one, hydra_context
     from harness.launch.on_preset import decide_on
-    from harness.plan.predict import _unit_names, inputs_here, predict
-    from harness.plan.targets import preset_target
-    from harness.plan.trace import trace_step
+    from harness.prediction.predict import _unit_names, inputs_here, predict
+    from harness.prediction.targets import preset_target
+    from harness.prediction.trace import trace_step
 
     with hydra_context():
         cfg = compose_one(case.overrides()).run
@@ -159,11 +159,11 @@ def placed(case: LlmCase) -> Placed | None:
 
 
 def case_tokens_per_gpu(case: LlmCase, factors: Any = None) -> float | None:
-    """Tokens/s per GPU under `factors` (the shipped ones if None), as harness.plan.predict times a preset's
+    """Tokens/s per GPU under `factors` (the shipped ones if None), as harness.prediction.predict times a preset's
     iteration (compute by the GPU model, the sharded optimizer's step, the communication it does not hide): a fit
-    tries many factors on the traces made once. tests/test_plan_published_llm.py checks it against the planner."""
-    from harness.plan.gpu_model import load_factors
-    from harness.plan.predict import comm_time, gpu_compute_time
+    tries many factors on the traces made once. tests/test_prediction_published_llm.py checks it against the planner."""
+    from harness.prediction.gpu_model import load_factors
+    from harness.prediction.predict import comm_time, gpu_compute_time
 
     setup = placed(case)
     if setup is None:

@@ -52,7 +52,7 @@ from harness.launch.machine_load import LoadReadings, machine_section
 from harness.memory import imbalance
 from harness.memory.sampler import MemorySampler, RankProcess, SamplerFindings, open_source, summarize
 from harness.parity.merge import run_parity
-from harness.plan.predict import Prediction
+from harness.prediction.predict import Prediction
 from harness.profile.merge import profile_section
 from harness.rank.run_plan import LauncherIdentity, RankSpec, RunPlan
 from harness.rank.worker import run_rank
@@ -89,7 +89,7 @@ def execute(decided: RunPlan, run_dir: Path, in_sweep: bool, overrides: list[str
         prediction = predict_run(decided)
     elif prediction is not None:
         say_predicted(decided.label, prediction)
-    from harness.plan.calibrate import shutdown
+    from harness.prediction.calibrate import shutdown
 
     shutdown()  # a calibration child started for this run ends before its workers start
     if prediction is not None:
@@ -179,14 +179,14 @@ def predicted_against(record: RunRecord, prediction: Prediction, records: list[R
 
 
 def predict_run(decided: RunPlan, quiet: bool = False) -> Prediction | None:
-    """The run predicted on this machine before it starts (harness.plan); None, saying why, where the planner
+    """The run predicted on this machine before it starts (harness.prediction); None, saying why, where the planner
     cannot (a strategy it has no model of, a trace that fails). Raises ConfigError where the user's own model
     code raised in the planner's step (harness.launch.model_check.raised_in_users_code): the run would fail too,
     after its start-up, so it is refused in one line instead."""
     from harness.core.errors import ConfigError
     from harness.launch.model_check import raised_in_users_code, users_model
-    from harness.plan.predict import NotPredictable, predict
-    from harness.plan.targets import local_target
+    from harness.prediction.predict import NotPredictable, predict
+    from harness.prediction.targets import local_target
 
     cfg, placement = decided.config, decided.placement
     try:

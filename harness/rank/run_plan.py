@@ -17,7 +17,7 @@ from harness.core.devices import Placement
 from harness.core.inputs import Inputs
 
 if TYPE_CHECKING:
-    from harness.plan.predict import Prediction
+    from harness.prediction.predict import Prediction
     from strategies.base import Strategy
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from harness.core.results import RunRecord
 from harness.memory.report import MemorySection
 from harness.parity import report as parity
-from harness.plan.report import PredictionSection
+from harness.prediction.report import PredictionSection
 from harness.profile.report import ProfileSection
 from harness.report.rows import PER, Row
 from harness.verdict.rule import interval_text
@@ -339,7 +339,7 @@ def columns(rows: Sequence[Row]) -> list[Column]:
         Column("comm overlapped", lambda r: pct(profile(r).comm_overlapped_share), section="time",
                csv=(("comm_overlapped_share", lambda r: profile(r).comm_overlapped_share),)),
         Column("J/image", lambda r: fmt(ENERGY(r), 3), section="time", csv=(("energy_j_per_image", ENERGY),)),
-        # harness.plan's prediction, made before the run, beside the measurement
+        # harness.prediction's prediction, made before the run, beside the measurement
         Column("memory error", lambda r: _signed_pct(prediction(r).peak_error), section="prediction",
                csv=(("peak_error", lambda r: prediction(r).peak_error),)),
         Column("predicted s/it", lambda r: fmt(prediction(r).predicted_s_per_it, 4), section="prediction",

@@ -18,7 +18,7 @@ from harness.verdict.intervals import Fit
 from harness.verdict.racing import Standing, standing
 from harness.verdict.rule import MAX_ROUNDS_ADVISED, Judgement, interval_text
 from harness.verdict.sequential import FINAL_SHARE
-from harness.verdict.sweep_plan import SweepPlan
+from harness.verdict.sweep_record import SweepRecord
 
 WIN_WORDS = {"throughput": "fastest", "s_per_20": "least time per 20 iterations", "mem_max_mib": "least memory"}
 SLOWER_NAMED = 3  # the verdict names the closest of the slower rows; the speed table has them all
@@ -33,7 +33,7 @@ class Decision:
     margin: float | None = None  # verdict.margin, as the rows' fit judged them
 
 
-def decide(rows: Sequence[Row], plan: SweepPlan | None = None, command: str | None = None,
+def decide(rows: Sequence[Row], plan: SweepRecord | None = None, command: str | None = None,
            started: Sequence[Sequence[str]] = (), fit: Fit | None = None) -> Decision:
     """`plan`: the sweep's rounds.json (what was typed, what never started); `command`: the command line the
     runs came from, for the advice to run more rounds; `started`: every run's overrides; `fit`: the fit the
@@ -125,7 +125,7 @@ def _ratio_words(judged_: Judgement | None) -> str:
     return f"{judged_.ratio:.2f}×{interval_text(judged_.lo, judged_.hi)}"
 
 
-def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepPlan | None = None,
+def verdict(rows: Sequence[Row], fit: Fit, state: Standing, plan: SweepRecord | None = None,
             command: str | None = None, never: Sequence[str] = ()) -> str:
     """The sentence a reader acts on: the winner with its interval and its margin over the runner-up, or the
     rows equivalent within verdict.margin, or undecided with the pairs still open and the rounds that would
@@ -208,7 +208,7 @@ def figure(best: Row, interval: bool = True) -> str:
     unit = "samples/s" if best.model_sample == "samples" else "img/s"
     return f"{best.throughput:.1f} {unit}{_interval(lo, hi)}"
 
-def _no_spread(plan: SweepPlan | None, rows: Sequence[Row]) -> str:
+def _no_spread(plan: SweepRecord | None, rows: Sequence[Row]) -> str:
     """Why every row has one run, in the terms of what was typed."""
     repeats = {r.config.get("repeat") for r in rows if r.config}
     if plan is not None and plan.interrupted:
@@ -221,7 +221,7 @@ def _no_spread(plan: SweepPlan | None, rows: Sequence[Row]) -> str:
     return "one run per row has no spread between processes (a sweep's rounds, or repeat=N, give one)."
 
 
-def _more_rounds(open_pairs: Sequence[Judgement | None], fit: Fit, plan: SweepPlan | None,
+def _more_rounds(open_pairs: Sequence[Judgement | None], fit: Fit, plan: SweepRecord | None,
                  command: str | None) -> str:
     """What would decide every pair still open, planned for the margin (never from the ratios observed): the
     rounds to tell a margin's difference apart and to show equal rows within it, the largest over the open

@@ -15,7 +15,7 @@ from harness.report.rows import Context, Row, context, find_results, row_set
 from harness.search.answer import SearchAnswer, answer
 from harness.search.record import read_search
 from harness.verdict.intervals import Fit
-from harness.verdict.sweep_plan import SweepPlan, read_plan
+from harness.verdict.sweep_record import SweepRecord, read_sweep_record
 
 
 @dataclass
@@ -42,7 +42,7 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
     """Every results.json under `paths` into one Report. `project`: hardware presets to project every finished
     row onto (harness.report.projection); `strict`: a baseline no row can be is a ConfigError (else a warning)."""
     found, skipped = find_results(paths)
-    plan = read_plan(list(paths))
+    plan = read_sweep_record(list(paths))
     built = row_set(found, baseline, strict, plan.planned if plan else None)  # the fit, built once
     rows, base = built.rows, built.baseline
     mark_stopped(rows, plan)
@@ -58,7 +58,7 @@ def compute(paths: Sequence[Path], baseline: str | None = None, project: Sequenc
                   search=search_answer(list(paths), rows, decision))
 
 
-def mark_stopped(rows: Sequence[Row], plan: SweepPlan | None) -> None:
+def mark_stopped(rows: Sequence[Row], plan: SweepRecord | None) -> None:
     """`stopped early after round r` for the rows racing stopped, and only those: the sweep's rounds.json says
     which (a row whose last runs were busy or failed was not stopped). A row is its plan's combination whose
     overrides are among the row's; a report without a plan (merged sweeps) or of repeat=N stops none."""

@@ -1,11 +1,11 @@
-"""`--project h100x8,h100x16-ib`: each finished row projected onto hardware presets (harness.plan), with the
+"""`--project h100x8,h100x16-ib`: each finished row projected onto hardware presets (harness.prediction), with the
 scaling plot: this machine's measurements and each preset's projections on panels of their own (a CPU process
 and a GPU are not points on one axis).
 
 A row is projected as weak scaling: each rank keeps the batch it had here (the global batch grows with the
 devices), on every device of the preset that its strategy uses (one process per device: all of them, across
 nodes; DataParallel: one node's; one-device strategies: one). The prediction is the planner's GPU operator
-model (harness.plan.gpu_model) with its band, from the published results it was fitted to; its assumptions
+model (harness.prediction.gpu_model) with its band, from the published results it was fitted to; its assumptions
 are listed with it."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from harness.report.rows import Row
 
 
 def check_presets(names: Sequence[str]) -> None:
-    from harness.plan.hardware import load_preset
+    from harness.prediction.hardware import load_preset
 
     for name in names:
         load_preset(name)
@@ -33,8 +33,8 @@ def project(rows: Sequence[Row], presets: Sequence[str]) -> list[dict[str, Any]]
     """A projected row per (row that ran, preset)."""
     from harness.launch.on_preset import predict_on
     from harness.launch.placement import usable_cores
-    from harness.plan.hardware import load_preset
-    from harness.plan.predict import inputs_here
+    from harness.prediction.hardware import load_preset
+    from harness.prediction.predict import inputs_here
 
     projected = []
     for row in rows:
@@ -103,11 +103,11 @@ def sources(projected: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def markdown(projected: Sequence[dict[str, Any]]) -> str:
-    lines = ["## Projected past this machine (harness.plan; weak scaling: each rank keeps its batch)", "",
+    lines = ["## Projected past this machine (harness.prediction; weak scaling: each rank keeps its batch)", "",
              "| " + " | ".join(HEADERS) + " |", "|:---|:---|" + "---:|" * 6 + ":---|:---|"]
     lines += ["| " + " | ".join(_cells(p)) + " |" for p in projected]
     if sources(projected):
-        lines += ["", "The band: " + "; ".join(sources(projected)) + " (harness/plan/published.csv, benchmark 14)."]
+        lines += ["", "The band: " + "; ".join(sources(projected)) + " (harness/prediction/published.csv, benchmark 14)."]
     notes = dict.fromkeys(a for p in projected for a in p.get("assumptions", []))
     if notes:
         lines += ["", "Assumptions:", *[f"- {a}" for a in notes]]
@@ -181,7 +181,7 @@ def html_section(projected: Sequence[dict[str, Any]], plot: str) -> str:
 
     head = "".join(f"<th>{h}</th>" for h in HEADERS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(p)) + "</tr>" for p in projected)
-    band = (f"<p>The band: {html.escape('; '.join(sources(projected)))} (harness/plan/published.csv, "
+    band = (f"<p>The band: {html.escape('; '.join(sources(projected)))} (harness/prediction/published.csv, "
             "benchmark 14).</p>") if sources(projected) else ""
     notes = dict.fromkeys(a for p in projected for a in p.get("assumptions", []))
     items = "".join(f"<li>{html.escape(a)}</li>" for a in notes)

@@ -21,8 +21,8 @@ from harness.memory import report as memory_report
 from harness.memory.report import MemorySection
 from harness.parity import report as parity
 from harness.parity.report import ParitySection
-from harness.plan import report as plan_report
-from harness.plan.report import PredictionSection
+from harness.prediction import report as plan_report
+from harness.prediction.report import PredictionSection
 from harness.profile import report as profile_report
 from harness.profile.report import ProfileSection
 from harness.verdict.intervals import Fit, Observation
@@ -80,7 +80,7 @@ class Row:
     # each feature's section, pooled over the repeats by the feature itself (None: no run of the row has it)
     memory: MemorySection | None = None  # harness.memory.report
     profile: ProfileSection | None = None  # harness.profile.report (profile=true)
-    prediction: PredictionSection | None = None  # harness.plan.report: the prediction beside what was measured
+    prediction: PredictionSection | None = None  # harness.prediction.report: the prediction beside what was measured
     parity: ParitySection | None = None  # harness.parity.report (parity=true)
     # what a projection needs of the row (`--project`): its first finished run's resolved config and batch share
     config: dict[str, Any] = field(default_factory=dict, repr=False)

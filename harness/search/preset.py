@@ -1,5 +1,5 @@
 """`python run.py -m search=true plan=true plan.hardware=<preset>`: a layout found without running, for a cluster
-not rented yet (docs/search.md). The space is the search's (harness.search.planner), with the axes that matter on
+not rented yet (docs/search.md). The space is the search's (harness.search.shortlist), with the axes that matter on
 a GPU preset; every candidate is predicted on the preset by the caller's `predict` (harness.launch.on_preset's
 `predict_on`, as plan=true does) and nothing is trained. What would not fit there, or cannot run there, is pruned
 with its reason; a micro-batch larger than one predicted not to fit is pruned without being predicted (memory only
@@ -21,16 +21,16 @@ from hydra.utils import get_class
 from harness.compose import Composed, compose_one
 from harness.core.config import CONF_DIR, RunConfig
 from harness.core.errors import ConfigError
-from harness.plan.hardware import LOCAL, Preset, load_preset
+from harness.prediction.hardware import LOCAL, Preset, load_preset
 from harness.search.answer import training_command
-from harness.search.planner import option_values, space
+from harness.search.shortlist import option_values, space
 from harness.search.space import AXES, Axis, check_axes, key_of
 from harness.verdict.rounds import combination_names
 
 log = logging.getLogger(__name__)
 
 # The axes searched on a GPU preset unless search.axes names others: what decides a large model's speed there.
-# compile's fusions are not predicted (harness.plan), and a DDP bucket size or a compression hook (bucket,
+# compile's fusions are not predicted (harness.prediction), and a DDP bucket size or a compression hook (bucket,
 # comm_hook) moves a prediction over NVLink little: each is searched where search.axes names it.
 PRESET_AXES = ("strategy", "amp", "micro_batch", "checkpoint")
 # the strategies that use every GPU of a cluster, those of them conf/strategy/ has

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from harness.plan.predict import Prediction
+from harness.prediction.predict import Prediction
 
 
 @dataclass(frozen=True)

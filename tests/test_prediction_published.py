@@ -1,4 +1,4 @@
-"""The published results the GPU model is fitted to (harness.plan.published): a table whose every row names its
+"""The published results the GPU model is fitted to (harness.prediction.published): a table whose every row names its
 source and runs on a preset; a fit that recovers factors known by construction; the workloads at their published
 sizes; and speedups across GPUs and levels that come out of the model, not out of a ratio of datasheets."""
 
@@ -12,10 +12,10 @@ import torch
 from conftest import run_config
 
 from harness.core.amp_levels import AmpConfig, resolve
-from harness.plan import published
-from harness.plan.gpu_model import GpuFactors, OpCost, StepOps
-from harness.plan.hardware import load_preset, preset_names
-from harness.plan.predict import Target, compute_time
+from harness.prediction import published
+from harness.prediction.gpu_model import GpuFactors, OpCost, StepOps
+from harness.prediction.hardware import load_preset, preset_names
+from harness.prediction.predict import Target, compute_time
 
 
 def test_every_published_row_names_its_source_and_runs_on_a_preset():
@@ -165,13 +165,13 @@ def test_whole_gpu_types_and_workloads_are_held_out_of_the_fit(monkeypatch):
 ])
 def test_published_configurations_that_trained_are_predicted_to_fit(workload, gpu, level, batch):
     """Each trained, so each must fit, with the harness's own 8 synthetic batches on the device; the allocator's
-    share is its rules replayed (harness.plan.allocator), not an assumed 10 %: a few per cent at the device's limit,
+    share is its rules replayed (harness.prediction.allocator), not an assumed 10 %: a few per cent at the device's limit,
     more on a GPU with room."""
     from conftest import run_config
 
     from harness.launch.on_preset import predict_on
 
-    model = ({"_target_": f"harness.plan.published.{workload}"} if "resnext" in workload else
+    model = ({"_target_": f"harness.prediction.published.{workload}"} if "resnext" in workload else
              {"_target_": "harness.rank.models.torchvision_model", "name": workload})
     cfg = run_config("single", batch_size=batch, model=model, amp={"level": level},
                      data={"name": "synthetic", "image_size": 224, "num_classes": 1000})

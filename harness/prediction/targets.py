@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import psutil
 
-from harness.plan.hardware import GIB, LOCAL, load_preset, measure_machine
-from harness.plan.links import Link
-from harness.plan.predict import Target
+from harness.prediction.hardware import GIB, LOCAL, load_preset, measure_machine
+from harness.prediction.links import Link
+from harness.prediction.predict import Target
 
 
 def local_memory_gib(accelerator: str) -> float:
@@ -48,5 +48,5 @@ def local_target(accelerator: str, devices: int, threads: int,
 
 def preset_target(name: str, threads: int, nodes: int = 0) -> Target:
     """A named preset (`nodes` of its nodes, 0: its own count): its compute comes from the step's operators
-    (harness.plan.gpu_model), nothing measured here."""
+    (harness.prediction.gpu_model), nothing measured here."""
     return Target(load_preset(name, nodes=nodes), threads)

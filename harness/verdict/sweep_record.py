@@ -16,7 +16,7 @@ NAME = "rounds.json"
 
 
 @dataclass
-class SweepPlan:
+class SweepRecord:
     combinations: list[list[str]]  # every combination of the sweep: its overrides
     names: list[str]  # ... as the log names them ("single O0 iterations=40")
     repeat: int | None  # as typed: exactly N rounds, or None (racing)
@@ -54,12 +54,12 @@ class SweepPlan:
         return self.rounds_started > 0 and not self.ended_by
 
 
-def read_plan(folders: list[Path]) -> SweepPlan | None:
+def read_sweep_record(folders: list[Path]) -> SweepRecord | None:
     """The plan of a report over exactly one sweep folder that has one (merged reports have none)."""
     plans = [folder / NAME for folder in folders if (folder / NAME).is_file()]
     if len(plans) != 1 or len(folders) != 1:
         return None
     try:
-        return SweepPlan(**json.loads(plans[0].read_text()))
+        return SweepRecord(**json.loads(plans[0].read_text()))
     except (OSError, ValueError, TypeError):
         return None

@@ -26,7 +26,7 @@ def test_every_row_shows_predicted_beside_measured(shared_sweep):
     ran = [r for r in rows if r["ok_runs"]]
     assert len(ran) == 3
     for row in ran:
-        said = row["prediction"]  # the plan feature's section of the row (harness.plan.report)
+        said = row["prediction"]  # the plan feature's section of the row (harness.prediction.report)
         assert said["predicted_peak_mib"] > 0 and said["measured_peak_mib"] > 0, row["label"]
         assert said["peak_error"] == pytest.approx((said["measured_peak_mib"] - said["predicted_peak_mib"])
                                                    / said["measured_peak_mib"], rel=1e-6)

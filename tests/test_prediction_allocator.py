@@ -1,11 +1,11 @@
-"""torch's CUDA caching allocator replayed (harness.plan.allocator): its rounding, segment sizes, best fit, splits
+"""torch's CUDA caching allocator replayed (harness.prediction.allocator): its rounding, segment sizes, best fit, splits
 and merges by hand-worked sequences, and what it hands back at the device's limit."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.plan.allocator import AllocationRecorder, CachingAllocator, round_size, segment_size
+from harness.prediction.allocator import AllocationRecorder, CachingAllocator, round_size, segment_size
 
 MiB = 2**20
 

@@ -3,7 +3,7 @@
 A preset is what a prediction needs of a machine it may never have run on: device memory, peak compute per
 dtype, and the two links (inside a node, between nodes) as latency and bus bandwidth. `local` is this
 machine, measured on first use and cached (its compute by timing matrix products, its link by the harness's
-collectives benchmark, fitted by harness.plan.links); the cache's key names the hardware and torch version,
+collectives benchmark, fitted by harness.prediction.links); the cache's key names the hardware and torch version,
 so a different machine or torch measures anew."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 
 from harness.core.config import CONF_DIR, PRESET_FILE_SUFFIXES
 from harness.core.errors import ConfigError
-from harness.plan.links import Link
+from harness.prediction.links import Link
 
 PRESET_DIR = CONF_DIR / "plan" / "hardware"
 LOCAL = "local"
@@ -35,7 +35,7 @@ FIELDS = ("accelerator", "devices_per_node", "nodes", "device_memory_gib", "memo
           "inter")
 OPTIONAL_FIELDS = ("kernel_share",)
 # what a published benchmark of the device's best kernel reached of its datasheet peak, by the GPU model's operator
-# class (harness.plan.gpu_model): the fitted factors multiply this, not the datasheet
+# class (harness.prediction.gpu_model): the fitted factors multiply this, not the datasheet
 KERNEL_SHARE_CLASSES = ("matmul", "attention")
 GIB = 2**30
 

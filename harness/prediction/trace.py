@@ -19,11 +19,11 @@ none but the math path, which materialises each head's s x s scores. The trace t
 take on its own device instead: on a GPU the flash or memory-efficient kernel (both keep the
 output and a float32 log-sum-exp per row, grouped-query heads as they are); on a CPU the CPU's flash kernel
 where torch's CPU dispatch takes it (no mask, no dropout, as many key/value heads as query heads), else the
-math path, as there (harness.plan.trace.fused_attention). RMSNorm likewise: a GPU run takes CUDA's fused kernel
+math path, as there (harness.prediction.trace.fused_attention). RMSNorm likewise: a GPU run takes CUDA's fused kernel
 (FusedRmsNorm), which keeps the input and one float per row.
 
 What this single process cannot show (communication buffers, shards, the data the run keeps on the device)
-is added by harness.plan.predict from the strategy's declared Traffic."""
+is added by harness.prediction.predict from the strategy's declared Traffic."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
 from harness.core.fusion import one_kernel
 from harness.core.inputs import Inputs, loss, loss_for
-from harness.plan.allocator import AllocationRecorder
-from harness.plan.gpu_model import FLOP_FORMULAS, StepOps, record_step, repeated
+from harness.prediction.allocator import AllocationRecorder
+from harness.prediction.gpu_model import FLOP_FORMULAS, StepOps, record_step, repeated
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class StepTrace:
     grad_dtype: str = "float32"  # what backward leaves (the model's, as cast)
     param_dtype: str = "float32"
     # what torch's CUDA caching allocator needs beyond the tensors' peak, as a share of it: its rules replayed on the
-    # two steps' allocations (harness.plan.allocator), cached segments handed back at the device's limit as it does
+    # two steps' allocations (harness.prediction.allocator), cached segments handed back at the device's limit as it does
     allocator_overhead: float = 0.0
     reserved_overhead: float = 0.0  # the same on a device with room: what torch.cuda.max_memory_reserved would show
     blocks: int = 0  # a model of many repeated blocks: how many it has, traced at TRACED_BLOCKS and extrapolated
@@ -214,7 +214,7 @@ def grown(fewer: StepTrace, more: StepTrace, blocks: int) -> StepTrace:
     step can overtake forward and backward as blocks are added); the per-parameter matrices and the units repeat the
     block's own; the allocator's shares are the larger trace's (its bytes beyond the live peak do not grow in line
     from two blocks to three: extrapolated, their noise would be multiplied by the blocks). Checked against full
-    traces in tests/test_plan_trace.py."""
+    traces in tests/test_prediction_trace.py."""
     extra = blocks - TRACED_BLOCKS[1]
     step = TRACED_BLOCKS[1] - TRACED_BLOCKS[0]
 
@@ -313,7 +313,7 @@ def _phase_peak(peak: Mapping[Any, int], masters: int) -> PhasePeak:
 
 def trace_ops(model_cfg: Mapping[str, Any], inputs: Inputs, amp: AmpSpec, optim: Mapping[str, Any],
               micro_batch: int, grad_accum: int = 1) -> StepOps:
-    """One rank's step as operators (harness.plan.gpu_model), for a GPU: the optimizer's multi-tensor (foreach)
+    """One rank's step as operators (harness.prediction.gpu_model), for a GPU: the optimizer's multi-tensor (foreach)
     kernels, as torch takes them on CUDA by default. Many repeated blocks: traced at TRACED_BLOCKS and extrapolated,
     as trace_step's."""
     blocks = repeated_blocks(model_cfg)
@@ -345,7 +345,7 @@ def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpS
 def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]],
                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None, amp: AmpSpec, optim: OptimizerSpec,
                  grad_accum: int, samples: int) -> StepOps:
-    """Any model, batch and loss traced as harness.plan.gpu_model's operators, cast and stepped by the amp
+    """Any model, batch and loss traced as harness.prediction.gpu_model's operators, cast and stepped by the amp
     plugin as a run would be. `loss_fn` None: the model's own (harness.core.inputs.loss_for)."""
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     if "foreach" in inspect.signature(optim.cls).parameters:
@@ -470,7 +470,7 @@ class AtenConvolutionBuffers(TorchDispatchMode):
     the tracer's kind so that MemTracker sees them live while the op's results are made. Read from torch's
     aten/src/ATen/native/ConvolutionMM2d.cpp (`slow_conv2d`) and Convolution.cpp (`_convolution` and
     `convolution_backward` loop over groups for backends without grouped kernels), and checked against the
-    allocator's own events (tests/test_plan_trace.py):
+    allocator's own events (tests/test_prediction_trace.py):
 
     - forward: the input's columns (N, C_in/g * kh * kw, H_out * W_out), made before the output, unless the
       kernel is 1x1 with stride 1 and no padding (a view of the input then);

@@ -1,4 +1,4 @@
-"""The GPU operator model (harness.plan.gpu_model): operators recorded as a GPU would launch them, each timed at
+"""The GPU operator model (harness.prediction.gpu_model): operators recorded as a GPU would launch them, each timed at
 its roofline by hand-worked figures, ranks waiting for the slowest, and the factors' band."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.plan.gpu_model import (
+from harness.prediction.gpu_model import (
     GpuFactors,
     OpCost,
     StepOps,
@@ -167,7 +167,7 @@ def test_fused_attention_traced_on_the_cpu_counts_its_flops():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from harness.plan.gpu_model import FLOP_FORMULAS, OperatorRecorder
+    from harness.prediction.gpu_model import FLOP_FORMULAS, OperatorRecorder
 
     with FakeTensorMode():
         q = torch.randn(2, 4, 128, 32, requires_grad=True)
@@ -186,7 +186,7 @@ def test_a_fused_kernel_is_one_operator_reading_and_writing_only_what_lives_outs
     log-sum-exps (128) and its float32 sum (4): 64,388; its float32 upcast and exponentials stay on chip. Backward reads the logits (64,000), the chunk's float32 log-sum-exps (128), its targets (256)
     and the incoming float32 gradient (4), and writes the gradient over the logits (64,000): 128,388. Counted op by
     op, the float32 temporaries alone would be 128,000 bytes each pass."""
-    from harness.plan.gpu_model import OperatorRecorder
+    from harness.prediction.gpu_model import OperatorRecorder
     from harness.rank.gpt import FusedCrossEntropy
 
     with torch.device("meta"):
@@ -206,8 +206,8 @@ def test_a_cuda_trace_takes_the_fused_rms_norm_one_kernel_a_pass_keeping_the_inp
     gradient, the weight and the 256 bytes of statistics, and writes the input's and the weight's gradients. Backward
     keeps the input and the statistics (and the weight), where the decomposition keeps three float32 copies of the
     input's size."""
-    from harness.plan.gpu_model import OperatorRecorder
-    from harness.plan.trace import fused_attention
+    from harness.prediction.gpu_model import OperatorRecorder
+    from harness.prediction.trace import fused_attention
 
     with torch.device("meta"):
         x = torch.randn(64, 1024, dtype=torch.bfloat16, requires_grad=True)

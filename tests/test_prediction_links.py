@@ -1,11 +1,11 @@
-"""The latency-bandwidth model of collectives (harness.plan.links): hand-worked times that tell the right bus
+"""The latency-bandwidth model of collectives (harness.prediction.links): hand-worked times that tell the right bus
 factor and hop count from the plausible wrong ones, and fits that recover a link known by construction."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.plan.links import Link, bus_factor, collective_seconds, fit_link, fit_links, hops
+from harness.prediction.links import Link, bus_factor, collective_seconds, fit_link, fit_links, hops
 
 NVLINK = Link(latency_us=2.0, bandwidth_gbps=100.0)
 

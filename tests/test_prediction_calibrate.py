@@ -1,4 +1,4 @@
-"""This machine's calibration (harness.plan.calibrate) says when it cannot be trusted: other processes' load
+"""This machine's calibration (harness.prediction.calibrate) says when it cannot be trusted: other processes' load
 measured while it is timed, matrix products re-timed beside it; the flag reaches plan.json and the plan's table."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from harness.plan.calibrate import BUSY_CORES, Calibration, background_load, child_context
 from harness.planning import tables
+from harness.prediction.calibrate import BUSY_CORES, Calibration, background_load, child_context
 
 
 def _spin(seconds: float) -> None:
@@ -44,8 +44,8 @@ def test_a_busy_calibration_is_flagged_in_the_prediction_and_the_plans_table(mon
     from conftest import run_config
 
     from harness.core.amp_levels import AmpConfig, resolve
-    from harness.plan import predict as predict_module
-    from harness.plan.hardware import load_preset
+    from harness.prediction import predict as predict_module
+    from harness.prediction.hardware import load_preset
 
     busy = Calibration(0.2, 0.01, 5, 6, 1, 0.25, background_cores=1.5, gemm_ratio=0.6)
     monkeypatch.setattr(predict_module, "calibrate_fn_default", lambda cfg, amp, micro, threads: busy)
@@ -93,8 +93,8 @@ def test_the_calibration_of_a_gpu_runs_in_a_child_of_the_fork_server_and_comes_b
     from harness.core.amp_levels import AmpConfig, resolve
     from harness.core.config import DataConfig
     from harness.core.inputs import inputs_of
-    from harness.plan.calibrate import _in_child
-    from harness.plan.trace import hashable
+    from harness.prediction.calibrate import _in_child
+    from harness.prediction.trace import hashable
 
     model = {"_target_": "harness.rank.models.TinyCNN", "num_classes": 10}
     inputs = inputs_of(model, DataConfig(name="synthetic", image_size=16, num_classes=10))

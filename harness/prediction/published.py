@@ -1,5 +1,5 @@
 """Published GPU training results (published.csv beside this module), the workloads they ran, and the fit of
-harness.plan.gpu_model's few factors to them, with a leave-one-out check.
+harness.prediction.gpu_model's few factors to them, with a leave-one-out check.
 
 Each row of the table names its source (repository, file, table) and what was run: the workload (ResNet-50,
 BERT-large fine-tuned on SQuAD), the GPU (a preset of conf/plan/hardware/), how many, the precision as the
@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.core.amp_levels import AmpSpec
-from harness.plan.gpu_model import GpuFactors, StepOps, step_time, straggle
-from harness.plan.hardware import Preset, load_preset
-from harness.plan.links import collective_seconds
-from harness.plan.predict import FORWARD_SHARE
+from harness.prediction.gpu_model import GpuFactors, StepOps, step_time, straggle
+from harness.prediction.hardware import Preset, load_preset
+from harness.prediction.links import collective_seconds
+from harness.prediction.predict import FORWARD_SHARE
 
 TABLE = Path(__file__).with_name("published.csv")
 COLUMNS = ("workload", "gpu", "gpus", "precision", "memory_format", "batch_per_gpu", "seq_len", "data", "published",
@@ -149,7 +149,7 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
 
 def resnext101_32x4d(num_classes: int = 1000, block: type | None = None) -> nn.Module:
     """ResNeXt-101 32x4d (torchvision ships 32x8d and 64x4d): its ResNet with 32 groups of 4 channels. Also a
-    model a user can name: `model._target_=harness.plan.published.resnext101_32x4d`."""
+    model a user can name: `model._target_=harness.prediction.published.resnext101_32x4d`."""
     from torchvision.models.resnet import Bottleneck, ResNet
 
     return ResNet(block or Bottleneck, [3, 4, 23, 3], num_classes=num_classes, groups=32, width_per_group=4)
@@ -222,7 +222,7 @@ def amp_for(precision: str) -> AmpSpec:
 def case_ops(workload: str, precision: str, batch: int, seq_len: int) -> tuple[StepOps, int]:
     """The case's step as operators, and the bytes of the gradients DDP all-reduces."""
     from amp import OptimizerSpec
-    from harness.plan.trace import workload_ops
+    from harness.prediction.trace import workload_ops
 
     spec = WORKLOADS[workload]
     cls, kwargs = spec.optimizer
@@ -255,7 +255,7 @@ def predict_case(case: Case, factors: GpuFactors, preset: Preset | None = None) 
 
 PARAMETERS = ("conv", "matmul", "memory", "launch_us", "sync_cv", "nchw", "grouped", "depthwise", "norm", "attention",
               "overlap")
-DISPATCH_US = 10.0  # not fitted: every published case is GPU-bound (harness.plan.gpu_model.GpuFactors.dispatch_us)
+DISPATCH_US = 10.0  # not fitted: every published case is GPU-bound (harness.prediction.gpu_model.GpuFactors.dispatch_us)
 BOUNDS = ((0.02, 2.0), (0.02, 1.0), (0.05, 1.0), (0.5, 60.0), (0.0, 0.3), (0.0, 8.0), (0.02, 1.0), (0.01, 1.0),
           (0.05, 1.0), (0.05, 1.0), (0.0, 1.0))
 # where the fit starts, and what a factor the cases cannot tell stays near (PRIOR): matmul 0.9 of a preset's

@@ -3,7 +3,7 @@ on real tensors (on CPU in this process, the parent, while no worker runs; on a 
 device synchronized at each edge) at the rank's micro-batch and thread count: the median step, with the load other
 processes put on the machine meanwhile and matrix products re-timed beside it, so that a calibration taken on a
 busy machine says so. This machine's predictions only: a preset's compute comes from the GPU operator model
-(harness.plan.gpu_model), which times nothing here."""
+(harness.prediction.gpu_model), which times nothing here."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from amp.native import NativeAmp
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.inputs import Inputs, inputs_of, loss_for
-from harness.plan.trace import hashable
+from harness.prediction.trace import hashable
 
 WARMUP_STEPS = 2
 MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 0.5
@@ -87,7 +87,7 @@ def background_load() -> Iterator[list[float]]:
 
 def gemm_ratio(threads: int, device: str) -> float | None:
     """float32 matrix products timed now over this machine's cached rate at `threads` (None: none cached)."""
-    from harness.plan.hardware import gemm_tflops, read_machine
+    from harness.prediction.hardware import gemm_tflops, read_machine
 
     cached = read_machine().get("rates", {}).get(f"{device}:{threads}", {}).get("float32")
     if not cached:
@@ -202,7 +202,7 @@ def child_context() -> Any:
 def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int) -> Calibration:
     """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
     one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
-    and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.plan.links.
+    and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.prediction.links.
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],

@@ -1,11 +1,11 @@
 """A combination's prediction: each rank's peak memory by kind, and one iteration's time by part.
 
-Memory: the traced step (harness.plan.trace) at the rank's micro-batch, with what the strategy shards divided
+Memory: the traced step (harness.prediction.trace) at the rank's micro-batch, with what the strategy shards divided
 by the ranks sharing it, its declared communication buffers (strategies' `traffic`), the batches the data
 source keeps on the device, and on CUDA the caching allocator's overhead. Time: on this machine the
-calibrated forward, backward and optimizer step (harness.plan.calibrate); on a GPU preset the step's operators
-timed by the GPU model (harness.plan.gpu_model, fitted to published results); plus each declared collective by
-the latency-bandwidth model (harness.plan.links), hidden under the pass it overlaps with, except its last
+calibrated forward, backward and optimizer step (harness.prediction.calibrate); on a GPU preset the step's operators
+timed by the GPU model (harness.prediction.gpu_model, fitted to published results); plus each declared collective by
+the latency-bandwidth model (harness.prediction.links), hidden under the pass it overlaps with, except its last
 piece. Each figure carries a 90 % band and says where it comes from."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.inputs import Inputs, inputs_of
 from harness.core.traffic import Buffer, Collective, Traffic
-from harness.plan.calibrate import Calibration, calibrate, calibrate_strategy
-from harness.plan.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
-from harness.plan.hardware import GIB, Preset
-from harness.plan.links import collective_seconds
-from harness.plan.trace import PhasePeak, StepTrace, trace_ops, trace_step
+from harness.prediction.calibrate import Calibration, calibrate, calibrate_strategy
+from harness.prediction.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
+from harness.prediction.hardware import GIB, Preset
+from harness.prediction.links import collective_seconds
+from harness.prediction.trace import PhasePeak, StepTrace, trace_ops, trace_step
 from strategies.capabilities import ShardedParameters
 
 MIB = 2**20
@@ -416,7 +416,7 @@ def _local_band() -> dict[str, Any]:
 
 def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, ranks: int,
                      factors: GpuFactors | None = None) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
-    """A preset's compute from the step's operators (harness.plan.gpu_model): nothing is timed here, so this
+    """A preset's compute from the step's operators (harness.prediction.gpu_model): nothing is timed here, so this
     machine's load cannot move it. `factors`: the shipped ones unless given (a fit tries others)."""
     ops = trace_ops(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum)
     factors = factors or load_factors()
@@ -433,7 +433,7 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
              f"(kernels.matmul_precision={cfg.kernels.matmul_precision}); images "
              f"{'channels_last' if cfg.kernels.channels_last else 'NCHW'} (kernels.channels_last)",
              f"time band x{low:.2f}-x{high:.2f}: 90 % of the errors on published results whose architecture family "
-             "or GPU the fit had not seen (harness/plan/published.csv, benchmark 14)")
+             "or GPU the fit had not seen (harness/prediction/published.csv, benchmark 14)")
     if ranks > 1:
         notes += (f"{ranks} ranks wait for the slowest each step: x{wait:.3f} (rank-to-rank variation "
                   f"{factors.sync_cv:.1%}, fitted)",)

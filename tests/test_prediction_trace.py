@@ -1,4 +1,4 @@
-"""harness.plan.trace: attention as the run's device computes it, and a model of many alike blocks traced at
+"""harness.prediction.trace: attention as the run's device computes it, and a model of many alike blocks traced at
 two and grown, checked against its full trace."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from harness.core.amp_levels import resolve
 from harness.core.config import AmpConfig
 from harness.core.inputs import tokens
-from harness.plan import trace
-from harness.plan.gpu_model import FLOP_FORMULAS, GpuFactors, step_time
+from harness.prediction import trace
+from harness.prediction.gpu_model import FLOP_FORMULAS, GpuFactors, step_time
 
 FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
 ORIGINAL = F.scaled_dot_product_attention

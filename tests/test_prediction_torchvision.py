@@ -1,4 +1,4 @@
-"""Every torchvision classification model plans on a preset at its own image size (harness.plan.trace's builds on
+"""Every torchvision classification model plans on a preset at its own image size (harness.prediction.trace's builds on
 fake tensors and on the meta device, harness.launch.model_check's meta build), or is refused in one line."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torchvision
 from conftest import run_config
 
 from harness.launch.on_preset import predict_on
-from harness.plan.trace import on_meta
+from harness.prediction.trace import on_meta
 
 MODELS = torchvision.models.list_models(module=torchvision.models)
 # one of each kind that once failed: ConvNeXt and ViT (trunc_normal_ on fake tensors), RegNet (widths from
@@ -44,6 +44,6 @@ def test_the_models_that_once_failed_plan_on_a_preset(name):
 @pytest.mark.slow  # minutes in all, though no process starts: out of `-m "not slow"`, which replaces "not bench"
 @pytest.mark.parametrize("name", [m for m in MODELS if m not in ONCE_FAILED])
 def test_every_torchvision_classification_model_plans_on_a_preset(name):
-    """All of them (about 10 minutes): `python -m pytest -m bench tests/test_plan_torchvision.py`."""
+    """All of them (about 10 minutes): `python -m pytest -m bench tests/test_prediction_torchvision.py`."""
     row = plan(name)
     assert row["status"] == "predicted" and row["reason"] is None, row

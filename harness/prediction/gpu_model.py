@@ -1,6 +1,6 @@
 """A training step's time on a GPU this machine does not have, from the step's own operators.
 
-The step (forward, backward, the optimizer's step) is traced once on tensors with no data (harness.plan.trace's
+The step (forward, backward, the optimizer's step) is traced once on tensors with no data (harness.prediction.trace's
 meta or fake tensors), every aten operator recorded with its FLOPs (torch.utils.flop_counter's formulas) and the
 bytes it reads and writes. On a preset each operator then costs its roofline time, the longer of
 
@@ -15,8 +15,8 @@ grouped and depthwise convolution, matrix products, fused attention, normalisati
 kernel also pays a fixed launch cost; the CPU dispatching the kernels runs ahead, so a phase takes at least its
 kernels x the CPU's cost per kernel (what bounds small batches). Ranks that wait for each other every iteration wait for the slowest:
 a step of n ranks takes E[max of n] of their times, with a fitted rank-to-rank variation. The fractions, the
-launch cost and the variation are few, and fitted to published training results (harness.plan.published,
-`python bench/projection.py --fit`); they ship in harness/plan/gpu_factors.yaml with the fit's leave-one-out
+launch cost and the variation are few, and fitted to published training results (harness.prediction.published,
+`python bench/projection.py --fit`); they ship in harness/prediction/gpu_factors.yaml with the fit's leave-one-out
 error, which is the band every GPU prediction carries. A speedup across GPUs or amp levels comes out of this
 model (the dtypes of the operators, the preset's peaks and bandwidth), never out of a ratio of datasheets.
 
@@ -342,7 +342,7 @@ class OperatorRecorder(TorchDispatchMode):
         first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
         # a multi-tensor kernel's launches: one, and one more per FOREACH_TENSORS_PER_LAUNCH further tensors (affine in
-        # the tensors, so that a step of many blocks grown from fewer, harness.plan.gpu_model.repeated, counts them)
+        # the tensors, so that a step of many blocks grown from fewer, harness.prediction.gpu_model.repeated, counts them)
         kernels = 1 + (lists - 1) / FOREACH_TENSORS_PER_LAUNCH if name.startswith("_foreach") and lists else 1.0
         causal = CAUSAL_ARG.get(name)
         if causal is not None and len(args) > causal and args[causal] is True:

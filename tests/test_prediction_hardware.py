@@ -1,4 +1,4 @@
-"""Hardware presets (harness.plan.hardware): every shipped one loads; bad ones are refused naming the field."""
+"""Hardware presets (harness.prediction.hardware): every shipped one loads; bad ones are refused naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import ConfigError
-from harness.plan.hardware import LOCAL, PRESET_DIR, load_preset, preset_names
+from harness.prediction.hardware import LOCAL, PRESET_DIR, load_preset, preset_names
 
 GOOD = """accelerator: cuda
 devices_per_node: 4
@@ -114,7 +114,7 @@ def test_the_machine_key_names_gpus_through_nvml_without_opening_a_cuda_context(
     import torch
     from test_memory import FakeNvml
 
-    from harness.plan import hardware
+    from harness.prediction import hardware
 
     def refuse(*args: object) -> str:
         raise AssertionError("torch.cuda.get_device_name opens a CUDA context in the parent")
@@ -138,7 +138,7 @@ def test_this_gpus_memory_is_nvmls_total_and_never_read_through_cuda_in_the_pare
     import torch
     from test_memory import FakeNvml, NVMLError
 
-    from harness.plan import targets
+    from harness.prediction import targets
 
     def refuse(*args: object) -> object:
         raise AssertionError("torch.cuda.get_device_properties initialises CUDA in the parent")
@@ -170,7 +170,7 @@ def test_a_users_own_gpu_file_plans_like_a_shipped_preset(tmp_path, monkeypatch)
     from conftest import run_config
 
     from harness.launch.on_preset import predict_on
-    from harness.plan.hardware import PRESET_DIR
+    from harness.prediction.hardware import PRESET_DIR
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_gpu.yaml").write_text((PRESET_DIR / "l40sx8.yaml").read_text())

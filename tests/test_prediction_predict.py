@@ -1,4 +1,4 @@
-"""Predictions (harness.plan.predict, trace, calibrate): hand-worked memory by kind for each strategy's layout,
+"""Predictions (harness.prediction.predict, trace, calibrate): hand-worked memory by kind for each strategy's layout,
 the exposed part of communication, compression payloads and preset scaling; the traced step against the
 independent live-tensor instrument."""
 
@@ -20,11 +20,11 @@ from harness.core.traffic import Collective, Traffic
 from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
 from harness.memory.tensor_peak import TensorPeak
-from harness.plan import predict as predict_module
-from harness.plan.gpu_model import load_factors
-from harness.plan.hardware import load_preset
-from harness.plan.predict import MIB, Prediction, RankMemory, Target, comm_time, memory_by_rank, predict
-from harness.plan.trace import StepTrace, trace_step
+from harness.prediction import predict as predict_module
+from harness.prediction.gpu_model import load_factors
+from harness.prediction.hardware import load_preset
+from harness.prediction.predict import MIB, Prediction, RankMemory, Target, comm_time, memory_by_rank, predict
+from harness.prediction.trace import StepTrace, trace_step
 
 # a step known by hand, in MiB: 100 of fp32 parameters (units of 30, 20, 10 and a root of 40), 80 of gradients
 # alive at the peak, 100 of momentum, 50 of activations
@@ -216,7 +216,7 @@ def test_the_aten_kernels_buffers_by_hand():
     until their concatenation, and each group's columns are half as tall (73,728)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from harness.plan.trace import AtenConvolutionBuffers
+    from harness.prediction.trace import AtenConvolutionBuffers
 
     def peak(groups: int, aten: bool) -> int:
         """The peak beyond the input and weight (made inside the tracker, so that it knows their storage)."""
@@ -256,7 +256,7 @@ def test_a_combination_that_would_not_fit_gets_no_calibration(monkeypatch):
 def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     import psutil
 
-    from harness.plan import calibrate
+    from harness.prediction import calibrate
 
     cfg = run_config("ddp", nprocs=2, batch_size=8)
     decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
@@ -301,7 +301,7 @@ def test_a_gpu_preset_is_predicted_with_the_kernel_settings_the_run_would_have()
     """kernels.channels_last (the GPU default) spares a half-precision convolution the NCHW layout changes, and
     kernels.matmul_precision=high lets float32 matmuls take TF32: each setting reaches the GPU model."""
     from harness.core.config import KernelsConfig
-    from harness.plan.predict import gpu_compute_time
+    from harness.prediction.predict import gpu_compute_time
 
     preset = load_preset("a100x8")
 
