@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from amp import Amp
 
 
 class GradientSyncControl(ABC):
@@ -42,6 +45,31 @@ class CompilesInWindows(ABC):
     @abstractmethod
     def compile_seconds(self) -> float | None:
         """Seconds this rank spent compiling, read after the timed loop; None: nothing compiled."""
+
+
+class PipelineSchedule(ABC):
+    """A model that runs a batch's forward and backward itself (a pipeline's schedule interleaves microbatches'
+    forwards and backwards across the ranks' stages): the trainer hands it the batch instead of calling forward,
+    the loss and backward. A capability of the model the strategy builds (strategy=pp's stages), since the trainer
+    is handed the model."""
+
+    @abstractmethod
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], amp: Amp) -> torch.Tensor:
+        """Forward and backward over `batch` inside the amp plugin's forward context, gradients left for the step;
+        the batch's mean loss, detached, on every rank."""
+
+
+def pipeline_schedule_of(model: nn.Module) -> PipelineSchedule | None:
+    """The model's own schedule, looked for through the wrappers that hold it as `.module` (the amp plugin's
+    CastingModule); None for a model the trainer drives."""
+    seen: set[int] = set()
+    current: object = model
+    while isinstance(current, nn.Module) and id(current) not in seen:
+        if isinstance(current, PipelineSchedule):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "module", None)
+    return None
 
 
 def no_sync_for(strategy: object, model: nn.Module) -> contextlib.AbstractContextManager[Any]:

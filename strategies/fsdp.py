@@ -33,7 +33,12 @@ on a cluster); each unit's reduced gradient shard is then all-reduced across the
 `comm_hook=fp16|bf16` is DDP's gradient compression in FSDP2's terms: `reduce_dtype` half, so the
 reduce-scatter moves half the bytes. PowerSGD has no FSDP2 counterpart (fully_shard takes no
 communication hook) and is refused. apex's amp (`amp.impl=apex`) patches the model it is given and
-cannot be combined with DTensor parameters: refused."""
+cannot be combined with DTensor parameters: refused.
+
+`tp=N` (N > 1) is FSDP x TP, torchtitan's 2-D parallelism: a 2-D DeviceMesh (dp, tp) of world/N groups of N
+consecutive ranks; the model's tensor-parallel plan (`tp_plan()`, strategies.tp) is applied on the `tp` dim, then
+`fully_shard` shards the resulting DTensor slices over the `dp` dim (torchtitan's order). Each TP group trains on its
+data-parallel share of the batch (strategies.tp.GatheredBatch)."""
 
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
@@ -56,6 +61,13 @@ from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
 from strategies.capabilities import GradientSyncControl, ShardedParameters
 from strategies.ddp import HOOK_DTYPE, CommHook
+from strategies.tp import (
+        TP_AMP_RULES,
+    GatheredBatch,
+    check_tp_model,
+    gathered_parameters,
+    tp_traffic,
+)
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -71,12 +83,14 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
                          "which FSDP2 replaces with sharded DTensor parameters)"),)
 
     def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
-                 comm_hook: CommHook = "none", replicate: int = 1) -> None:
+                 comm_hook: CommHook = "none", replicate: int = 1, tp: int = 1) -> None:
         super().__init__()
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
         self.replicate = replicate  # 1: FSDP over every rank; N > 1: HSDP, N replicas of world/N shards
         self._root: FSDPModule | None = None
         self._mesh: DeviceMesh | None = None
+        self.tp = tp  # 1: no tensor parallelism; N > 1: FSDP x TP on a (world/N, N) mesh
+        self._tp_mesh: DeviceMesh | None = None
         self._precision = ShardedPrecision()
 
     @classmethod
@@ -105,6 +119,7 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
             raise Incompatible("strategy.replicate", replicate, f"a divisor of the {world} ranks "
                                f"({', '.join(map(str, divisors))}): HSDP's replicas each shard over world/replicate "
                                "ranks")
+        check_tensor_parallel(cfg, placement, amp, options)
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
@@ -112,7 +127,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         parts = [f"comm_hook={options['comm_hook']}" if options["comm_hook"] != "none" else "",
                  "reshard_after_forward=false" if options["reshard_after_forward"] is False else "",
                  f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else "",
-                 f"replicate={options['replicate']}" if options["replicate"] != 1 else ""]
+                 f"replicate={options['replicate']}" if options["replicate"] != 1 else "",
+                 f"tp={options['tp']}" if options["tp"] != 1 else ""]
         return " ".join(p for p in parts if p)
 
     @classmethod
@@ -137,6 +153,11 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         reduce: tuple[Collective, ...] = (Collective("reduce_scatter", "grads", "backward", dtype, group=group),)
         if replicate > 1:
             reduce += (Collective("all_reduce", "grads", "backward", dtype, group="replicate"),)
+        if o["tp"] > 1:  # FSDP x TP: FSDP's collectives within the data-parallel group, TP's activations beside
+            retarget = [Collective(c.op, c.payload, c.overlap, c.dtype, group="dp", every=c.every)
+                        for c in gathers + reduce]
+            return Traffic((*retarget, *tp_traffic(False)), (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
+                           tensor_parallel=o["tp"])
         return Traffic(gathers + reduce, (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
                        replicate=max(1, replicate))
 
@@ -164,6 +185,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
             units.update(dict.fromkeys(n for n, m in model.named_modules() if isinstance(m, _BATCHNORM)))
         modules = dict(model.named_modules())
         mesh = self.mesh()
+        if self._tp_mesh is not None:  # TP first, then FSDP over the data-parallel dim (torchtitan's order)
+            model = parallelize_module(model, self._tp_mesh["tp"], model.tp_plan(False))  # type: ignore[operator]
         for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents
             module = modules[name]
             fully_shard(module, mesh=mesh, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
@@ -178,6 +201,12 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         and in a process group of one (the planner's calibration of a rank's step: nothing to replicate). Rank r is
         in shard group r // (world/replicate): consecutive ranks, a node's GPUs on a cluster."""
         world = dist.get_world_size()
+        if self.tp > 1 and world > 1:  # FSDP x TP: the data-parallel dim of the (dp, tp) mesh (in a process group of
+            # one, the planner's calibration of a rank's step, there is nothing to split: plain FSDP)
+            if self._tp_mesh is None:
+                self._tp_mesh = init_device_mesh(self.ops.accelerator, (world // self.tp, self.tp),
+                                                 mesh_dim_names=("dp", "tp"))
+            return self._tp_mesh["dp"]
         if self.replicate == 1 or world == 1:
             return None
         if self._mesh is None:
@@ -186,7 +215,10 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         return self._mesh
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`."""
+        """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`; with TP, each TP
+        group fed its shared batch (GatheredBatch)."""
+        if self._tp_mesh is not None:
+            return GatheredBatch(model, self._tp_mesh["tp"].get_group())
         return model
 
     def unit_names(self, model: nn.Module) -> list[str]:
@@ -235,8 +267,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
             self._root.set_requires_gradient_sync(True)
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order)."""
-        return {name: _full(p).detach().float().cpu().clone() for name, p in unwrap(model).named_parameters()}
+        """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order); TP's sectioned
+        projections back in the model's row order."""
+        return gathered_parameters(model)
 
 
 def compiled_blocks(model: nn.Module) -> list[str]:
@@ -252,10 +285,32 @@ def compiled_blocks(model: nn.Module) -> list[str]:
     return list(declared())
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
 def sharded_units(model: nn.Module) -> Sequence[str]:
     """The names of the modules fully_shard made units of (for tests and logs)."""
     return [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+
+
+def check_tensor_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, options: Mapping[str, Any]) -> None:
+    """`strategy.tp` before anything starts: a divisor of the ranks, not combined with HSDP's replicas (a 3-D mesh),
+    uncompiled, at an amp level TP runs, on a model with a plan whose heads divide by it."""
+    tp, world = options["tp"], placement.world_size
+    if tp < 1:
+        raise ConfigError("strategy.tp", tp, "an integer >= 1 (1: no tensor parallelism; N: FSDP x TP, N consecutive "
+                          "ranks splitting each block)")
+    if tp == 1:
+        return
+    if world % tp:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        raise Incompatible("strategy.tp", tp, f"a divisor of the {world} ranks ({', '.join(map(str, divisors))}): "
+                           "FSDP shards over world/tp groups of tp ranks")
+    if options["replicate"] != 1:
+        raise Incompatible("strategy.tp", tp, f"1 with strategy.replicate={options['replicate']} (HSDP x TP would "
+                           "need a 3-D mesh: not wired), or strategy.replicate=1 with tp")
+    if cfg.compile:
+        raise ConfigError("compile", True, f"false with strategy.tp={tp} (compiling tensor-parallel blocks is not "
+                          "measured yet)")
+    for rule in TP_AMP_RULES:
+        if rule.matches(amp):
+            raise Incompatible(f"amp.{rule.key}", getattr(amp, rule.key),
+                               rule.allowed.format(level=amp.level, dtype=amp.dtype))
+    check_tp_model(cfg, tp, False, f"strategy.tp={tp}")

@@ -61,6 +61,24 @@ def describe(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
 
 
+def refused_before_start(overrides: Sequence[str], monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The pre-flight check's answer to a command line it must refuse: exit 2 and its stderr lines, with nothing
+    started (a launch, the fork server or a run would fail the test)."""
+    from harness import cli
+
+    def launched(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("nothing starts for a refused run")
+
+    for entry in ("harness.launch.launcher.launch_workers", "harness.launch.launcher.preload_forkserver",
+                  "harness.launch.runner.execute"):
+        monkeypatch.setattr(entry, launched)
+    with pytest.raises(SystemExit) as info:
+        cli.precheck(list(overrides))
+    assert info.value.code == cli.EXIT_BAD_INPUT
+    return capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.fixture(scope="session")
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[subprocess.CompletedProcess[str], dict[str, Any]]]:
     """`cli_run(*overrides)`: one real run per distinct override list for the whole session (runs cost seconds,

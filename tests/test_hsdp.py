@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import TINY, describe, leave_at_once, run_cli, run_config
+from conftest import TINY, describe, leave_at_once, refused_before_start, run_cli, run_config
 from hydra.utils import get_class
 from test_modern import GLOBAL_BATCH, NoNorm, agreed_port, train_here
 
@@ -122,18 +122,7 @@ def test_a_four_rank_hsdp_run_ends_ok_holds_half_the_parameters_a_rank_and_agree
 
 
 def test_a_replicate_that_does_not_divide_the_ranks_is_refused_before_anything_starts(monkeypatch, capsys):
-    from harness import cli
-
-    def launched(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("nothing starts for a refused run")
-
-    for entry in ("harness.launch.launcher.launch_workers", "harness.launch.launcher.preload_forkserver",
-                  "harness.launch.runner.execute"):
-        monkeypatch.setattr(entry, launched)
-    with pytest.raises(SystemExit) as info:
-        cli.precheck(["strategy=fsdp", f"nprocs={WORLD}", "strategy.replicate=3", *TINY])
-    assert info.value.code == cli.EXIT_BAD_INPUT
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = refused_before_start(["strategy=fsdp", f"nprocs={WORLD}", "strategy.replicate=3", *TINY], monkeypatch, capsys)
     assert lines == ["error: strategy.replicate=3 is not allowed: a divisor of the 4 ranks (1, 2, 4): HSDP's "
                      "replicas each shard over world/replicate ranks"], lines
 

@@ -591,6 +591,30 @@ def test_an_interrupt_outside_a_run_is_one_line_and_exit_130(capsys):
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_ctrl_c_surfacing_as_an_imports_error_is_still_the_interrupt(capsys):
+    """A Ctrl-C landing inside numpy's C import surfaced as `ImportError: cannot load module more than once per
+    process` (exit 1 and a traceback, in CI): an error after a Ctrl-C in the block is the interrupt; without one,
+    an error is the error."""
+    from harness.core.stops import interrupt_ends_quietly
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended, interrupt_ends_quietly("interrupted before it started"):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler raises at the next bytecode
+            except KeyboardInterrupt:
+                raise ImportError("cannot load module more than once per process") from None
+        assert ended.value.code == EXIT_INTERRUPTED
+        assert capsys.readouterr().err == "warning: interrupted before it started\n"
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(ImportError), interrupt_ends_quietly("interrupted before it started"):
+            raise ImportError("a real one")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # its own handler taken back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_the_console_gives_no_steady_state_figure_to_a_run_that_did_not_finish():
     """The report times finished runs only; the console line said "steady-state 211.5 img/s" for an
     interrupted one, while the report beside it said no combination had run."""

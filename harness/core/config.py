@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from harness.core.amp_levels import LEVELS, AmpConfig
+from harness.core.checkpointing import split_model_options
 from harness.core.defaults import Check, from_env, hydra_defaults, on_hardware, option
 from harness.core.errors import ConfigError
 from harness.core.options import check_plugin, literal_node, read_record, read_value
@@ -92,6 +93,13 @@ def check_search_axes(axes: Sequence[str]) -> None:
 def _plugin(*provided: str) -> Check:
     """A plugin section against its plugin's signature; `provided`: the arguments the harness passes itself."""
     return lambda key, section: check_plugin(key, section, provided=provided)
+
+
+def _model(key: str, section: Mapping[str, Any]) -> None:
+    """The model's section against its factory's signature (a classifier's num_classes passed by the harness),
+    less `checkpoint` where the harness takes it (a factory without it: harness.core.checkpointing), whose mode is
+    checked here."""
+    check_plugin(key, split_model_options(section, key)[0], provided=("num_classes",))
 
 
 def _baseline(key: str, value: str | None) -> None:
@@ -347,7 +355,7 @@ class RunConfig:
         "`resnet50`, `resnet18`, `tiny_cnn` (`model.norm=none`: without batch-norm, for strict parity checks); any "
         "torchvision classification model is a yaml of a few lines in `conf/model/`; `vit`, `gpt` (a GPT-2- or "
         "Llama-shaped language model: tokens/s), `custom` (yours: `model._target_`; [workloads](workloads.md))",
-        allowed="a choice of conf/model/", check=_plugin("num_classes"))
+        allowed="a choice of conf/model/", check=_model)
     optim: Mapping[str, Any] = option(
         help="the optimizer: `sgd` (lr 0.01, momentum 0.9), `adamw`; `optim.lr=...` and any keyword the `torch.optim` "
         "class takes (called with the parameters to train)", allowed="a choice of conf/optim/", check=_plugin())

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from harness.core.checkpointing import split_model_options
 from harness.core.config import DataConfig
 from harness.core.options import HYDRA_KEYS
 
@@ -128,8 +129,9 @@ def inputs_of(model: Mapping[str, Any], data: DataConfig) -> Inputs:
     if data.name == "custom":
         return Inputs(data.sample, factory=data.target, tokens=data.tokens_per_sample)
     declare = getattr(pydoc.locate(str(model["_target_"])), "inputs", None)
-    if callable(declare):
-        return declare({k: v for k, v in model.items() if k not in HYDRA_KEYS}, data)
+    if callable(declare):  # the factory's own options: not the harness's `checkpoint`
+        options = split_model_options(model)[0]
+        return declare({k: v for k, v in options.items() if k not in HYDRA_KEYS}, data)
     return images(data.image_size, data.num_classes)
 
 

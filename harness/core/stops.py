@@ -71,16 +71,38 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     in one line and exit 130, not a traceback of wherever Python happened to be. A run stopped mid-way says
     so itself and exits 130 on its own (harness.cli.task), its results written; a second Ctrl-C while this
     process exits ends it at once, quietly too."""
+    received: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    # Python's own handler, noting that it fired: a Ctrl-C that lands inside a C extension's import (numpy's)
+    # can surface as that import's ImportError instead of a KeyboardInterrupt. A handler set by what runs inside
+    # (a run's stop signals) replaces this one while it runs.
+    mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, interrupt) if mine else None
     try:
         yield
+    except Exception:
+        if not received:
+            raise
+        _end_interrupted(said)
     except KeyboardInterrupt:
-        from harness.core.errors import EXIT_INTERRUPTED
-        from harness.core.logs import refusals
+        _end_interrupted(said)
+    finally:
+        if mine and signal.getsignal(signal.SIGINT) is interrupt:
+            signal.signal(signal.SIGINT, previous)
 
-        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
-        end_descendants()
-        refusals().warning("%s", said)
-        sys.exit(EXIT_INTERRUPTED)
+
+def _end_interrupted(said: str) -> None:
+    from harness.core.errors import EXIT_INTERRUPTED
+    from harness.core.logs import refusals
+
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+    end_descendants()
+    refusals().warning("%s", said)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def end_descendants() -> None:

@@ -10,18 +10,28 @@ the payload's own dtype; a name (`bfloat16`) is what a compression hook sends.
 A collective runs over the whole world unless its `group` says otherwise: with replicas of the sharded state
 (HSDP, `Traffic.replicate` > 1) the ranks are `replicate` shard groups of world/replicate consecutive ranks each;
 `shard` is one of those groups, `replicate` the ranks holding the same shard (one per shard group), which exchange
-only that shard: 1/shard of the named payload."""
+only that shard: 1/shard of the named payload.
+
+Tensor parallelism (`Traffic.tensor_parallel` > 1) sends activations, not parameters: payload `activations` is one
+block's activations, micro-batch x sequence x width elements in the forward's dtype, sent `count` times a block
+(`calls="per_block"`) over the `tp` group (consecutive ranks); with data parallelism beside it (FSDP x TP) the
+parameter collectives run over `dp`, the ranks holding the same slice (`activation_bytes` sizes one).
+
+A pipeline (strategy=pp) sends point to point (`send_recv`): each stage boundary's `stage_activations` (one
+microbatch's, micro-batch x sequence x width) forward and their gradient backward, every microbatch;
+`Traffic.microbatches` and `stages_per_rank` give its schedule's idle share (`pipeline_bubble`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
-PAYLOADS = ("grads", "params", "stored_params", "powersgd")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
+PAYLOADS = ("grads", "params", "stored_params", "powersgd", "activations", "stage_activations")
 OVERLAPS = ("backward", "forward", "none")  # what the collective can hide under; none: it is waited for
-CALLS = ("whole", "per_param")  # one call for the payload (or its buckets and units), or one per parameter
+CALLS = ("whole", "per_param", "per_block")  # one call for the payload (or its buckets and units), one per
+# parameter, or (activations) `count` calls in each transformer block
 BUFFERS = ("grads", "unit_params", "unit_grads", "bucket", "params")
-GROUPS = ("world", "shard", "replicate")  # over which ranks a collective runs (HSDP's two groups)
+GROUPS = ("world", "shard", "replicate", "tp", "dp")  # over which ranks a collective runs (HSDP's, FSDP x TP's)
 # how often: once an optimizer step (gradients, which accumulation keeps until the last micro-batch), or once every
 # micro-batch (FSDP's parameters, gathered for each micro-batch's forward and backward)
 EVERY = ("step", "micro_batch")
@@ -37,8 +47,11 @@ class Collective:
     calls: str = "whole"  # per_param: one call per parameter, each paying the latency
     group: str = "world"  # shard | replicate: within one shard group, or across them (HSDP)
     every: str = "step"  # micro_batch: again for each micro-batch of gradient accumulation
+    count: int = 1  # per_block: calls in each block (tensor parallel: 2, one after the attention, one after the MLP)
 
     def __post_init__(self) -> None:
+        if self.count < 1 or (self.payload == "activations") != (self.calls == "per_block"):
+            raise ValueError(f"activations are sent per block, at least once: {self}")
         if self.op not in OPS or self.payload not in PAYLOADS or self.overlap not in OVERLAPS or \
                 self.calls not in CALLS or self.group not in GROUPS or self.every not in EVERY:
             raise ValueError(f"not a collective the planner knows: {self}")
@@ -66,12 +79,40 @@ class Traffic:
     predictable: bool = True
     why_not: str = ""
     replicate: int = 1  # HSDP: copies of the sharded state, each spread over world/replicate consecutive ranks
+    # TP: consecutive ranks splitting each block's weights and sharing their activations; 0: all of them (strategy=tp)
+    tensor_parallel: int = 1
+    microbatches: int = 0  # a pipeline's microbatches per step (0: not a pipeline; pipeline_bubble)
+    stages_per_rank: int = 1  # a pipeline's stages on each rank (interleaved schedules: more than one)
 
     def __post_init__(self) -> None:
-        if self.replicate < 1:
-            raise ValueError(f"replicate must be at least 1: {self}")
+        if self.replicate < 1 or self.tensor_parallel < 0:
+            raise ValueError(f"replicate must be at least 1, tensor_parallel at least 0 (every rank): {self}")
 
     def sharded_over(self, world_size: int) -> int:
         """The ranks one copy of what the strategy shards is spread over (`StrategySpec.shards` divides by this):
         the world, or one of HSDP's shard groups."""
         return max(1, world_size // self.replicate)
+
+    def tensor_parallel_over(self, world_size: int) -> int:
+        """The ranks of one tensor-parallel group, which share a batch: 1 without TP, the world for strategy=tp."""
+        return world_size if self.tensor_parallel == 0 else self.tensor_parallel
+
+
+def activation_bytes(collective: Collective, tokens: int, width: int, element_bytes: int, blocks: int) -> int:
+    """Bytes one rank's calls of an `activations` collective carry in one micro-batch's pass: `count` per block, each
+    the block's whole activations (`tokens` = micro-batch x sequence, of `width`), whatever the op: an all-reduce
+    moves them, an all-gather assembles them, a reduce-scatter starts from them (the α-β model prices each from
+    the full size and its group)."""
+    if collective.payload != "activations":
+        raise ValueError(f"not an activation collective: {collective}")
+    return collective.count * blocks * tokens * width * element_bytes
+
+
+def pipeline_bubble(traffic: Traffic, ranks: int) -> float:
+    """The share of a pipelined step each rank idles, waiting for the pipeline to fill and drain: (p - 1) / (m + p - 1)
+    for p ranks of one stage each and m microbatches (GPipe and 1F1B alike: 1F1B changes what is held, not the
+    idle time), divided by the stages each rank holds (interleaved 1F1B's virtual stages fill the pipeline v times
+    faster: Narayanan et al. 2021). 0 for a strategy that is not a pipeline, or one rank."""
+    if traffic.microbatches < 1 or ranks < 2:
+        return 0.0
+    return (ranks - 1) / (traffic.microbatches + ranks - 1) / traffic.stages_per_rank

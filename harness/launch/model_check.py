@@ -4,8 +4,9 @@ starts: a factory that does not build, returns something other than a module, or
 The meta device holds no memory and computes nothing: this takes well under a second for a ResNet-101; a small
 model steps on the CPU instead (`_device_for` says why). What the meta device cannot see, the values, is checked
 on the two samples as drawn, the same on either device (`_checked_layers`, `_check_targets`): an id beyond an
-embedding, a class id beyond the output, a dtype no amp level runs. `raised_in_users_code` tells the planner's
-failure in the user's own model code (a refusal) from its own (a warning)."""
+embedding, a class id beyond the output, a dtype no amp level runs. A user's model given `model.checkpoint` must
+name its blocks (harness.core.checkpointing). `raised_in_users_code` tells the planner's failure in the user's own
+model code (a refusal) from its own (a warning)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from harness.core.checkpointing import named_blocks, split_model_options
 from harness.core.errors import ConfigError
 from harness.core.inputs import Inputs, loss, loss_for
 from harness.core.stops import last_line
@@ -42,7 +44,7 @@ def check_model(model: Mapping[str, Any], inputs: Inputs, image_size: int) -> nn
 
 @functools.lru_cache(maxsize=64)
 def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) -> nn.Module:
-    options = {k: list(v) if isinstance(v, tuple) else v for k, v in model}
+    options, checkpoint = split_model_options({k: list(v) if isinstance(v, tuple) else v for k, v in model})
     target = options.get("_target_")
     try:
         built = on_meta(lambda: instantiate(options, **dict(inputs.provided)))
@@ -55,6 +57,8 @@ def _check(model: tuple[tuple[str, Any], ...], inputs: Inputs, image_size: int) 
     if not isinstance(built, nn.Module):
         raise ConfigError("model._target_", target, f"a class or function that returns a torch.nn.Module (it "
                           f"returned {type(built).__name__})")
+    if checkpoint != "none":  # the harness recomputes the blocks the model names: it must name them
+        named_blocks(built, checkpoint, str(target))
     try:
         cpu_x, cpu_y = inputs.example(2, "cpu")  # drawn where values can be read: the checks below read them
     except ConfigError:

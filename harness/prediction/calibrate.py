@@ -26,7 +26,7 @@ from amp.native import NativeAmp
 from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.inputs import Inputs, inputs_of, loss_for
-from harness.prediction.trace import hashable
+from harness.prediction.trace import hashable, model_builder
 
 WARMUP_STEPS = 2
 MIN_STEPS, MAX_STEPS, MIN_SECONDS = 5, 20, 0.5
@@ -158,7 +158,7 @@ def _measure(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpe
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     try:
         torch.manual_seed(0)
-        model = instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, **dict(inputs.provided))
+        model = model_builder({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, inputs)()
         plugin = NativeAmp(dataclasses.replace(amp, allow_emulated=True), device)
         model = plugin.cast_module(model.to(device))
         optimizer = OptimizerSpec.from_config(dict(optim)).build(plugin.optimizer_params(model))
@@ -256,7 +256,7 @@ def _strategy_child(key: bytes) -> Calibration:
         strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
         torch.manual_seed(cfg.seed)
         inputs = inputs_of(cfg.model, cfg.data)
-        model = instantiate(cfg.model, **dict(inputs.provided))
+        model = model_builder(cfg.model, inputs)()  # as a rank builds it: the harness's checkpointing applied
         plugin = build_amp(cfg.amp_plugin, spec, strategy.device)
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
         model.train()

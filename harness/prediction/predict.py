@@ -189,7 +189,9 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         raise NotPredictable(traffic.why_not)
     n = placement.world_size
     replicas = len(placement.gpus) if traffic.replicas_per_device and placement.gpus else 1  # DataParallel's
-    local_batch = cfg.batch_size // n // replicas  # DataParallel: each replica's share
+    tp = traffic.tensor_parallel_over(n)
+    local_batch = cfg.batch_size // (n // tp) // replicas  # DataParallel: each replica's share;
+    # tensor parallelism: every rank of a TP group on the group's share
     micro = local_batch // cfg.grad_accum
     unit_names = _unit_names(strategy_cls, cfg) if any(b.size.startswith("unit") for b in traffic.buffers) else None
     kernels = half_kernels(amp, preset)
@@ -205,9 +207,11 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         notes = ("time not predicted: the combination would not fit",)
     else:
         compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
+        compute, notes = tensor_parallel_compute(compute, notes, tp)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
             optimizer /= traffic.sharded_over(n)
-        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap)
+        comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
+                                  block_activations(cfg, amp, micro) if tp > 1 else None)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
@@ -228,7 +232,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     return Prediction(hardware=preset.name, world_size=n, ranks=ranks,
                       device_memory_mib=device_memory, shared_memory=preset.shared_memory,
                       compute_s=compute, optimizer_s=optimizer, comm_s=comm, exposed_comm_s=exposed,
-                      flops_per_iteration=(trace.model_flops or trace.flops) * n * replicas, global_batch=cfg.batch_size,
+                      flops_per_iteration=(trace.model_flops or trace.flops) * (n // tp) * replicas, global_batch=cfg.batch_size,
                       assumptions=assumptions, calibration={**calibration, "trace": trace.as_dict()},
                       time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
                       busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
@@ -455,7 +459,7 @@ def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int)
 
 
 def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, compute: float, micro_batches: int = 1,
-              overlap: float = 1.0) -> tuple[float, float]:
+              overlap: float = 1.0, activations: BlockActivations | None = None) -> tuple[float, float]:
     """Seconds of communication per iteration, and the part not hidden under the pass it overlaps with: what runs
     under compute (`compute`: the iteration's, every micro-batch) is hidden at the share `overlap` (a GPU factor
     fitted to the published language-model runs, as a whole: why they hide less, whether NCCL's kernels sharing the
@@ -463,7 +467,9 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     collective runs over its group (`Collective.group`): the world; or with HSDP's replicas (`Traffic.replicate`)
     one shard group, world/replicate consecutive ranks (rank i on node i // devices_per_node, as the planner labels
     devices), or the replicate group, one rank of each shard group (across nodes once shard groups fill them),
-    which exchanges 1/shard of the payload: the shard its group reduced."""
+    which exchanges 1/shard of the payload: the shard its group reduced. Tensor parallelism (`Traffic.tensor_parallel`
+    > 1): `tp` is a group of that many consecutive ranks, `dp` one rank of each, exchanging its TP slice of the
+    parameters (1/tp of the payload); an `activations` collective is `count` calls a block of `activations`' size."""
     if n <= 1 or not traffic.collectives:
         return 0.0, 0.0
     nodes = preset.nodes if preset.devices >= n else max(1, math.ceil(n / preset.devices_per_node))
@@ -472,7 +478,8 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
 
     def layout(group: str) -> tuple[int, int]:
         """(ranks a node, nodes) of one group of `group`: the world's as before; a smaller group's from its ranks."""
-        ranks = range(n) if group == "world" else range(shard) if group == "shard" else range(0, n, shard)
+        ranks = tensor_parallel_ranks(group, n, traffic.tensor_parallel_over(n)) or (
+            range(n) if group == "world" else range(shard) if group == "shard" else range(0, n, shard))
         if len(ranks) == n:
             return per_node, nodes
         on_node = Counter(r // preset.devices_per_node for r in ranks)
@@ -484,7 +491,17 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     total = exposed = 0.0
     unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
     for collective in traffic.collectives:
+        if collective.payload == "activations":  # tensor parallelism: per block, on the critical path
+            tp_calls, tp_dtype = activation_calls(collective, activations)
+            group_per_node, group_nodes = layout(collective.group)
+            seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
+                                             preset.per_op, tp_dtype) for c in tp_calls) * micro_batches
+            total += seconds
+            exposed += seconds
+            continue
         size = _payload_bytes(collective, trace)
+        if collective.group == "dp":  # FSDP x TP: each rank's TP slice of the parameters
+            size /= traffic.tensor_parallel_over(n)
         if collective.group == "replicate":  # the shard its shard group reduced, one rank of each group
             size /= shard
         group_per_node, group_nodes = layout(collective.group)
@@ -527,6 +544,57 @@ def _payload_bytes(collective: Collective, trace: StepTrace) -> float:
 def _describe(collective: Collective) -> str:
     hidden = {"backward": "under backward", "forward": "under forward", "none": "waited for"}[collective.overlap]
     dtype = f" in {collective.dtype}" if collective.dtype else ""
-    group = {"world": "", "shard": ", within each shard group", "replicate": ", across the replicas"}[collective.group]
+    group = {"world": "", "shard": ", within each shard group", "replicate": ", across the replicas",
+             "tp": ", within each tensor-parallel group", "dp": ", across the tensor-parallel groups"}[collective.group]
     every = ", every micro-batch" if collective.every == "micro_batch" else ""
+    every += f", {collective.count} a block" if collective.calls == "per_block" else ""
     return f"{collective.op} of {collective.payload}{dtype} ({hidden}{group}{every})"
+
+
+# ---- tensor parallelism (strategy=tp, strategy=fsdp strategy.tp=N) ----
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """One transformer block's activations in one micro-batch, what a TP collective carries: bytes, and the blocks."""
+
+    bytes: float
+    blocks: int
+    dtype: str
+
+
+def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivations:
+    """micro-batch x sequence x width, in the forward's dtype (the amp level's half type from O1 on: autocast's
+    projections end in it), from the model's own `tp_activations(options)` (width, blocks)."""
+    from hydra.utils import get_object
+
+    model = get_object(str(cfg.model["_target_"]))
+    width, blocks = model.tp_activations({k: v for k, v in cfg.model.items() if not k.startswith("_")})
+    dtype = "float32" if amp.level == "O0" else amp.dtype
+    tokens = micro * (inputs_here(cfg).tokens_per_sample or 1)
+    return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype)
+
+
+def activation_calls(collective: Collective, activations: BlockActivations | None) -> tuple[list[float], str]:
+    """Each call's bytes (`count` a block, every block) and their dtype."""
+    if activations is None:
+        raise NotPredictable("tensor parallelism: the model does not say its blocks' activations (tp_activations)")
+    return [activations.bytes] * (collective.count * activations.blocks), activations.dtype
+
+
+def tensor_parallel_ranks(group: str, n: int, tp: int) -> range | None:
+    """A TP group (tp consecutive ranks) or a data-parallel group across them (one rank of each); None otherwise."""
+    if group == "tp":
+        return range(tp)
+    if group == "dp":
+        return range(0, n, tp)
+    return None
+
+
+def tensor_parallel_compute(compute: float, notes: tuple[str, ...], tp: int) -> tuple[float, tuple[str, ...]]:
+    """The step as measured or modelled for the whole model, split over the TP group: each rank computes 1/tp of it
+    (the embeddings, norms and head, computed whole on every rank, are counted split too: a lower bound)."""
+    if tp <= 1:
+        return compute, notes
+    return compute / tp, (*notes, f"tensor parallelism: each of the {tp} ranks of a group computes 1/{tp} of the "
+                          "model's step on the group's batch (the parts it keeps whole counted split too); its "
+                          "activations held whole (an upper bound)")

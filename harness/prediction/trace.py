@@ -44,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from amp import AmpSpec, OptimizerSpec
 from amp.native import NativeAmp
+from harness.core.checkpointing import checkpoint_blocks, split_model_options
 from harness.core.fusion import one_kernel
 from harness.core.inputs import Inputs, loss, loss_for
 from harness.prediction.allocator import AllocationRecorder
@@ -150,8 +151,15 @@ def _registered_on_meta() -> Iterator[None]:
 
 
 def _instantiate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs) -> Callable[[], torch.nn.Module]:
-    return lambda: instantiate({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg},
-                               **dict(inputs.provided))
+    return model_builder({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, inputs)
+
+
+def model_builder(model_cfg: Mapping[str, Any], inputs: Inputs) -> Callable[[], torch.nn.Module]:
+    """The model as a rank builds it (harness.rank.checkpointing): a user's model given `model.checkpoint` has its
+    named blocks recomputed in backward here too, `selective` under the same per-operator policy."""
+    options, mode = split_model_options(model_cfg)
+    return lambda: checkpoint_blocks(instantiate(options, **dict(inputs.provided)), mode,
+                                     str(options.get("_target_")))
 
 
 @contextlib.contextmanager

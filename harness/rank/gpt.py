@@ -14,15 +14,16 @@ same in pieces) compares with the next tokens."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.checkpoint import checkpoint as recompute
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
+from harness.core.checkpointing import selective_policy
 from harness.core.config import DataConfig
 from harness.core.errors import ConfigError
 from harness.core.fusion import one_kernel
@@ -61,10 +62,14 @@ class Attention(nn.Module):
         self.out = nn.Linear(width, width, bias=bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.qkv(x).split((width, self.kv_width, self.kv_width), dim=-1)
-        q = q.view(batch, length, self.heads, -1).transpose(1, 2)
-        k, v = (t.view(batch, length, self.kv_heads, -1).transpose(1, 2) for t in (k, v))
+        batch, length, _ = x.shape
+        projected = self.qkv(x)
+        # tensor parallel (GPT.tp_plan): this rank's slice of q, k and v, so 1/shards of the heads; 1 on one device
+        shards = self.qkv.out_features // projected.shape[-1]
+        kv_width = self.kv_width // shards
+        q, k, v = projected.split((projected.shape[-1] - 2 * kv_width, kv_width, kv_width), dim=-1)
+        q = q.view(batch, length, self.heads // shards, -1).transpose(1, 2)
+        k, v = (t.view(batch, length, self.kv_heads // shards, -1).transpose(1, 2) for t in (k, v))
         if self.rotary:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         grouped: dict[str, bool] = {}
@@ -75,7 +80,7 @@ class Attention(nn.Module):
                 k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
                                            **grouped)
-        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+        return self.out(y.transpose(1, 2).reshape(batch, length, -1))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -129,30 +134,8 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# checkpoint="selective": torchtitan's per-op selective activation checkpointing ("op" mode). A block's forward runs
-# under a policy that keeps the outputs of its matrix products, all but every second one, and of the fused attention
-# kernels, and recomputes the rest (norms, activations, rotations, reshapes) in backward. A Linear with a bias
-# dispatches to addmm rather than mm, so addmm counts as a matrix product too (torchtitan's Llama has no biases).
-_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.linear.default})
-_ATTENTION = frozenset(getattr(torch.ops.aten, name).default for name in (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    if hasattr(torch.ops.aten, name))
-
-
-def selective_policy() -> Callable[..., CheckpointPolicy]:
-    """A fresh policy for one checkpointed call: matrix products counted apart in the forward and in the
-    recomputation (which must make the same choices), every second one recomputed."""
-    counts = {False: 0, True: 0}  # ctx.is_recompute -> matrix products seen
-
-    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if op in _MATMULS:
-            counts[ctx.is_recompute] += 1
-            return CheckpointPolicy.PREFER_RECOMPUTE if counts[ctx.is_recompute] % 2 == 0 \
-                else CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.MUST_SAVE if op in _ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return policy
+# checkpoint="selective": torchtitan's per-op selective activation checkpointing, its policy
+# harness.core.checkpointing's (`selective_policy`), which a user's model that names its blocks follows too.
 
 
 def _selective_contexts() -> Any:
@@ -264,6 +247,78 @@ class GPT(nn.Module):
     def block_names(self) -> list[str]:
         """The transformer blocks: the units FSDP2 shards one by one."""
         return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    @classmethod
+    def tp_sizes(cls, options: Mapping[str, Any], sequence_parallel: bool) -> dict[str, int]:
+        """What tensor parallelism splits across its ranks, by the key that sets it: each must divide by the degree
+        (strategies.tp checks it before launch; each rank computes heads / degree of the heads; with sequence
+        parallelism each holds seq_len / degree of the residual stream)."""
+        bound = bound_options(cls, options)
+        heads = int(bound["heads"])
+        sizes = {"model.heads": heads, "model.kv_heads": int(bound["kv_heads"] or heads)}
+        if bound["mlp_hidden"] is not None:
+            sizes["model.mlp_hidden"] = int(bound["mlp_hidden"])
+        if sequence_parallel:
+            sizes["model.seq_len"] = int(bound["seq_len"])
+        return sizes
+
+    @classmethod
+    def tp_activations(cls, options: Mapping[str, Any]) -> tuple[int, int]:
+        """(width, blocks): what each of tensor parallelism's collectives carries per token, and how many blocks
+        send them (the planner's price of strategy=tp)."""
+        bound = bound_options(cls, options)
+        return int(bound["width"]), int(bound["layers"])
+
+    def tp_plan(self, sequence_parallel: bool) -> dict[str, Any]:
+        """Megatron's tensor parallelism for these blocks, as `parallelize_module` takes it (module name -> style):
+        q, k, v and the MLP's up (and gate) projections split by output features, the attention's output and the
+        MLP's down projection by input features, so each block's attention and MLP end in one reduction.
+        `sequence_parallel`: the norms and the residual stream between them split along the sequence, the two
+        all-reduces becoming an all-gather before each projection and a reduce-scatter after it. The embeddings,
+        the final norm and the head stay whole on every rank. The fused projections (q|k|v, gate|up) are split
+        section by section (strategies.tp.SectionedColwise), so that each rank holds whole heads."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            PrepareModuleInputOutput,
+            PrepareModuleOutput,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        from strategies.tp import SectionedColwise
+
+        plan: dict[str, Any] = {}
+        for i, block in enumerate(self.blocks):
+            attention, mlp = block.attention, block.mlp
+            qkv = (attention.qkv.out_features - 2 * attention.kv_width, attention.kv_width, attention.kv_width)
+            up = SectionedColwise((mlp.down.in_features,) * 2) if mlp.gated else ColwiseParallel()
+            out = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+            down = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+            plan.update({f"blocks.{i}.attention.qkv": SectionedColwise(qkv), f"blocks.{i}.attention.out": out,
+                         f"blocks.{i}.mlp.up": up, f"blocks.{i}.mlp.down": down})
+            if sequence_parallel:
+                whole = (Replicate(), None, None)
+                plan.update({
+                    f"blocks.{i}.attention_norm": SequenceParallel(), f"blocks.{i}.mlp_norm": SequenceParallel(),
+                    f"blocks.{i}.attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                                 desired_input_layouts=whole, use_local_output=True),
+                    f"blocks.{i}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                           use_local_output=True)})
+        if sequence_parallel:  # the residual stream split along the sequence from the first block to the last
+            first, last = "blocks.0", f"blocks.{len(self.blocks) - 1}"
+            split = dict(input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None),
+                         use_local_input=True)
+            joined = dict(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+            if first == last:
+                plan[first] = PrepareModuleInputOutput(**split, **joined)
+            else:
+                plan[first] = PrepareModuleInput(input_layouts=split["input_layouts"],
+                                                 desired_input_layouts=split["desired_input_layouts"],
+                                                 use_local_output=True)
+                plan[last] = PrepareModuleOutput(**joined)
+        return plan
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]

@@ -18,6 +18,7 @@ from amp import Amp
 from harness.core.inputs import Batch, loss_for
 from harness.core.timing import Window, WindowClock
 from harness.rank.data import BatchSource
+from strategies.capabilities import pipeline_schedule_of
 
 NoSync = Callable[[], contextlib.AbstractContextManager[Any]]
 _NO_CONTEXT = contextlib.nullcontext()
@@ -38,10 +39,13 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp,
     every iteration's loss as a detached device tensor, read after the loop: keeping it waits for nothing."""
     model.train()
     loss_of = loss_for(model)
+    pipelined = pipeline_schedule_of(model)  # a pipeline's schedule runs forward and backward itself
     clock.start()
     for it in itertools.count(1) if iterations is None else range(1, iterations + 1):
         before_step(it)
-        if grad_accum == 1:
+        if pipelined is not None:
+            loss = pipelined.forward_backward(batches.next(), amp)
+        elif grad_accum == 1:
             images, labels = batches.next()
             with amp.forward_context():
                 loss = loss_of(model(images), labels)

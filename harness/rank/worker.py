@@ -45,6 +45,7 @@ from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges
 from harness.rank import kernels
+from harness.rank.checkpointing import build_model
 from harness.rank.data import BatchSource, batch_source
 from harness.rank.run_plan import RankSpec
 from harness.rank.trainer import compile_pass, train
@@ -152,7 +153,7 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         probe = TensorPeak().start() if placement.accelerator == "cpu" and probe_fits_warmup(cfg) else None
         kernels.apply(cfg.kernels)
         layout = kernels.memory_format(cfg.kernels, plan.inputs)
-        model = instantiate(cfg.model, **dict(plan.inputs.provided)).to(memory_format=layout)
+        model = build_model(cfg.model, plan.inputs.provided).to(memory_format=layout)  # its blocks checkpointed
         record.kernels = kernels.in_effect(model, placement.accelerator)  # before a wrapper shards the weights
         amp = build_amp(cfg.amp_plugin, plan.amp, strategy.device)
         held.enter_context(amp.kernels())

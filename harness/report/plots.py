@@ -20,7 +20,7 @@ FIRST = ("single", "dp", "ddp", "apex_ddp", "allreduce", "ignite", "zero", "fsdp
 STRATEGY_ORDER = FIRST + tuple(sorted(
     p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "strategy").glob("*.yaml") if p.stem not in FIRST))
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", "#7f7f7f",
-           "#bcbd22")
+           "#bcbd22", "#393b79", "#637939")
 AMP_STYLE = {  # level -> (line style, marker, bar hatching)
     "O0": ("-", "o", ""), "O1": ("--", "s", "//"), "O2": ("-.", "^", "\\\\"), "O3": (":", "D", "xx"),
 }

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import pydoc
 import time
 from collections.abc import Callable, Sequence
 
 from harness.compose import SWEEP_GROUP, Composed, compose_one
+from harness.core.checkpointing import OPTION, taken_by_harness
 from harness.core.config import SearchConfig
 from harness.core.errors import ConfigError
 from harness.core.options import option_choices
@@ -69,9 +71,15 @@ def space(overrides: Sequence[str], search: SearchConfig, axes: Sequence[Axis] |
 def option_values(config: Composed, axis: Axis) -> Sequence[str]:
     """An axis over a model's option takes the values the model's signature allows (model.checkpoint: none, full,
     selective where the model names them, false and true where it takes a bool): written once, in the model's
-    own code. Any other axis, or an option whose type names no values, takes the axis's own."""
+    own code. Any other axis, or an option whose type names no values, takes the axis's own. A model of one's own
+    is given model.checkpoint by the harness, which recomputes the blocks it names: `false` alone where its
+    `_target_` declares no block_names()."""
     if axis.key.startswith("model."):
-        target = (config.config.get("model") or {}).get("_target_")
+        section = config.config.get("model") or {}
+        target = section.get("_target_")
+        if axis.key == f"model.{OPTION}" and target and taken_by_harness(section) and \
+                not callable(getattr(pydoc.locate(str(target)), "block_names", None)):
+            return ("false",)
         found = option_choices(str(target), axis.key.partition(".")[2]) if target else None
         if found:
             return found

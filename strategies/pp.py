@@ -1,0 +1,276 @@
+"""Pipeline parallelism: `torch.distributed.pipelining`, the model cut at its blocks into one stage per rank (two
+with `schedule=interleaved_1f1b`), one process per device.
+
+The model is traced once on a microbatch (`torch.distributed.pipelining.pipeline`, torch.export underneath) and
+split before the blocks that begin each stage: the first stage holds what comes before the first block (the
+embeddings), the last what comes after the last (the final norm and the head); the schedule's `loss_fn` is the
+model's own loss, taken on the last stage. Stage i is on rank i (interleaved: stages r and r + world on rank r, as
+torch's looped schedules number them), and each rank keeps only its stages' parameters: the optimizer is built over
+those (the cut is the `shard` phase). Blocks that do not divide evenly are split as evenly as possible (the first
+stages take one block fewer), and the run's notes say so; a model that names no blocks is refused.
+
+There is one copy of the model, so the pipeline trains the whole global batch: each rank's data shard is
+all-gathered at the start of every step (token ids: a few kilobytes), so that the first stage feeds and the last
+stage scores the batch `single` trains, in the same order. The schedule cuts it into `microbatches`, runs forward and
+backward itself (`PipelineSchedule`, the capability the trainer asks for), and scales the gradients by the
+microbatches' count, so the update is the batch's mean as without pipelining. The loss is the last stage's mean over
+the microbatches, broadcast to every rank so that each records the same losses.
+
+Refused, each in one line before anything starts: amp O2/O3 (the amp plugin casts the whole model and keeps fp32
+masters of every parameter before it is cut), loss scaling (each stage's scaler would decide on its own gradients
+whether to skip a step, and the stages could disagree), apex, `grad_accum` > 1 (the microbatches are the
+accumulation), `compile=true` (the stages are already traced graphs; compiling them is not wired), and a model that
+is not a token model (the trace needs a microbatch of its inputs: `seq_len` token ids)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    SplitPoint,
+    pipeline,
+)
+
+from amp import Amp, AmpSpec
+from harness.core.config import RunConfig
+from harness.core.devices import Placement
+from harness.core.errors import ConfigError, Incompatible
+from harness.core.inputs import loss_for
+from harness.core.traffic import Collective, Traffic
+from strategies.base import AmpRule, ProcessGroupStrategy, RankEnv, unwrap
+from strategies.capabilities import PipelineSchedule
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+SCHEDULES: dict[str, Any] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+                             "interleaved_1f1b": ScheduleInterleaved1F1B}
+log = logging.getLogger(__name__)
+STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
+
+
+def block_ranges(blocks: int, stages: int) -> list[range]:
+    """Block indices of each stage, as even as possible: the last stages take the extra blocks (the first holds the
+    embeddings, the last the head: a middle-or-later stage is where a spare block costs least)."""
+    return [range(k * blocks // stages, (k + 1) * blocks // stages) for k in range(stages)]
+
+
+def declared_blocks(model: nn.Module) -> list[str] | None:
+    """The blocks the model names itself (`block_names()`), in order; None where it names none."""
+    declared = getattr(unwrap(model), "block_names", None)
+    return list(declared()) if callable(declared) else None
+
+
+class PipelineStages(PipelineSchedule, nn.Module):
+    """This rank's stage modules and the schedule that runs them: what the trainer trains. Its parameters are the
+    stages' only, under the whole model's names (the trace keeps them), so the optimizer, the parameters held and
+    the memory theory see one stage's share."""
+
+    def __init__(self, stages: Sequence[PipelineStage], schedule: Any, loss_of: Any, first: bool, last_rank: int,
+                 rank: int, world: int, device: torch.device) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stage.submod for stage in stages)
+        self.stage_indices = [stage.stage_index for stage in stages]
+        self._schedule, self._loss_of, self._first = schedule, loss_of, first
+        self._last_rank, self._rank, self._world, self._device = last_rank, rank, world, device
+
+    def forward(self, *args: Any) -> Any:
+        raise RuntimeError("strategy=pp: a pipeline runs through its schedule (forward_backward), not a forward")
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The model's own loss (harness.core.inputs.loss_for finds it here): what the last stage's schedule takes."""
+        return self._loss_of(outputs, targets)  # type: ignore[no-any-return]
+
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], amp: Amp) -> torch.Tensor:
+        """One schedule step over the global batch: the shards gathered, the first stage fed, the last scored; the
+        microbatches' mean loss from the last stage, on every rank."""
+        inputs, targets = (self._whole(t) for t in batch)
+        losses: list[torch.Tensor] = []
+        last = self._rank == self._last_rank
+        with amp.forward_context():
+            self._schedule.step(*((inputs,) if self._first else ()), target=targets if last else None,
+                                losses=losses if last else None, return_outputs=False)
+        loss = torch.stack([v.detach().float() for v in losses]).mean() if last \
+            else torch.zeros((), dtype=torch.float32, device=self._device)
+        dist.broadcast(loss, src=self._last_rank)
+        return loss
+
+    def _whole(self, shard: torch.Tensor) -> torch.Tensor:
+        """Every rank's shard of the batch, in rank order: the global batch (the data is sharded by rank)."""
+        parts = [torch.empty_like(shard) for _ in range(self._world)]
+        dist.all_gather(parts, shard.contiguous())
+        return torch.cat(parts)
+
+
+class Pipeline(ProcessGroupStrategy):
+    amp_rules = (
+        AmpRule({"impl": "apex"}, "impl", "native with strategy=pp (apex's amp.initialize patches the whole model "
+                "and its optimizer, which the pipeline replaces by one stage's)"),
+        AmpRule({"cast_model": True}, "level", "O0 or O1 with strategy=pp (O2/O3 cast the whole model and keep "
+                "fp32 masters of every parameter before it is cut into stages: not wired)"),
+        AmpRule({"loss_scale": "dynamic"}, "loss_scale", "amp.dtype=bfloat16 or amp.loss_scale=1 with strategy=pp "
+                "at {level}: each stage's scaler would decide on its own gradients whether to skip a step"),
+    )
+
+    def __init__(self, schedule: ScheduleName = "1f1b", microbatches: int = 4) -> None:
+        super().__init__()
+        self.schedule, self.microbatches = schedule, microbatches
+        self._env: RankEnv | None = None
+
+    # ---- the parent's side ----
+
+    @classmethod
+    def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
+        super().check_run(cfg, placement, amp)
+        o = cls.options_of(cfg.strategy)
+        schedule, micro, world = o["schedule"], o["microbatches"], placement.world_size
+        if micro < 1 or placement.global_batch % micro:
+            raise ConfigError("strategy.microbatches", micro, f"a divisor of the batch of {placement.global_batch} "
+                              "(the pipeline trains the whole global batch, cut into this many microbatches)")
+        if schedule == "1f1b" and micro < world:
+            raise ConfigError("strategy.microbatches", micro, f"at least the {world} stages with strategy.schedule="
+                              "1f1b (torch's Schedule1F1B refuses fewer)")
+        rounds = max(1, micro // world)
+        if schedule == "interleaved_1f1b" and micro % rounds:
+            raise ConfigError("strategy.microbatches", micro, f"a multiple of {rounds} with strategy.schedule="
+                              f"interleaved_1f1b on {world} ranks (torch runs the microbatches in max(1, microbatches"
+                              f" // ranks) = {rounds} equal rounds)")
+        if cfg.grad_accum > 1:
+            raise Incompatible("grad_accum", cfg.grad_accum, "1 with strategy=pp: the schedule's microbatches "
+                               "(strategy.microbatches) are its gradient accumulation")
+        if cfg.compile:
+            raise Incompatible("compile", True, "false with strategy=pp: its stages are traced graphs run by the "
+                               "schedule; compiling them is not wired")
+        if amp.loss_scale not in ("dynamic", 1.0, 1):
+            raise Incompatible("amp.loss_scale", amp.loss_scale, "1 with strategy=pp: the schedule runs backward "
+                               "itself, on the unscaled loss")
+
+    @classmethod
+    def model_notes(cls, options: Mapping[str, Any], model: nn.Module) -> tuple[str, ...]:
+        """Refuses, before launch, a model it cannot cut: no blocks named, or no token inputs to trace on. (Fewer
+        blocks than stages and tied weights are refused by the rank that cuts it: the world size and the trace are
+        not known here.)"""
+        if declared_blocks(model) is None:
+            raise Incompatible("strategy", "pp", "a model that names its blocks: strategy=pp cuts the model into "
+                               "stages at them (add a block_names() method returning the blocks' module names, "
+                               "in order, as harness/rank/gpt.py's GPT does)")
+        if not isinstance(getattr(unwrap(model), "seq_len", None), int):
+            raise Incompatible("strategy", "pp", "a token model (with seq_len, as model=gpt): strategy=pp traces "
+                               "the model on a microbatch of token ids")
+        return ()
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> str:
+        o = cls.options_of(options)
+        return f"schedule={o['schedule']} microbatches={o['microbatches']}"
+
+    @classmethod
+    def traffic(cls, options: Mapping[str, Any]) -> Traffic:
+        """Per microbatch, each stage boundary sends its activations forward and their gradient back
+        (point-to-point, b_micro x sequence x width); the bubble is the schedule's (harness.core.traffic's
+        `pipeline_bubble`). Not predicted yet: the planner times collectives over whole-model traces, and a
+        stage's compute, its boundary's activation and the bubble are not in its time model."""
+        o = cls.options_of(options)
+        sends = (Collective("send_recv", "stage_activations", "forward", every="micro_batch"),
+                 Collective("send_recv", "stage_activations", "backward", every="micro_batch"))
+        return Traffic(sends, predictable=False,
+                       why_not="strategy=pp: the planner has no stage-by-stage time model (pipeline bubble, "
+                               "point-to-point activations) yet",
+                       microbatches=o["microbatches"], stages_per_rank=STAGES_PER_RANK[o["schedule"]])
+
+    # ---- in the rank ----
+
+    def setup(self, env: RankEnv) -> None:
+        super().setup(env)
+        self._env = env
+
+    def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
+        """The cut: the model traced on one microbatch, split before each stage's first block, this rank's stages
+        built; the rest of the model is dropped, so the optimizer is built over this rank's stages alone."""
+        env = self._env
+        assert env is not None
+        world, rank = env.world_size, env.rank
+        blocks = declared_blocks(model)
+        assert blocks is not None  # refused before launch otherwise (model_notes)
+        n_stages = STAGES_PER_RANK[self.schedule] * world
+        if len(blocks) < n_stages:
+            raise ValueError(f"strategy=pp: {len(blocks)} blocks cannot make {n_stages} stages (schedule="
+                             f"{self.schedule} on {world} ranks): a model of more blocks, or fewer ranks")
+        note = split_note(len(blocks), n_stages)
+        if note and rank == 0:
+            log.warning(note)
+        starts = [r.start for r in block_ranges(len(blocks), n_stages)[1:]]
+        example = torch.zeros(env.placement.global_batch // self.microbatches, unwrap(model).seq_len,
+                              dtype=torch.long, device=self.device)
+        pipe = pipeline(model, mb_args=(example,), split_spec={blocks[s]: SplitPoint.BEGINNING for s in starts})
+        shared = shared_parameters([pipe.get_stage_module(i) for i in range(n_stages)])
+        if shared:
+            raise ValueError(f"strategy=pp: {shared[0]} is used by more than one stage (tied weights, e.g. model."
+                             "tie_embeddings=true): each stage would train its own copy; untie them")
+        mine = [rank + k * world for k in range(STAGES_PER_RANK[self.schedule])]
+        stages = [pipe.build_stage(i, self.device, group=None) for i in mine]
+        # each stage keeps the pipeline's graph, and the graph the module holding every stage: the others' go
+        others = {id(pipe.get_stage_module(i)) for i in range(n_stages) if i not in mine}
+        for name, child in list(pipe.split_gm.named_children()):
+            if id(child) in others:
+                delattr(pipe.split_gm, name)
+        loss_of = loss_for(detached_loss_owner(model))
+        del pipe, model  # the rest of the model goes with them: this rank holds its stages alone
+        schedule_cls = SCHEDULES[self.schedule]
+        schedule = schedule_cls(stages, self.microbatches, loss_fn=loss_of) if len(stages) > 1 \
+            else schedule_cls(stages[0], self.microbatches, loss_fn=loss_of)
+        return PipelineStages(stages, schedule, loss_of, first=rank == 0, last_rank=(n_stages - 1) % world,
+                              rank=rank, world=world, device=self.device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Nothing to wrap: the stages and their schedule were built in `shard`."""
+        return model
+
+    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Every stage's parameters gathered from every rank (all ranks must call it), by the whole model's names,
+        in stage order: the model as `single` trains it."""
+        stages = unwrap(model)
+        assert isinstance(stages, PipelineStages)
+        own = {index: {n: p.detach().float().cpu().clone() for n, p in stage.named_parameters()}
+               for index, stage in zip(stages.stage_indices, stages.stages, strict=True)}
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, own)
+        by_stage = {index: params for held in gathered for index, params in held.items()}
+        return {name: tensor for index in sorted(by_stage) for name, tensor in by_stage[index].items()}
+
+
+def detached_loss_owner(model: nn.Module) -> nn.Module:
+    """A copy of the model without its submodules, parameters or buffers, for its own `loss` to be bound to: a
+    model's loss reads its settings (GPT's `loss_chunks`), and a loss bound to the model itself would keep every
+    stage's parameters alive on every rank. A loss that needs a layer fails at the first step, naming it."""
+    owner = copy.copy(unwrap(model))
+    owner._modules, owner._parameters, owner._buffers = {}, {}, {}
+    return owner
+
+
+def shared_parameters(stages: Sequence[nn.Module]) -> list[str]:
+    """Parameters the trace put in more than one stage (a weight the model uses in two places, as tied embeddings):
+    each stage would step a copy of its own."""
+    seen: dict[str, int] = {}
+    for stage in stages:
+        for name, _ in stage.named_parameters():
+            seen[name] = seen.get(name, 0) + 1
+    return [name for name, count in seen.items() if count > 1]
+
+
+def split_note(blocks: int, stages: int) -> str | None:
+    """What the notes say of an uneven split (None when even)."""
+    if blocks % stages == 0:
+        return None
+    sizes = [len(r) for r in block_ranges(blocks, stages)]
+    return f"strategy=pp: {blocks} blocks over {stages} stages split as evenly as possible ({sizes}): " \
+           f"the slowest stage sets the pace ({math.ceil(blocks / stages)} blocks)"

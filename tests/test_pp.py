@@ -1,0 +1,152 @@
+"""strategy=pp: the GPT cut at its blocks into one stage per rank (two with interleaved 1F1B), trained by
+torch.distributed.pipelining's schedules on two gloo ranks. Each schedule ends ok, each rank holds about half the
+parameters, and the run trains what `single` trains (the losses and the gathered parameters within float32
+rounding); what cannot be cut or run is refused in one line before anything starts; the bubble by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import describe, refused_before_start, run_cli
+
+from harness.core.traffic import pipeline_bubble
+from harness.parity import report as verdicts
+from harness.report import build_rows, find_results
+from strategies.pp import Pipeline, block_ranges, shared_parameters, split_note
+
+# 4 blocks: two a rank, or one a stage for interleaved 1F1B (4 stages on 2 ranks); batch 8 in 4 microbatches of 2
+GPT = ("model=gpt", "model.layers=4", "model.width=32", "model.heads=2", "model.vocab_size=64", "model.seq_len=16",
+       "batch_size=8")
+PARITY = ("parity=true", "iterations=10", "log_every=5")
+PP = ("strategy=pp", "nprocs=2")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pp")
+
+
+@pytest.fixture(scope="module")
+def single(runs: Path) -> dict[str, Any]:
+    """The reference: the same model and batch on one process."""
+    proc, results = run_cli("strategy=single", *GPT, *PARITY, tmp_path=runs / "single")
+    assert proc.returncode == 0 and results is not None and results["status"] == "ok", describe(proc)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_one_process_trains(
+        schedule: str, runs: Path, single: dict[str, Any]) -> None:
+    """Two ranks: each holds its stages' parameters (rank 0 the embeddings and half the blocks, rank 1 the rest, the
+    final norm and the head: about half each, together exactly single's); every iteration's loss is single's within
+    float32 rounding (the last stage's, broadcast: both ranks record it), and the report's parity verdict against
+    `single O0` is that it agrees (the parameters gathered from the stages by single's names)."""
+    proc, results = run_cli(*PP, f"strategy.schedule={schedule}", *GPT, *PARITY, tmp_path=runs / schedule)
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    assert results["status"] == "ok" and results["world_size"] == 2
+    assert results["variant"] == f"schedule={schedule} microbatches=4"
+    held = [rank["params_held_mib"] for rank in results["ranks"]]
+    whole = single["ranks"][0]["params_held_mib"]
+    assert sum(held) == pytest.approx(whole) and all(0.4 * whole < h < 0.6 * whole for h in held), held
+    parity = results["parity"]
+    assert parity["replicas_agree"] is True and len(parity["digests"]) == 2
+    assert parity["losses"] == pytest.approx(single["parity"]["losses"], rel=1e-5)
+    rows, _ = build_rows(find_results([runs / "single", runs / schedule])[0])
+    row = next(r for r in rows if r.label.startswith("pp O0"))
+    assert (row.parity.verdict, row.parity.reference) == (verdicts.AGREES, "single O0"), row.parity.note
+
+
+# ---- refused before anything starts ----
+
+@pytest.mark.parametrize("overrides, line", [
+    (("model=tiny_cnn", "data.image_size=8", "batch_size=8"),
+     "error: strategy=pp is not allowed: a model that names its blocks: strategy=pp cuts the model into stages at "
+     "them (add a block_names() method returning the blocks' module names, in order, as harness/rank/gpt.py's GPT "
+     "does)"),
+    ((*GPT, "strategy.microbatches=3"),
+     "error: strategy.microbatches=3 is not allowed: a divisor of the batch of 8 (the pipeline trains the whole global "
+     "batch, cut into this many microbatches)"),
+    ((*GPT, "grad_accum=2"),
+     "error: grad_accum=2 is not allowed: 1 with strategy=pp: the schedule's microbatches (strategy.microbatches) "
+     "are its gradient accumulation"),
+    ((*GPT, "amp=O2"),
+     "error: amp.level=O2 is not allowed: O0 or O1 with strategy=pp (O2/O3 cast the whole model and keep fp32 masters "
+     "of every parameter before it is cut into stages: not wired)"),
+    ((*GPT, "compile=true"),
+     "error: compile=true is not allowed: false with strategy=pp: its stages are traced graphs run by the schedule; "
+     "compiling them is not wired"),
+])
+def test_what_cannot_be_cut_or_run_is_refused_in_one_line_before_anything_starts(
+        overrides: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert refused_before_start([*PP, *overrides], monkeypatch, capsys) == [line]
+
+
+# ---- the cut, the traffic and the bubble ----
+
+def test_blocks_are_split_as_evenly_as_possible_the_later_stages_taking_the_extra_ones() -> None:
+    assert block_ranges(4, 2) == [range(0, 2), range(2, 4)]
+    assert block_ranges(3, 2) == [range(0, 1), range(1, 3)]
+    assert block_ranges(7, 4) == [range(0, 1), range(1, 3), range(3, 5), range(5, 7)]
+    assert split_note(4, 2) is None
+    assert split_note(3, 2) == ("strategy=pp: 3 blocks over 2 stages split as evenly as possible ([1, 2]): the "
+                                "slowest stage sets the pace (2 blocks)")
+
+
+def test_a_weight_two_stages_use_is_found() -> None:
+    from torch import nn
+
+    tied = nn.Linear(2, 2)
+    first, last = nn.Module(), nn.Module()
+    first.embedding, last.embedding, last.norm = tied, tied, nn.LayerNorm(2)
+    assert shared_parameters([first, last]) == ["embedding.weight", "embedding.bias"]
+    assert shared_parameters([first, nn.Linear(2, 2)]) == []
+
+
+def test_the_traffic_is_each_boundarys_activations_both_ways_every_microbatch_and_not_predicted_yet() -> None:
+    traffic = Pipeline.traffic({"schedule": "gpipe", "microbatches": 8})
+    assert [(c.op, c.payload, c.overlap, c.every) for c in traffic.collectives] == [
+        ("send_recv", "stage_activations", "forward", "micro_batch"),
+        ("send_recv", "stage_activations", "backward", "micro_batch")]
+    assert (traffic.microbatches, traffic.stages_per_rank) == (8, 1)
+    assert Pipeline.traffic({"schedule": "interleaved_1f1b"}).stages_per_rank == 2
+    assert traffic.predictable is False and traffic.why_not.startswith("strategy=pp:")
+
+
+def test_the_bubble_by_hand() -> None:
+    """(p - 1) / (m + p - 1): 2 ranks, 4 microbatches: 1/5 of the step idle, GPipe and 1F1B alike; interleaved with
+    2 stages a rank halves it (1/10); 4 ranks, 8 microbatches: 3/11; one rank, or not a pipeline: none."""
+    assert pipeline_bubble(Pipeline.traffic({"schedule": "gpipe", "microbatches": 4}), 2) == pytest.approx(0.2)
+    assert pipeline_bubble(Pipeline.traffic({"schedule": "1f1b", "microbatches": 4}), 2) == pytest.approx(0.2)
+    assert pipeline_bubble(Pipeline.traffic({"schedule": "interleaved_1f1b", "microbatches": 4}), 2) == \
+        pytest.approx(0.1)
+    assert pipeline_bubble(Pipeline.traffic({"microbatches": 8}), 4) == pytest.approx(3 / 11)
+    assert pipeline_bubble(Pipeline.traffic({}), 1) == 0.0
+    from strategies.ddp import TorchDDP
+
+    assert pipeline_bubble(TorchDDP.traffic({}), 4) == 0.0
+
+
+def test_the_planner_says_in_one_line_that_it_does_not_predict_a_pipeline() -> None:
+    from conftest import config_dict
+    from hydra.utils import get_class
+
+    from harness.core.config import RunConfig
+    from harness.launch.decide import run_plan
+    from harness.launch.placement import Hardware
+    from harness.prediction.hardware import Preset
+    from harness.prediction.links import Link
+    from harness.prediction.predict import NotPredictable, Target, predict
+
+    link = Link(latency_us=2.0, bandwidth_gbps=100.0)
+    preset = Preset(name="2 gpus", accelerator="cuda", devices_per_node=2, nodes=1, device_memory_gib=80.0,
+                    peak_tflops={"float32": 10.0}, memory_gbps=1000.0, intra=link, inter=link)
+
+    cfg = RunConfig.from_dict(config_dict(nprocs=2, batch_size=8, strategy={"_target_": "strategies.pp.Pipeline"},
+                                          model={"_target_": "harness.rank.gpt.GPT", "name": "gpt"}), "pp")
+    decided = run_plan(cfg, Hardware(visible_gpus=(), cores=8), in_sweep=True)
+    with pytest.raises(NotPredictable, match="^strategy=pp: the planner has no stage-by-stage time model"):
+        predict(cfg, decided.placement, decided.amp, get_class(cfg.strategy["_target_"]), Target(preset, 1))

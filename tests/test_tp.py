@@ -1,0 +1,192 @@
+"""Tensor parallelism: `strategy=tp` (Megatron-style, the model's own `tp_plan()`, over every rank) and FSDP x TP
+(`strategy=fsdp strategy.tp=N`, a (dp, tp) mesh). Real gloo runs on model=gpt end ok, hold the blocks' weights split
+a rank, and train what one process trains (parity at O0); what cannot run is refused in one line before anything
+starts; the activations' collectives are declared and sized by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import describe, refused_before_start, run_cli
+
+from harness.core.traffic import Collective, activation_bytes
+from harness.parity import report as verdicts
+from harness.prediction.hardware import Preset
+from harness.prediction.links import Link, collective_seconds
+from harness.prediction.predict import BlockActivations, comm_time
+from harness.prediction.trace import StepTrace
+from harness.rank.gpt import GPT
+from harness.report import build_rows, find_results
+from strategies.fsdp import FSDP2
+from strategies.tp import TensorParallel, interleaved
+
+# layers=2, width=32, heads=2, vocab_size=64, seq_len=16 (GPT-2 shape), as tests/test_gpt.py counts it: 30080 fp32
+# parameters, 120320 bytes, whole. Under TP over 2 ranks each rank holds, per block: the norms 128 whole; qkv
+# (32*96 + 96) / 2 = 1584; out 32*32/2 + 32 (a row-wise split keeps the bias whole) = 544; up (32*128 + 128) / 2 =
+# 2112; down 128*32/2 + 32 = 2080: 6448, two blocks 12896; and whole the embeddings 2048 + 512, final norm 64 and
+# head 2048 = 4672. Together 17568 fp32 = 70272 bytes a rank. FSDP x TP (2 x 2) shards that again over 2: 35136.
+GPT_RUN = ("model=gpt", "model.layers=2", "model.width=32", "model.heads=2", "model.vocab_size=64",
+           "model.seq_len=16", "batch_size=8", "iterations=20", "log_every=10", "parity=true")
+WHOLE_BYTES, TP_BYTES = 30080 * 4, 17568 * 4
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`strategy=single` on the GPT-2 shape: what parity compares each tensor-parallel run with (the Llama shape's
+    section-by-section split is checked in-process below)."""
+    root = tmp_path_factory.mktemp("single")
+    proc, results = run_cli("strategy=single", *GPT_RUN, tmp_path=root / "gpt2")
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    return root
+
+
+def _verdict(references: Path, run: Path, label: str, shape: str) -> Any:
+    rows, _ = build_rows(find_results([references / shape, run])[0])
+    return {r.label: r for r in rows}[label].parity
+
+
+@pytest.mark.slow
+def test_two_rank_tp_ends_ok_holds_the_blocks_split_and_agrees_with_one_device(tmp_path, references):
+    proc, results = run_cli("strategy=tp", "nprocs=2", *GPT_RUN, "plan.predict=true", tmp_path=tmp_path)
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    assert results["status"] == "ok" and results["world_size"] == 2
+    assert results["prediction"] is not None, results["prediction_error"]  # calibrated in a process group of one
+    held = [rank["params_held_mib"] * MIB for rank in results["ranks"]]
+    assert held == [TP_BYTES, TP_BYTES], held  # not WHOLE_BYTES: the blocks' Linears are DTensor halves
+    assert results["parity"]["replicas_agree"] is True
+    parity = _verdict(references, tmp_path, "tp O0", "gpt2")
+    assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
+
+
+@pytest.mark.slow
+def test_sequence_parallel_agrees_with_one_device(tmp_path, references):
+    """The norms and the residual stream split along the sequence; the same losses as one device."""
+    proc, results = run_cli("strategy=tp", "nprocs=2", "strategy.sequence_parallel=true", *GPT_RUN,
+                            tmp_path=tmp_path)
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    assert results["status"] == "ok" and results["variant"] == "sequence_parallel"
+    parity = _verdict(references, tmp_path, "tp O0 sequence_parallel", "gpt2")
+    assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
+
+
+@pytest.mark.slow
+def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_with_one_device(tmp_path, references):
+    proc, results = run_cli("strategy=fsdp", "nprocs=4", "strategy.tp=2", *GPT_RUN, tmp_path=tmp_path)
+    assert proc.returncode == 0 and results is not None, describe(proc)
+    assert results["status"] == "ok" and results["world_size"] == 4 and results["variant"] == "tp=2"
+    held = [rank["params_held_mib"] * MIB for rank in results["ranks"]]
+    assert held == [TP_BYTES / 2] * 4, held
+    assert results["parity"]["replicas_agree"] is True
+    parity = _verdict(references, tmp_path, "fsdp O0 tp=2", "gpt2")
+    assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
+
+
+# ---- refused before anything starts ----
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (("strategy=tp", "nprocs=2", "model=tiny_cnn", "data.image_size=8", "batch_size=8"),
+     "error: model=tiny_cnn is not allowed: a model with tp_plan() (docs/workloads.md) with strategy=tp over every "
+     "rank: this model declares no plan of which weights to split"),
+    (("strategy=tp", "nprocs=2", "model=gpt", "model.width=48", "model.heads=3", "batch_size=8"),
+     "error: model.heads=3 is not allowed: a multiple of the 2 tensor-parallel ranks (strategy=tp over every rank): "
+     "each rank computes 1/2 of them"),
+    (("strategy=fsdp", "nprocs=4", "strategy.tp=3", "model=gpt", "batch_size=8"),
+     "error: strategy.tp=3 is not allowed: a divisor of the 4 ranks (1, 2, 4): FSDP shards over world/tp groups of "
+     "tp ranks"),
+    (("strategy=fsdp", "nprocs=4", "strategy.tp=2", "strategy.replicate=2", "model=gpt", "batch_size=8"),
+     "error: strategy.tp=2 is not allowed: 1 with strategy.replicate=2 (HSDP x TP would need a 3-D mesh: not "
+     "wired), or strategy.replicate=1 with tp"),
+    (("strategy=fsdp", "nprocs=4", "strategy.tp=2", "model=tiny_cnn", "data.image_size=8", "batch_size=8"),
+     "error: model=tiny_cnn is not allowed: a model with tp_plan() (docs/workloads.md) with strategy.tp=2: this "
+     "model declares no plan of which weights to split"),
+])
+def test_what_tensor_parallelism_cannot_run_is_refused_in_one_line_before_anything_starts(overrides, line,
+                                                                                           monkeypatch, capsys):
+    lines = refused_before_start(overrides, monkeypatch, capsys)
+    assert lines == [line], lines
+
+
+def test_apex_and_the_levels_tp_does_not_run_are_refused_with_the_reason():
+    from harness.core.amp_levels import AmpConfig, resolve
+    from harness.core.errors import Incompatible
+
+    for level, impl, dtype, key in (("O1", "apex", "float16", "amp.impl"), ("O2", "native", "bfloat16", "amp.level"),
+                                    ("O1", "native", "float16", "amp.loss_scale")):
+        with pytest.raises(Incompatible) as info:
+            TensorParallel.check_compatible(None, resolve(AmpConfig(level=level, impl=impl, dtype=dtype), "cuda"))
+        assert info.value.key == key
+    TensorParallel.check_compatible(None, resolve(AmpConfig(level="O1", dtype="bfloat16"), "cuda"))  # runs
+
+
+# ---- what it declares ----
+
+def test_the_activations_collectives_per_block_sized_by_hand():
+    """model=gpt as above, 8 sequences of 16 tokens a rank's micro-batch, width 32, fp32, 2 blocks: without sequence
+    parallelism two all-reduces a block each way, each of the block's whole activations 8 x 16 x 32 x 4 = 16 KiB, so
+    2 x 2 x 16384 = 65536 bytes forward and as many backward; with it an all-gather and a reduce-scatter of the same
+    size in their place."""
+    plain = TensorParallel.traffic({})
+    assert plain.predictable and plain.tensor_parallel_over(4) == 4  # strategy=tp: every rank
+    assert [(c.op, c.payload, c.group, c.calls, c.count, c.every) for c in plain.collectives] == \
+        [("all_reduce", "activations", "tp", "per_block", 2, "micro_batch")] * 2
+    assert [activation_bytes(c, 8 * 16, 32, 4, 2) for c in plain.collectives] == [65536, 65536]
+    sequence = TensorParallel.traffic({"sequence_parallel": True})
+    assert [c.op for c in sequence.collectives] == ["all_gather", "reduce_scatter"] * 2
+    assert sum(activation_bytes(c, 8 * 16, 32, 4, 2) for c in sequence.collectives) == 4 * 65536
+    with pytest.raises(ValueError, match="per block"):
+        Collective("all_reduce", "activations", "none")
+    both = FSDP2.traffic({"tp": 2})
+    assert both.tensor_parallel_over(4) == 2 and both.sharded_over(4) == 4
+    assert [(c.op, c.group) for c in both.collectives] == [
+        ("all_gather", "dp"), ("all_gather", "dp"), ("reduce_scatter", "dp"), ("all_reduce", "tp"), ("all_reduce", "tp")]
+    assert FSDP2.variant({"tp": 2}) == "tp=2" and TensorParallel.variant({"sequence_parallel": True})
+
+
+def test_the_plan_splits_fused_projections_section_by_section_and_one_device_is_unchanged():
+    """Rows of q|k|v (8 | 4 | 4) over 2 ranks: rank 0 gets q's first half, k's and v's, rank 1 the rest; the model's
+    sizes each rank must divide; a single device reads its full head count off the projection."""
+    assert interleaved((8, 4, 4), 2).tolist() == [0, 1, 2, 3, 8, 9, 12, 13, 4, 5, 6, 7, 10, 11, 14, 15]
+    model = GPT(layers=1, width=16, heads=4, kv_heads=2, shape="llama", vocab_size=32, seq_len=8)
+    plan = model.tp_plan(False)
+    assert set(plan) == {"blocks.0.attention.qkv", "blocks.0.attention.out", "blocks.0.mlp.up", "blocks.0.mlp.down"}
+    assert plan["blocks.0.attention.qkv"].sections == (16, 8, 8)  # type: ignore[attr-defined]
+    assert {"blocks.0.attention_norm", "blocks.0.mlp_norm", "blocks.0"} <= set(model.tp_plan(True))
+    assert GPT.tp_sizes({"heads": 4, "kv_heads": 2}, True) == {"model.heads": 4, "model.kv_heads": 2,
+                                                                "model.seq_len": 64}
+    torch.manual_seed(0)
+    assert model(torch.randint(0, 32, (2, 8))).shape == (2, 8, 32)
+
+
+# ---- the planner ----
+
+# 2 nodes of 2 devices: fast inside a node, ten times slower between nodes (as tests/test_hsdp.py)
+INTRA, INTER = Link(latency_us=2.0, bandwidth_gbps=100.0), Link(latency_us=10.0, bandwidth_gbps=10.0)
+TWO_BY_TWO = Preset(name="2x2", accelerator="cuda", devices_per_node=2, nodes=2, device_memory_gib=80.0,
+                    peak_tflops={"float32": 10.0}, memory_gbps=1000.0, intra=INTRA, inter=INTER)
+PARAMS = 100 * MIB
+TRACE = StepTrace(peak=330 * MIB, params=PARAMS, masters=0, grads=PARAMS, optimizer_state=PARAMS,
+                  activations=50 * MIB, flops=10**9, model_params=PARAMS, model_grads=PARAMS, stored_params=PARAMS,
+                  param_count=PARAMS // 4, matrices=((64, 27), (10, 16)), units=(), tracer="meta")
+# one block's activations: 8 sequences of 1024 tokens of width 4096 in fp32 = 128 MiB; 4 blocks
+BLOCK = BlockActivations(8 * 1024 * 4096 * 4, 4, "float32")
+
+
+def test_the_planner_prices_tp_all_reduces_per_block_on_their_group_and_fsdp_across_the_groups():
+    """Nothing hides (waited for). strategy=tp over all 4 ranks: 2 all-reduces a block forward and 2 backward, 16
+    calls of 128 MiB over both nodes, each 6 hops (4 of them crossing: 2 x 2 us + 4 x 10 us) plus 2(n-1)/n = 3/2 x
+    128 MiB at the slower 10 GB/s. FSDP x TP on 2 x 2: the TP group is a node's 2 ranks (2 hops at 2 us, bus factor 1
+    at 100 GB/s); FSDP's all-gather of each rank's TP half of the 100 MiB of parameters (50 MiB) and its
+    reduce-scatter run across the nodes, one rank of each (1 hop at 10 us, bus factor 1/2, 10 GB/s)."""
+    world_call = 2 * 2e-6 + 4 * 10e-6 + 1.5 * 128 * MIB / 10e9
+    assert world_call == pytest.approx(collective_seconds("all_reduce", 128 * MIB, 2, 2, INTRA, INTER))
+    total, exposed = comm_time(TensorParallel.traffic({}), TRACE, 4, TWO_BY_TWO, compute=1.0, activations=BLOCK)
+    assert total == exposed == pytest.approx(16 * world_call)
+    node_call = 2 * 2e-6 + 128 * MIB / 100e9
+    dp_call = 10e-6 + 0.5 * 50 * MIB / 10e9
+    both = FSDP2.traffic({"tp": 2, "reshard_after_forward": False})
+    total, exposed = comm_time(both, TRACE, 4, TWO_BY_TWO, compute=0.0, activations=BLOCK)
+    assert total == exposed == pytest.approx(16 * node_call + 2 * dp_call)
