@@ -24,7 +24,7 @@ from harness.core.errors import ConfigError
 from harness.prediction.hardware import LOCAL, Preset, load_preset
 from harness.search.answer import training_command
 from harness.search.shortlist import option_values, space
-from harness.search.space import AXES, Axis, check_axes, key_of
+from harness.search.space import Axis, all_axes, check_axes, key_of
 from harness.verdict.rounds import combination_names
 
 log = logging.getLogger(__name__)
@@ -76,11 +76,11 @@ def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
     nodes = nodes_of(base, preset) if preset is not None else 1
     hybrid = gpu and nodes > 1 and not any(key_of(o) == REPLICATE for o in overrides)
     if hybrid:  # right after the strategy axis: 1 (plain FSDP, the option dropped below) and <nodes> (HSDP)
-        at = next((i + 1 for i, a in enumerate(axes) if a.key == AXES["strategy"].key), 0)
+        at = next((i + 1 for i, a in enumerate(axes) if a.key == all_axes()["strategy"].key), 0)
         axes = [*axes[:at], Axis(REPLICATE, ("1", str(nodes))), *axes[at:]]
 
     def values_on(config: Composed, axis: Axis) -> Sequence[str]:
-        if axis.key == AXES["micro_batch"].key and preset is not None:
+        if axis.key == all_axes()["micro_batch"].key and preset is not None:
             return micro_batches(config.run, preset, nodes)
         return option_values(config, axis)
 
@@ -96,7 +96,7 @@ def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
 
     named = combination_names([[o for o in c if not o.startswith("amp.dtype=")] for c in found], describe)
     said = [f"{name}{f' ({key})' if key != name else ''}: {', '.join(searched(found, key)) or 'applies to none'}"
-            for name, key in ((n, AXES[n].key) for n in names)]
+            for name, key in ((n, all_axes()[n].key) for n in names)]
     if hybrid and searched(found, REPLICATE):
         said.append(f"HSDP ({hsdp}): sharded within each of the {nodes} nodes, beside plain FSDP")
     if gpu and "amp=O1" in {o for c in found for o in c}:

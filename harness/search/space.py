@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.core.config import check_search_axes
 
@@ -57,13 +57,6 @@ def all_axes() -> dict[str, Axis]:
         "compile": Axis("compile", ("false", "true"), always=True),
         "checkpoint": Axis("model.checkpoint", ("false", "true")),
     }
-
-
-def __getattr__(name: str) -> Any:
-    """`AXES`, the name the callers import: `all_axes()`, built at first use."""
-    if name == "AXES":
-        return all_axes()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def key_of(override: str) -> str:
