@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dict[str, list[str]],
-              described: str) -> tuple[dict, list, list[str]]:
-    """Every case of `models` (each a model's overrides) predicted, then run and measured; --quick: `quick`'s, one
-    process, O0. The settings, the table and the summary lines of a results page."""
+              described: str, more: tuple[list[str], ...] = ()) -> tuple[dict, list, list[str]]:
+    """Every case of `models` (each a model's overrides) predicted, then run and measured, and each sweep of
+    `more` on every model (strategies that need their own process counts); --quick: `quick`'s, one process, O0.
+    The settings, the table and the summary lines of a results page."""
     common_overrides = ["repeat=1", "amp=O0,O1", "amp.dtype=bfloat16", "plan.predict=true"]
     if args.quick:  # seconds: the tiny model, two cases
         models = quick  # and no multi-process sweep
@@ -72,6 +73,8 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
             common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
             if not args.quick:
                 common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi")
+                for k, extra in enumerate(more):
+                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}")
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
     for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"], r["variant"],

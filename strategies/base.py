@@ -209,6 +209,8 @@ class ProcessGroupStrategy(Strategy):
     def setup(self, env: RankEnv) -> None:
         super().setup(env)
         device_id = self.ops.device if self.ops.accelerator == "cuda" else None
+        if dist.is_initialized():  # the planner's calibration of one rank of a larger group (a fake process group)
+            return
         dist.init_process_group(self.backend_name, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=env.timeout_s), device_id=device_id)
 

@@ -85,7 +85,7 @@ class TorchDDP(GradientSyncControl, ProcessGroupStrategy):
         """Buckets all-reduced as backward fills them (overlapped); the buckets are a second copy of the
         gradients unless gradient_as_bucket_view; a compression hook adds a half copy of one bucket. Without a
         hook, one bucket's all-reduce result is held apart from the bucket while it is written back: measured
-        on gloo with harness.memory.tensor_peak.TensorPeak around two iterations of DDP(TinyCNN(10, norm="none"))
+        on gloo with harness.core.tensor_peak.TensorPeak around two iterations of DDP(TinyCNN(10, norm="none"))
         on 2 ranks, 10 fresh models per rank, the peak held one bucket more (+6,248 B: its 1,562 gradients) in 4
         of 20 rank-trials, with or without gradient_as_bucket_view (2-core Xeon, torch 2.14.1); a run's peak is
         its iterations' largest, so it is counted."""

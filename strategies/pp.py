@@ -177,15 +177,12 @@ class Pipeline(ProcessGroupStrategy):
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """Per microbatch, each stage boundary sends its activations forward and their gradient back
         (point-to-point, b_micro x sequence x width); the bubble is the schedule's (harness.core.traffic's
-        `pipeline_bubble`). Not predicted yet: the planner times collectives over whole-model traces, and a
-        stage's compute, its boundary's activation and the bubble are not in its time model."""
+        `pipeline_bubble`). The planner predicts each rank's stage as a model of its own
+        (harness.prediction.pipeline)."""
         o = cls.options_of(options)
         sends = (Collective("send_recv", "stage_activations", "forward", every="micro_batch"),
                  Collective("send_recv", "stage_activations", "backward", every="micro_batch"))
-        return Traffic(sends, predictable=False,
-                       why_not="strategy=pp: the planner has no stage-by-stage time model (pipeline bubble, "
-                               "point-to-point activations) yet",
-                       microbatches=o["microbatches"], stages_per_rank=STAGES_PER_RANK[o["schedule"]])
+        return Traffic(sends, microbatches=o["microbatches"], stages_per_rank=STAGES_PER_RANK[o["schedule"]])
 
     # ---- in the rank ----
 

@@ -124,7 +124,8 @@ def prepare(amp: Any, model: torch.nn.Module, make_optimizer: Callable[[Any], to
 STRATEGY_TARGETS = {"single": "strategies.single.SingleDevice", "ddp": "strategies.ddp.TorchDDP",
                     "dp": "strategies.dp.DataParallelStrategy", "apex_ddp": "strategies.apex_ddp.ApexDDP",
                     "allreduce": "strategies.allreduce.ManualAllReduce", "fsdp": "strategies.fsdp.FSDP2",
-                    "zero": "strategies.zero.ZeroDDP"}
+                    "zero": "strategies.zero.ZeroDDP", "tp": "strategies.tp.TensorParallel",
+                    "pp": "strategies.pp.Pipeline"}
 
 
 def config_dict(name: str = "single", **values: Any) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from hydra.utils import get_class
 from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.devices import cpu_half_kernels
 from harness.core.inputs import images as image_inputs
+from harness.core.tensor_peak import TensorPeak
 from harness.core.traffic import Collective, Traffic
 from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
-from harness.memory.tensor_peak import TensorPeak
 from harness.prediction import predict as predict_module
 from harness.prediction.gpu_model import load_factors
 from harness.prediction.hardware import load_preset
@@ -273,6 +273,25 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     calibrate.shutdown()
     assert calibrate._pool is None
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_rank_is_calibrated_on_its_own_slices_in_a_fake_group():
+    """strategy=tp on 2 ranks: the calibration is one rank of a fake group of 2, so its forward and backward
+    allocate the activations of its half of the heads and of the MLP's width: fewer than the whole model's, which a
+    process group of one (every slice whole) would allocate, gradients besides."""
+    from harness.prediction import calibrate
+
+    gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 2, "seq_len": 128}
+    cfg = run_config("tp", nprocs=2, batch_size=8, model=gpt, data={"name": "synthetic"})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    try:
+        rank = calibrate.calibrate_strategy(cfg, decided.placement, decided.amp, micro_batch=8, tensor_parallel=2)
+    finally:
+        calibrate.shutdown()
+    whole = trace_step(gpt, predict_module.inputs_here(cfg), decided.amp, cfg.optim, 8)
+    assert rank.pass_peak_bytes is not None and rank.forward_backward_s > 0
+    assert rank.pass_peak_bytes < 0.8 * whole.activations
 
 
 @pytest.mark.parametrize("name, optimizer_share", [("ddp", 1), ("zero", 1 / 8), ("fsdp", 1 / 8)])

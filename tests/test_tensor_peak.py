@@ -1,11 +1,11 @@
-"""The live-tensor peak on CPU (harness.memory.tensor_peak): hand-sized allocations whose peak, final bytes and
+"""The live-tensor peak on CPU (harness.core.tensor_peak): hand-sized allocations whose peak, final bytes and
 total allocated differ, so the instrument cannot pass by reporting the wrong one."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.memory.tensor_peak import TensorPeak, peak_of
+from harness.core.tensor_peak import TensorPeak, peak_of
 
 MIB = 2**20
 

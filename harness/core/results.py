@@ -76,7 +76,7 @@ class RankEntry:
     status: Status | None = None
     error: str | None = None
     allocator: list[dict[str, Any]] | None = None  # torch's allocator peaks per device (GPU runs)
-    tensor_peak_mib: float | None = None  # CPU: the peak of live tensor bytes (harness.memory.tensor_peak)
+    tensor_peak_mib: float | None = None  # CPU: the peak of live tensor bytes (harness.core.tensor_peak)
     params_held_mib: float | None = None  # the bytes the rank's parameters hold once set up (FSDP2: its shards)
 
 

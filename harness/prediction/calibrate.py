@@ -44,6 +44,9 @@ class Calibration:
     best_forward_backward_s: float = 0.0  # the best, beside the median: their gap is the timing's own spread
     background_cores: float = 0.0  # cores other processes kept busy meanwhile (steal time included)
     gemm_ratio: float | None = None  # float32 products timed beside the model / this machine's cached rate
+    # one tensor-parallel rank's first forward and backward: the peak of the tensors it allocated (activations, the
+    # gradients backward made, the inputs), measured on the CPU (None where not measured)
+    pass_peak_bytes: int | None = None
 
     @property
     def busy(self) -> str | None:
@@ -199,10 +202,14 @@ def child_context() -> Any:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int) -> Calibration:
+def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int,
+                       tensor_parallel: int = 1) -> Calibration:
     """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
     one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
     and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.prediction.links.
+    `tensor_parallel` > 1: one rank of a tensor-parallel group of that many, in a fake process group of that size
+    (torch's FakeProcessGroup: every collective returns at once, its outputs as this rank's own), so that what is
+    timed is one rank's slices of the weights and DTensor's dispatch around them, not the whole model.
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
@@ -211,18 +218,29 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     # what the step depends on, not the run's bookkeeping (its round, iterations, folders): a sweep's later rounds
     # read the first's calibration
     key = json.dumps([dict(cfg.strategy), dict(cfg.model), dict(cfg.optim), dataclasses.asdict(cfg.data), cfg.amp_plugin,
-                      cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch], sort_keys=True, default=str)
+                      cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch, tensor_parallel],
+                     sort_keys=True, default=str)
     global _pool
     if key not in _CALIBRATED:
         if _pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
             _pool = ProcessPoolExecutor(1, mp_context=child_context())
-        _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, micro_batch))).result()
+        _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, micro_batch,
+                                                                       tensor_parallel))).result()
     return _CALIBRATED[key]
 
 
 _CALIBRATED: dict[str, Calibration] = {}
+
+
+def fake_process_group(world_size: int) -> None:
+    """Rank 0 of a process group of `world_size` whose collectives do nothing (torch's own fake backend, which its
+    tests use to trace distributed programs in one process; an internal module, so it is imported here only)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
 def shutdown() -> None:
@@ -241,7 +259,7 @@ def _strategy_child(key: bytes) -> Calibration:
     from strategies.base import RankEnv
     from strategies.capabilities import no_sync_for
 
-    cfg, placement, amp, micro_batch = pickle.loads(key)
+    cfg, placement, amp, micro_batch, tensor_parallel = pickle.loads(key)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -252,6 +270,8 @@ def _strategy_child(key: bytes) -> Calibration:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     strategy = instantiate(cfg.strategy)
+    if tensor_parallel > 1:
+        fake_process_group(tensor_parallel)
     try:
         strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
         torch.manual_seed(cfg.seed)
@@ -261,7 +281,12 @@ def _strategy_child(key: bytes) -> Calibration:
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
         model.train()
         loss_of = loss_for(model)
-        images, labels = inputs.example(micro_batch * cfg.grad_accum, strategy.device)
+        from strategies.tp import GatheredBatch
+
+        # a tensor-parallel rank that gathers its group's shares reads its own share (the fake group's all-gather
+        # hands back copies of it: the group's batch)
+        share = micro_batch // tensor_parallel if isinstance(model, GatheredBatch) else micro_batch
+        images, labels = inputs.example(share * cfg.grad_accum, strategy.device)
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
 
         def sync_skipped(last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -281,8 +306,19 @@ def _strategy_child(key: bytes) -> Calibration:
             plugin.zero_grad(optimizer)
 
         with plugin.kernels():
-            return timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads,
-                               strategy.device.type)
+            peak = None
+            if tensor_parallel > 1 and strategy.device.type == "cpu":
+                # one rank's forward and backward on its slices: its activations and gradients, measured (the
+                # trace has the whole model's); the optimizer's state is made by the step after
+                from harness.core.tensor_peak import TensorPeak
+
+                probe = TensorPeak().start()
+                forward_backward()
+                peak = probe.stop()
+                plugin.zero_grad(optimizer)
+            timed = timed_steps(forward_backward, step, strategy.synchronize, micro_batch, threads,
+                                strategy.device.type)
+            return dataclasses.replace(timed, pass_peak_bytes=peak)
     finally:
         if strategy.is_set_up:
             strategy.teardown()

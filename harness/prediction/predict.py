@@ -10,6 +10,7 @@ piece. Each figure carries a 90 % band and says where it comes from."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.inputs import Inputs, inputs_of
 from harness.core.traffic import Buffer, Collective, Traffic
+from harness.prediction import pipeline
 from harness.prediction.calibrate import Calibration, calibrate, calibrate_strategy
 from harness.prediction.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
 from harness.prediction.hardware import GIB, Preset
@@ -187,6 +189,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     traffic: Traffic = strategy_cls.traffic(cfg.strategy)
     if not traffic.predictable:
         raise NotPredictable(traffic.why_not)
+    if traffic.microbatches:
+        return predict_pipeline(cfg, placement, amp, strategy_cls, target, traffic)
     n = placement.world_size
     replicas = len(placement.gpus) if traffic.replicas_per_device and placement.gpus else 1  # DataParallel's
     tp = traffic.tensor_parallel_over(n)
@@ -201,13 +205,22 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
     notes: tuple[str, ...]
+    if tp > 1 and needed <= device_memory:  # the activations of one rank's slices, where they can be measured here
+        measured_acts = tensor_parallel_activations(cfg, amp, target, micro, placement, tp, trace)
+        if measured_acts is not None:
+            trace = dataclasses.replace(trace, activations=measured_acts, phases=tuple(
+                dataclasses.replace(phase, activations=measured_acts) if i == 0 else phase
+                for i, phase in enumerate(trace.phases)))
+            ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
+            needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
     if needed > device_memory:  # it would not run: its time is not calibrated (that could run out of memory here)
         compute = optimizer = comm = exposed = math.nan
         calibration: dict[str, Any] = {}
         notes = ("time not predicted: the combination would not fit",)
     else:
-        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement)
-        compute, notes = tensor_parallel_compute(compute, notes, tp)
+        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement, tp)
+        if not calibration.get("one_tensor_parallel_rank"):
+            compute, notes = tensor_parallel_compute(compute, notes, tp)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
             optimizer /= traffic.sharded_over(n)
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
@@ -243,6 +256,85 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
 
 class NotPredictable(ValueError):
     """A strategy the planner has no model of (it says why)."""
+
+
+def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any, target: Target,
+                     traffic: Traffic) -> Prediction:
+    """strategy=pp: each rank's stage as a model of its own (harness.prediction.pipeline): its memory from the
+    traces at its block count and one more, its time the slowest rank's microbatches over the schedule's bubble,
+    plus the boundaries' sends."""
+    preset, n = target.preset, placement.world_size
+    m = traffic.microbatches
+    microbatch = cfg.batch_size // m  # the pipeline trains the global batch, cut into m microbatches
+    options = dict(cfg.strategy)
+    schedule = str(options.get("schedule", ""))
+    try:
+        blocks = pipeline.rank_blocks(pipeline.model_layers(cfg), n, traffic.stages_per_rank)
+        whole = trace_step(cfg.model, inputs_here(cfg), amp, cfg.optim, microbatch, 1, device=preset.accelerator)
+
+        def traced(k: int) -> StepTrace:
+            stage = pipeline.stage_config(cfg, k)
+            return trace_step(stage.model, inputs_here(cfg), amp, cfg.optim, microbatch, 1,
+                              device=preset.accelerator)
+
+        before = pipeline.before_blocks_share(cfg, inputs_here(cfg))
+        boundary = pipeline.boundary_bytes(cfg, amp.level, amp.dtype, microbatch,
+                                           inputs_here(cfg).tokens_per_sample or 1)
+    except pipeline.NotAPipelineModel as err:
+        raise NotPredictable(f"strategy=pp: {err}") from None
+    gpipe = traffic.stages_per_rank == 1 and schedule == "gpipe"
+    sample = inputs_here(cfg).input_bytes
+    # each rank's shard of the batch (its data source's pool) and the gathered global batch the schedule feeds
+    inputs = input_batches(cfg) * (cfg.batch_size // n) * sample + cfg.batch_size * sample
+    overhead_share = whole.allocator_overhead if preset.accelerator == "cuda" else 0.0
+    labels = _device_labels(placement, preset, n, 1)
+    ranks = []
+    for r, k in enumerate(blocks):
+        held = pipeline.in_flight(m, n, r, gpipe)
+        part = pipeline.stage_bytes(traced(k), traced(k + 1), k, r == 0, r == n - 1, held, m, boundary, before)
+        buffers = pipeline.receive_buffers(boundary, m, r == 0, r == n - 1)
+        live = part.total + inputs + buffers
+        ranks.append(RankMemory(labels[r], part.params / MIB, part.grads / MIB, part.state / MIB,
+                                part.activations / MIB, inputs / MIB, buffers / MIB, overhead_share * live / MIB))
+    device_memory = preset.device_memory_gib * GIB / MIB
+    needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
+    notes: tuple[str, ...] = (pipeline.describe(traffic, n, blocks, schedule),)
+    calibration: dict[str, Any] = {}
+    if needed > device_memory:
+        compute = optimizer = comm = exposed = math.nan
+        notes += ("time not predicted: the combination would not fit",)
+    else:
+        slowest = pipeline.stage_config(cfg, max(blocks))
+        if preset.measured:  # the stage's bare model here, at a rank's threads (the schedule's own work not in it)
+            cal = calibrate_fn_default(slowest, amp, microbatch, target.calibration_threads)
+            per_micro, optimizer = cal.forward_backward_s, cal.optimizer_s
+            calibration = {"compute": cal.as_dict(), **_local_band()}
+            notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a model of its own, "
+                      f"{microbatch} sequences a microbatch, {target.calibration_threads} thread(s)",)
+        else:
+            per_micro, optimizer, calibration, more = gpu_compute_time(slowest, amp, preset, microbatch, n)
+            notes += more
+        compute = pipeline.step_seconds(per_micro, traffic, n)
+        comm = exposed = pipeline.sends_seconds(boundary, preset, traffic, n)
+    assumptions = (*notes, *memory_notes(preset, cfg, amp, None, whole),
+                   f"communication: each microbatch's boundary activations ({boundary / MIB:.2f} MiB) sent forward "
+                   "and their gradient back, one hop each, waited for; the batch's token ids gathered once")
+    if not target.link_measured and n > 1:
+        comm = exposed = 0.0
+        assumptions += ("this machine's link was never measured (`python run.py plan=true` with as many ranks "
+                        "measures it): communication left out",)
+    band = tuple(calibration.get("band", (1.0, 1.0)))
+    busy = (calibration.get("compute") or {}).get("busy")
+    return Prediction(hardware=preset.name, world_size=n, ranks=tuple(ranks), device_memory_mib=device_memory,
+                      shared_memory=preset.shared_memory, compute_s=compute, optimizer_s=optimizer, comm_s=comm,
+                      exposed_comm_s=exposed, flops_per_iteration=(whole.model_flops or whole.flops) * m,
+                      global_batch=cfg.batch_size, assumptions=assumptions,
+                      calibration={**calibration, "trace": whole.as_dict()},
+                      time_band=(float(band[0]), float(band[1])), band_source=calibration.get("band_source", ""),
+                      busy=busy, peak_tflops=preset.peak_tflops.get(amp.dtype),
+                      peak_source=f"{preset.name}: " + ("this machine's measured GEMM rate" if preset.name == "local"
+                                                         else "the preset's datasheet figure") + f", {amp.dtype}",
+                      input_batches=input_batches(cfg))
 
 
 @dataclass(frozen=True)
@@ -383,12 +475,18 @@ def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | No
 
 
 def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement | None = None,
-                 ) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
+                 tensor_parallel: int = 1) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
+    """One rank's forward and backward, and optimizer step. `tensor_parallel` > 1: here, one rank of such a group
+    is measured on its own slices (the calibration says `one_tensor_parallel_rank`); elsewhere the whole model's."""
     preset = target.preset
     if preset.measured and placement is not None and cfg.plan.calibration == "strategy":
-        cal = calibrate_strategy_default(cfg, placement, amp, micro)
-        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band()}, (
-            f"compute: measured here through strategy={cfg.strategy_name} in a process group of one, {micro} images "
+        cal = calibrate_strategy_default(cfg, placement, amp, micro, tensor_parallel)
+        group = (f"as one rank of a tensor-parallel group of {tensor_parallel} (a fake process group: its slices of "
+                 "the weights, their collectives left to the collectives model)" if tensor_parallel > 1
+                 else "in a process group of one")
+        return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(),
+                                                         "one_tensor_parallel_rank": tensor_parallel > 1}, (
+            f"compute: measured here through strategy={cfg.strategy_name} {group}, {micro} images "
             f"per micro-batch, {cal.threads} thread(s) (its wrapper and hooks included; what crosses a link is the "
             "collectives model's)",)
     if preset.measured:  # plan.calibration=model: the bare model, in this process
@@ -447,8 +545,9 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
                        "types held out of its fit"}, notes
 
 
-def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int) -> Calibration:
-    return calibrate_strategy(cfg, placement, amp, micro)
+def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int,
+                               tensor_parallel: int = 1) -> Calibration:
+    return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel)
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
@@ -588,6 +687,21 @@ def tensor_parallel_ranks(group: str, n: int, tp: int) -> range | None:
     if group == "dp":
         return range(0, n, tp)
     return None
+
+
+def tensor_parallel_activations(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement,
+                                tp: int, trace: StepTrace) -> float | None:
+    """This machine: one TP rank's forward and backward measured in the calibration (a fake process group of the
+    group's size, harness.prediction.calibrate), its activations the peak less the gradients of its slices and the
+    batch it read; None elsewhere (the trace's whole-model activations stand: an upper bound)."""
+    if not (target.preset.measured and cfg.plan.calibration == "strategy"):
+        return None
+    cal = calibrate_strategy_default(cfg, placement, amp, micro, tp)
+    peak = getattr(cal, "pass_peak_bytes", None)
+    if peak is None:
+        return None
+    batch = micro * inputs_here(cfg).input_bytes
+    return float(max(0.0, peak - trace.model_grads / tp - batch))
 
 
 def tensor_parallel_compute(compute: float, notes: tuple[str, ...], tp: int) -> tuple[float, tuple[str, ...]]:

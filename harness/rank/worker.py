@@ -38,9 +38,9 @@ from harness.core.stops import (
     caused_by,
     last_line,
 )
+from harness.core.tensor_peak import TensorPeak
 from harness.core.timing import AutoStop, Window, WindowClock
 from harness.memory.footprint import footprint, per_rank
-from harness.memory.tensor_peak import TensorPeak
 from harness.parity.rank import rank_parity
 from harness.profile.breakdown import breakdown
 from harness.profile.rank import WindowProfiler, at_edges

@@ -1,0 +1,202 @@
+"""A pipeline's prediction (strategy=pp): each rank holds a stage, a run of the model's blocks, and works on
+microbatches of the global batch; the step is the slowest rank's microbatches plus the schedule's idle time.
+
+A stage is predicted as a model of its own: the model at the rank's block count (its `layers` option), traced and
+timed at one microbatch. Traced at k and k + 1 blocks, the difference is one block's bytes by kind; what is not in a
+block is put where the cut puts it: the parameters the model uses before its first block (embeddings) on the first
+rank, the rest (final norm, head) and the logits' activations on the last; every stage between holds blocks only. A rank keeps the activations of the
+microbatches it has started and not yet finished backward: all of them under GPipe, at most the ranks from it to the
+last under 1F1B (the first rank p, the last one; interleaved 1F1B taken as 1F1B's). Its time: the slowest rank's
+forward and backward of one microbatch (the stage model with the embeddings and the head: an upper bound by the
+embeddings), times the microbatches, over 1 - the bubble (harness.core.traffic.pipeline_bubble), plus every
+boundary's activations sent forward and their gradients back, one hop each, waited for."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from harness.core.config import RunConfig
+from harness.core.inputs import Inputs
+from harness.core.traffic import Traffic, pipeline_bubble
+from harness.prediction.hardware import Preset
+from harness.prediction.links import collective_seconds
+from harness.prediction.trace import PhasePeak, StepTrace
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class NotAPipelineModel(ValueError):
+    """A model the stage model cannot predict (no `layers` option or no declared width)."""
+
+
+def rank_blocks(layers: int, ranks: int, stages_per_rank: int) -> list[int]:
+    """Blocks each rank holds: stage s on rank s % ranks, stage s's blocks as strategies.pp cuts them (as even as
+    possible, the later stages taking the extra ones)."""
+    stages = ranks * stages_per_rank
+    if layers < stages:
+        raise NotAPipelineModel(f"{layers} blocks cannot make {stages} stages")
+    held = [0] * ranks
+    for s in range(stages):
+        held[s % ranks] += (s + 1) * layers // stages - s * layers // stages
+    return held
+
+
+def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool) -> int:
+    """Microbatches whose activations rank `rank` holds at once: all under GPipe, else at most the ranks from it
+    to the last (1F1B's warm-up)."""
+    return schedule_microbatches if all_held else min(schedule_microbatches, ranks - rank)
+
+
+def model_layers(cfg: RunConfig) -> int:
+    """The model's block count: its `layers` option, or its constructor's default for it."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    layers = cfg.model.get("layers")
+    if layers is None:
+        parameter = inspect.signature(get_object(str(cfg.model["_target_"]))).parameters.get("layers")
+        layers = None if parameter is None else parameter.default
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        raise NotAPipelineModel("the model has no `layers` option to predict a stage of it by")
+    return layers
+
+
+def before_blocks_share(cfg: RunConfig, inputs: Inputs) -> float:
+    """Of the parameters outside the blocks, the share the model uses before its first block (the embeddings: the
+    first stage's, as the cut puts them); the rest (final norm, head) is the last stage's. Read from the order a
+    forward on the meta device calls the modules that own parameters, the model built with one block."""
+    import torch
+
+    from harness.prediction.trace import model_builder, on_meta
+
+    model = on_meta(model_builder({**cfg.model, "layers": 1}, inputs))
+    declared = getattr(model, "block_names", None)
+    blocks = tuple(declared()) if callable(declared) else ()
+    seen: list[tuple[str, int]] = []
+    hooks = []
+    for name, module in model.named_modules():
+        inside = any(name == b or name.startswith(b + ".") for b in blocks)
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        if name in blocks[:1] or (own and not inside):
+            hooks.append(module.register_forward_pre_hook(
+                lambda _m, _a, name=name, own=own, inside=inside: seen.append((name, 0 if inside else own))))
+    try:
+        with torch.no_grad():
+            model(inputs.example(1, "meta")[0])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    names = [name for name, _ in seen]
+    start = names.index(blocks[0]) if blocks and blocks[0] in names else len(seen)
+    before = sum(size for _, size in seen[:start])
+    after = sum(size for name, size in dict(seen[start:]).items())
+    return before / (before + after) if before + after else 0.0
+
+
+def stage_config(cfg: RunConfig, blocks: int) -> RunConfig:
+    """The run's config with the model cut to `blocks` blocks: one stage as a model of its own."""
+    model_layers(cfg)  # the model has such an option
+    return dataclasses.replace(cfg, model={**cfg.model, "layers": blocks})
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """One rank's bytes at one phase's peak, by kind (harness.prediction.predict's RankMemory's parts)."""
+
+    params: float
+    grads: float
+    state: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.state + self.activations
+
+
+def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, last: bool, held: int,
+                microbatches: int, boundary: float, before_share: float = 0.5) -> StageBytes:
+    """A rank of `blocks` blocks from the traces at `blocks` (fewer) and `blocks` + 1 (more): the larger of its
+    phases (forward and backward's, the optimizer step's). What is outside the blocks is split by `before_share`
+    (the first stage's share of it, `before_blocks_share`). With more than one microbatch every gradient the stage
+    makes is alive while later microbatches run (the gradients accumulate over them). The first stage's own
+    activations before its blocks are taken as its output's, one `boundary` a microbatch (the embeddings')."""
+    ends = (before_share if first else 0.0) + (1 - before_share if last else 0.0)
+    grad_block = more.model_grads - fewer.model_grads
+    stage_grads = blocks * grad_block + max(0, fewer.model_grads - blocks * grad_block) * ends
+
+    def at(low: PhasePeak, high: PhasePeak, stepping: bool) -> StageBytes:
+        def split(name: str) -> tuple[float, float]:
+            block = getattr(high, name) - getattr(low, name)
+            return block, max(0.0, getattr(low, name) - blocks * block)
+
+        parts = {}
+        for name in ("params", "masters", "grads", "optimizer_state"):
+            block, rest = split(name)
+            parts[name] = blocks * block + rest * ends
+        if held > 1 or microbatches > 1:  # a later microbatch's forward runs beside the earlier ones' gradients
+            parts["grads"] = max(parts["grads"], stage_grads)
+        block, rest = split("activations")
+        # the optimizer's step runs with no microbatch in flight: its temporaries, once
+        acts = (blocks * block + (rest if last else 0.0) + (boundary if first else 0.0)) * (1 if stepping else held)
+        return StageBytes(parts["params"] + parts["masters"], parts["grads"], parts["optimizer_state"], acts)
+
+    low_phases = fewer.phases or (PhasePeak(fewer.peak, fewer.params, fewer.masters, fewer.grads,
+                                            fewer.optimizer_state, fewer.activations),)
+    high_phases = more.phases or (PhasePeak(more.peak, more.params, more.masters, more.grads,
+                                            more.optimizer_state, more.activations),)
+    return max((at(lo, hi, i == 1) for i, (lo, hi) in enumerate(zip(low_phases, high_phases, strict=True))),
+               key=lambda b: b.total)
+
+
+def receive_buffers(size: float, microbatches: int, first: bool, last: bool) -> float:
+    """What a stage allocates to receive, one buffer a microbatch (torch's PipelineStage prepares them at its first
+    step): the activations from the stage before, the gradients from the stage after."""
+    return microbatches * size * ((0 if first else 1) + (0 if last else 1))
+
+
+def boundary_bytes(cfg: RunConfig, amp_level: str, amp_dtype: str, microbatch: int, tokens: int) -> float:
+    """One stage boundary's activations for one microbatch: microbatch x sequence x width in the forward's dtype
+    (the model's `tp_activations(options)` gives its width, as for tensor parallelism)."""
+    from hydra.utils import get_object
+
+    declared = getattr(get_object(str(cfg.model["_target_"])), "tp_activations", None)
+    if not callable(declared):
+        raise NotAPipelineModel("the model does not say its blocks' width (tp_activations)")
+    width, _ = declared({k: v for k, v in cfg.model.items() if not k.startswith("_")})
+    dtype = "float32" if amp_level == "O0" else amp_dtype
+    return float(microbatch * tokens * width * ELEMENT_BYTES[dtype])
+
+
+def point_to_point_seconds(size: float, preset: Preset, ranks: int) -> float:
+    """One send of `size` bytes to the next rank: one hop (the broadcast's between two ranks), between nodes where
+    the pipeline spans them (its slowest boundary)."""
+    nodes = 1 if ranks <= preset.devices_per_node else 2
+    return collective_seconds("broadcast", size, 2 if nodes == 1 else 1, nodes, preset.intra, preset.inter,
+                              preset.per_op)
+
+
+def step_seconds(microbatch_s: float, traffic: Traffic, ranks: int) -> float:
+    """The slowest rank's forward and backward of every microbatch, with the schedule's idle share around them."""
+    return microbatch_s * traffic.microbatches / (1 - pipeline_bubble(traffic, ranks))
+
+
+def sends_seconds(size: float, preset: Preset, traffic: Traffic, ranks: int) -> float:
+    """Each microbatch's activations forward and gradient back across a boundary, waited for (a stage cannot start
+    a microbatch it has not received): two hops a microbatch on the slowest rank's path."""
+    if ranks < 2:
+        return 0.0
+    return 2 * traffic.microbatches * point_to_point_seconds(size, preset, ranks)
+
+
+def describe(traffic: Traffic, ranks: int, blocks: list[int], schedule: str) -> str:
+    bubble = pipeline_bubble(traffic, ranks)
+    return (f"pipeline: {ranks} ranks of {blocks} blocks ({schedule}), {traffic.microbatches} microbatches; each "
+            f"stage predicted as the model at its block count (what the model uses before its first block on the "
+            f"first rank, the rest outside the blocks on the last), the step as the slowest rank's microbatches over 1 - the bubble ({bubble:.0%} idle); "
+            "interleaved schedules' memory taken as 1F1B's")
+
+
+__all__ = ["NotAPipelineModel", "StageBytes", "before_blocks_share", "boundary_bytes", "describe", "in_flight", "model_layers", "rank_blocks", "receive_buffers",
+           "sends_seconds", "stage_bytes", "stage_config", "step_seconds"]

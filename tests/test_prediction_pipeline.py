@@ -1,0 +1,126 @@
+"""A pipeline's prediction (harness.prediction.pipeline, predict_pipeline): the blocks each rank holds, the
+microbatches in flight by schedule, one stage's bytes from two traces, the step over the bubble and the sends, all by
+hand; and the planner's stage model against a real strategy=pp run's memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import run_config
+from hydra.utils import get_class
+
+from harness.core.traffic import Traffic
+from harness.launch.decide import run_plan as place_run
+from harness.launch.placement import Hardware
+from harness.prediction import pipeline
+from harness.prediction import predict as predict_module
+from harness.prediction.hardware import load_preset
+from harness.prediction.links import Link
+from harness.prediction.predict import MIB, Target, predict
+from harness.prediction.trace import PhasePeak, StepTrace
+
+
+def test_blocks_per_rank_follow_the_cut_the_later_stages_taking_the_extra_ones():
+    assert pipeline.rank_blocks(4, 2, 1) == [2, 2]
+    assert pipeline.rank_blocks(5, 2, 1) == [2, 3]
+    # interleaved: 4 stages of 1, 2, 1, 2 blocks (k x 6 // 4 = 0, 1, 3, 4, 6); rank 0 holds stages 0 and 2, rank 1
+    # stages 1 and 3
+    assert pipeline.rank_blocks(6, 2, 2) == [2, 4]
+    assert pipeline.rank_blocks(5, 2, 2) == [2, 3]
+    with pytest.raises(pipeline.NotAPipelineModel, match="3 blocks cannot make 4 stages"):
+        pipeline.rank_blocks(3, 2, 2)
+
+
+def test_gpipe_holds_every_microbatch_1f1b_the_ranks_from_it_to_the_last():
+    assert [pipeline.in_flight(8, 4, r, all_held=True) for r in range(4)] == [8, 8, 8, 8]
+    assert [pipeline.in_flight(8, 4, r, all_held=False) for r in range(4)] == [4, 3, 2, 1]
+    assert [pipeline.in_flight(2, 4, r, all_held=False) for r in range(4)] == [2, 2, 2, 1]
+
+
+def trace(blocks: int) -> StepTrace:
+    """A model of `blocks` blocks known by hand, in MiB: each block 10 of parameters, 10 of gradients, 20 of
+    momentum, 30 of activations; outside the blocks 6 of parameters (and gradients, momentum 12) and 9 of
+    activations (the logits)."""
+    params, acts = 10 * blocks + 6, 30 * blocks + 9
+    forward = PhasePeak(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
+                        activations=acts * MIB)
+    step = PhasePeak(peak=0, params=params * MIB, masters=0, grads=params * MIB, optimizer_state=2 * params * MIB,
+                     activations=1 * MIB)
+    return StepTrace(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
+                     activations=acts * MIB, flops=0, model_params=params * MIB, model_grads=params * MIB,
+                     stored_params=params * MIB, param_count=0, matrices=(), units=(), tracer="meta",
+                     phases=(forward, step))
+
+
+def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_flight():
+    """Rank 0 of 2 (1F1B, 4 microbatches), 3 blocks, two thirds of what is outside the blocks used before them:
+    parameters 30 + 4 of the 6 outside, gradients alive beside the later microbatches (34), momentum 60 + 8,
+    activations 2 in flight x (3 blocks x 30 + the boundary's 4): 188. A middle rank holds nothing of the outside;
+    the last its third of the parameters (2) and the logits' 9 a microbatch in flight."""
+    first = pipeline.stage_bytes(trace(3), trace(4), 3, True, False, 2, 4, 4 * MIB, 2 / 3)
+    assert (first.params, first.grads, first.state, first.activations) == pytest.approx(
+        (34 * MIB, 34 * MIB, 68 * MIB, 188 * MIB))
+    middle = pipeline.stage_bytes(trace(3), trace(4), 3, False, False, 2, 4, 4 * MIB, 2 / 3)
+    assert (middle.params, middle.grads, middle.activations) == pytest.approx((30 * MIB, 30 * MIB, 180 * MIB))
+    last = pipeline.stage_bytes(trace(3), trace(4), 3, False, True, 1, 4, 4 * MIB, 2 / 3)
+    assert (last.params, last.activations) == pytest.approx((32 * MIB, 99 * MIB))
+
+
+def test_the_embeddings_are_the_first_stages_and_the_head_the_last():
+    """GPT (width 64, vocabulary 256, 128 positions): token and position embeddings (256 + 128) x 64 before the
+    blocks; the final norm (64 + 64) and the head 256 x 64 after: 24,576 of 41,088."""
+    cfg = run_config("pp", nprocs=2, batch_size=8, data={"name": "synthetic"},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "seq_len": 128})
+    assert pipeline.before_blocks_share(cfg, predict_module.inputs_here(cfg)) == pytest.approx(24576 / 41088)
+
+
+def test_the_step_is_the_slowest_ranks_microbatches_over_the_bubble_and_two_sends_each():
+    gpipe = Traffic(microbatches=4)
+    # (m + p - 1) microbatch times: 4 microbatches on 2 ranks idle 1/5 of the step
+    assert pipeline.step_seconds(0.01, gpipe, 2) == pytest.approx(5 * 0.01)
+    interleaved = Traffic(microbatches=4, stages_per_rank=2)
+    assert pipeline.step_seconds(0.01, interleaved, 2) == pytest.approx(0.04 / (1 - 1 / 5 / 2))
+    preset = load_preset("h100x8")
+    hop = preset.intra.latency_us * 1e-6 + MIB / (preset.intra.bandwidth_gbps * 1e9)
+    assert pipeline.sends_seconds(MIB, preset, gpipe, 2) == pytest.approx(2 * 4 * hop)
+    assert pipeline.sends_seconds(MIB, preset, gpipe, 1) == 0
+    assert pipeline.receive_buffers(MIB, 4, True, False) == 4 * MIB  # gradients from the next stage only
+    assert pipeline.receive_buffers(MIB, 4, False, False) == 8 * MIB
+
+
+def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowest_stage(monkeypatch):
+    """strategy=pp on 2 ranks of a 4-block GPT, global batch 16 in 4 microbatches: every trace and the calibration
+    are at microbatches of 4 (not the 8 a rank's data shard holds), the calibrated model has the slowest rank's 2
+    blocks, and the step is 5 microbatch times (bubble 1/5) plus 2 x 4 sends of 4 x 128 x 64 floats."""
+    traced: list[tuple[int, int]] = []
+    calibrated: list[tuple[int, int]] = []
+
+    def fake_trace(model_cfg, inputs, amp, optim, micro, *args, **kwargs):
+        traced.append((model_cfg["layers"], micro))
+        return trace(model_cfg["layers"])
+
+    class Cal:
+        forward_backward_s, optimizer_s = 0.01, 0.002
+
+        def as_dict(self):
+            return {"busy": None}
+
+    def fake_calibrate(cfg, amp, micro, threads):
+        calibrated.append((cfg.model["layers"], micro))
+        return Cal()
+
+    monkeypatch.setattr(predict_module, "trace_step", fake_trace)
+    monkeypatch.setattr(predict_module, "calibrate_fn_default", fake_calibrate)
+    cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    # a machine measured as this one is (its compute calibrated), with h100x8's link for hand-checkable sends
+    measured = dataclasses.replace(load_preset("h100x8"), measured=True)
+    p = predict(cfg, decided.placement, decided.amp, get_class(cfg.strategy["_target_"]), Target(measured, 1))
+    assert {micro for _, micro in traced} == {4} and calibrated == [(2, 4)]
+    assert p.compute_s == pytest.approx(5 * 0.01) and p.optimizer_s == 0.002
+    boundary = 4 * 128 * 64 * 4
+    link: Link = measured.intra
+    assert p.comm_s == pytest.approx(2 * 4 * (link.latency_us * 1e-6 + boundary / (link.bandwidth_gbps * 1e9)))
+    assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB), 1 * (2 * 30 + 9)])
