@@ -2,7 +2,9 @@
 
 - its blocks (`block_names`): the units FSDP2 shards, and the submodules `model.checkpoint=full|selective`
   recomputes in backward;
-- its tensor-parallel plan (`tp_plan`), which `strategy=tp` applies.
+- its tensor-parallel plan (`tp_plan`), which `strategy=tp` and `strategy=fsdp strategy.tp=N` apply;
+- optionally, what the plan splits (`tp_sizes`: each must divide by the tensor-parallel ranks, checked before
+  anything starts) and what its collectives carry (`tp_activations`: the planner's price of tensor parallelism).
 
     python run.py model=custom model._target_=examples.custom_transformer.Transformer model.checkpoint=full \\
         data=custom data._target_=examples.custom_transformer.batches data.sample=tokens data.tokens_per_sample=32
@@ -13,6 +15,8 @@ the time (learnable, as model=gpt's synthetic batches are); the targets are the 
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -56,6 +60,27 @@ class Transformer(nn.Module):
     def block_names(self) -> list[str]:
         """The blocks: FSDP2's units, and what activation checkpointing recomputes."""
         return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    @classmethod
+    def own_options(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """This class's keyword arguments as given, the rest at their defaults (keys it does not take are left out:
+        the harness's own `checkpoint` among them)."""
+        parameters = inspect.signature(cls).parameters
+        return {name: given.get(name, p.default) for name, p in parameters.items()}
+
+    @classmethod
+    def tp_sizes(cls, options: Mapping[str, Any], sequence_parallel: bool) -> dict[str, int]:
+        """What the plan splits, by the option that sets it: each rank computes heads / N of the heads, so N must
+        divide them (the harness refuses it before anything starts, naming the key). With `sequence_parallel` N
+        must divide SEQ_LEN (32) too, which is not an option: not listed."""
+        return {"model.heads": int(cls.own_options(options)["heads"])}
+
+    @classmethod
+    def tp_activations(cls, options: Mapping[str, Any]) -> tuple[int, int]:
+        """(width, blocks): what each of the plan's collectives carries per token, and how many blocks send them
+        (two a block each way, after the attention and after the MLP)."""
+        own = cls.own_options(options)
+        return int(own["width"]), int(own["layers"])
 
     def tp_plan(self, sequence_parallel: bool) -> dict[str, Any]:
         """Megatron's split, by module name: q, k, v and the MLP's up projection by output features, the attention's

@@ -38,7 +38,7 @@ cannot be combined with DTensor parameters: refused.
 `tp=N` (N > 1) is FSDP x TP, torchtitan's 2-D parallelism: a 2-D DeviceMesh (dp, tp) of world/N groups of N
 consecutive ranks; the model's tensor-parallel plan (`tp_plan()`, strategies.tp) is applied on the `tp` dim, then
 `fully_shard` shards the resulting DTensor slices over the `dp` dim (torchtitan's order). Each TP group trains on its
-data-parallel share of the batch (strategies.tp.GatheredBatch)."""
+data-parallel share of the batch, every rank of it reading the same share (`Placement.batch_group`)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import parallelize_module
 
 from amp import Amp, AmpSpec, ShardedPrecision
 from harness.core.config import RunConfig
@@ -61,15 +60,17 @@ from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
 from strategies.capabilities import GradientSyncControl, ShardedParameters
 from strategies.ddp import HOOK_DTYPE, CommHook
-from strategies.tp import (
-        TP_AMP_RULES,
-    GatheredBatch,
-    check_tp_model,
-    gathered_parameters,
-    tp_traffic,
-)
+from strategies.tp import TP_AMP_RULES, check_tp_model, gathered_parameters, parallelize, tp_traffic
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+# FSDP x TP at O2: FSDP2's MixedPrecisionPolicy casts the gathered DTensor slices (torchtitan's bf16 training), so
+# only the model cast of O3 (and O2 without masters) and the scaler's mix are left refused, as under strategy=tp
+FSDP_TP_AMP_RULES = tuple(r for r in TP_AMP_RULES if r.key != "level") + (
+    AmpRule({"level": "O3"}, "level", "O0, O1 or O2 with strategy.tp (O3 casts the model itself before TP slices "
+            "it: not verified yet; O2's policy casts the gathered slices instead)"),
+    AmpRule({"level": "O2", "master_weights": False}, "master_weights", "true with strategy.tp at O2 (without "
+            "masters the model itself is cast, as O3: not verified yet)"),
+)
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -83,7 +84,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
                          "which FSDP2 replaces with sharded DTensor parameters)"),)
 
     def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
-                 comm_hook: CommHook = "none", replicate: int = 1, tp: int = 1) -> None:
+                 comm_hook: CommHook = "none", replicate: int = 1, tp: int = 1,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
         self.replicate = replicate  # 1: FSDP over every rank; N > 1: HSDP, N replicas of world/N shards
@@ -91,6 +93,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         self._mesh: DeviceMesh | None = None
         self.tp = tp  # 1: no tensor parallelism; N > 1: FSDP x TP on a (world/N, N) mesh
         self._tp_mesh: DeviceMesh | None = None
+        self.sequence_parallel = sequence_parallel  # with tp: the norms and residual stream split by sequence too
+        self._held = contextlib.ExitStack()  # TP's loss_parallel, from `shard` to `teardown`
         self._precision = ShardedPrecision()
 
     @classmethod
@@ -128,7 +132,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
                  "reshard_after_forward=false" if options["reshard_after_forward"] is False else "",
                  f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else "",
                  f"replicate={options['replicate']}" if options["replicate"] != 1 else "",
-                 f"tp={options['tp']}" if options["tp"] != 1 else ""]
+                 f"tp={options['tp']}" if options["tp"] != 1 else "",
+                 "sequence_parallel" if options["tp"] != 1 and options["sequence_parallel"] else ""]
         return " ".join(p for p in parts if p)
 
     @classmethod
@@ -156,8 +161,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         if o["tp"] > 1:  # FSDP x TP: FSDP's collectives within the data-parallel group, TP's activations beside
             retarget = [Collective(c.op, c.payload, c.overlap, c.dtype, group="dp", every=c.every)
                         for c in gathers + reduce]
-            return Traffic((*retarget, *tp_traffic(False)), (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
-                           tensor_parallel=o["tp"])
+            return Traffic((*retarget, *tp_traffic(bool(o["sequence_parallel"]))),
+                           (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
+                           tensor_parallel=o["tp"], sequence_parallel=bool(o["sequence_parallel"]))
         return Traffic(gathers + reduce, (Buffer("unit_params", 2), Buffer("unit_grads", 1)),
                        replicate=max(1, replicate))
 
@@ -186,7 +192,7 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         modules = dict(model.named_modules())
         mesh = self.mesh()
         if self._tp_mesh is not None:  # TP first, then FSDP over the data-parallel dim (torchtitan's order)
-            model = parallelize_module(model, self._tp_mesh["tp"], model.tp_plan(False))  # type: ignore[operator]
+            model = parallelize(model, self._tp_mesh["tp"], self.sequence_parallel, self._held)
         for name in sorted(units, key=lambda n: -n.count(".") - 1):  # children before their parents
             module = modules[name]
             fully_shard(module, mesh=mesh, mp_policy=norm_policy if isinstance(module, _BATCHNORM) else policy,
@@ -215,10 +221,7 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         return self._mesh
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`; with TP, each TP
-        group fed its shared batch (GatheredBatch)."""
-        if self._tp_mesh is not None:
-            return GatheredBatch(model, self._tp_mesh["tp"].get_group())
+        """Nothing left to wrap: fully_shard made the model an FSDPModule in place, in `shard`."""
         return model
 
     def unit_names(self, model: nn.Module) -> list[str]:
@@ -266,6 +269,10 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         finally:
             self._root.set_requires_gradient_sync(True)
 
+    def teardown(self) -> None:
+        self._held.close()
+        super().teardown()
+
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order); TP's sectioned
         projections back in the model's row order."""
@@ -298,6 +305,9 @@ def check_tensor_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, op
         raise ConfigError("strategy.tp", tp, "an integer >= 1 (1: no tensor parallelism; N: FSDP x TP, N consecutive "
                           "ranks splitting each block)")
     if tp == 1:
+        if options["sequence_parallel"]:
+            raise Incompatible("strategy.sequence_parallel", True, "false with strategy.tp=1 (sequence parallelism "
+                               "splits what tensor parallelism leaves whole: give strategy.tp=N too)")
         return
     if world % tp:
         divisors = [d for d in range(1, world + 1) if world % d == 0]
@@ -309,8 +319,8 @@ def check_tensor_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, op
     if cfg.compile:
         raise ConfigError("compile", True, f"false with strategy.tp={tp} (compiling tensor-parallel blocks is not "
                           "measured yet)")
-    for rule in TP_AMP_RULES:
+    for rule in FSDP_TP_AMP_RULES:
         if rule.matches(amp):
             raise Incompatible(f"amp.{rule.key}", getattr(amp, rule.key),
                                rule.allowed.format(level=amp.level, dtype=amp.dtype))
-    check_tp_model(cfg, tp, False, f"strategy.tp={tp}")
+    check_tp_model(cfg, tp, bool(options["sequence_parallel"]), f"strategy.tp={tp}")

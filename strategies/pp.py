@@ -7,7 +7,7 @@ embeddings), the last what comes after the last (the final norm and the head); t
 model's own loss, taken on the last stage. Stage i is on rank i (interleaved: stages r and r + world on rank r, as
 torch's looped schedules number them), and each rank keeps only its stages' parameters: the optimizer is built over
 those (the cut is the `shard` phase). Blocks that do not divide evenly are split as evenly as possible (the first
-stages take one block fewer), and the run's notes say so; a model that names no blocks is refused.
+stages take one block fewer), and the run's notes say so.
 
 There is one copy of the model, so the pipeline trains the whole global batch: each rank's data shard is
 all-gathered at the start of every step (token ids: a few kilobytes), so that the first stage feeds and the last
@@ -19,8 +19,11 @@ the microbatches, broadcast to every rank so that each records the same losses.
 Refused, each in one line before anything starts: amp O2/O3 (the amp plugin casts the whole model and keeps fp32
 masters of every parameter before it is cut), loss scaling (each stage's scaler would decide on its own gradients
 whether to skip a step, and the stages could disagree), apex, `grad_accum` > 1 (the microbatches are the
-accumulation), `compile=true` (the stages are already traced graphs; compiling them is not wired), and a model that
-is not a token model (the trace needs a microbatch of its inputs: `seq_len` token ids)."""
+accumulation), `compile=true` (the stages are already traced graphs; compiling them is not wired), and a model the
+cut cannot make stages of (`check_cuttable`, on the model built on the meta device): one that names no blocks, one
+that is not a token model (the trace needs a microbatch of its inputs: `seq_len` token ids), one of fewer blocks than
+stages, and one whose stages would share a weight (tied embeddings: the head on the last stage using the first
+stage's embedding)."""
 
 from __future__ import annotations
 
@@ -155,18 +158,8 @@ class Pipeline(ProcessGroupStrategy):
                                "itself, on the unscaled loss")
 
     @classmethod
-    def model_notes(cls, options: Mapping[str, Any], model: nn.Module) -> tuple[str, ...]:
-        """Refuses, before launch, a model it cannot cut: no blocks named, or no token inputs to trace on. (Fewer
-        blocks than stages and tied weights are refused by the rank that cuts it: the world size and the trace are
-        not known here.)"""
-        if declared_blocks(model) is None:
-            raise Incompatible("strategy", "pp", "a model that names its blocks: strategy=pp cuts the model into "
-                               "stages at them (add a block_names() method returning the blocks' module names, "
-                               "in order, as harness/rank/gpt.py's GPT does)")
-        if not isinstance(getattr(unwrap(model), "seq_len", None), int):
-            raise Incompatible("strategy", "pp", "a token model (with seq_len, as model=gpt): strategy=pp traces "
-                               "the model on a microbatch of token ids")
-        return ()
+    def check_built(cls, cfg: RunConfig, placement: Placement, model: nn.Module) -> None:
+        check_cuttable(cfg, cls.options_of(cfg.strategy)["schedule"], placement.world_size, model)
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
@@ -197,9 +190,9 @@ class Pipeline(ProcessGroupStrategy):
         assert env is not None
         world, rank = env.world_size, env.rank
         blocks = declared_blocks(model)
-        assert blocks is not None  # refused before launch otherwise (model_notes)
+        assert blocks is not None  # refused before launch otherwise (check_cuttable)
         n_stages = STAGES_PER_RANK[self.schedule] * world
-        if len(blocks) < n_stages:
+        if len(blocks) < n_stages:  # refused before launch (check_cuttable): kept for a model built otherwise
             raise ValueError(f"strategy=pp: {len(blocks)} blocks cannot make {n_stages} stages (schedule="
                              f"{self.schedule} on {world} ranks): a model of more blocks, or fewer ranks")
         note = split_note(len(blocks), n_stages)
@@ -210,7 +203,7 @@ class Pipeline(ProcessGroupStrategy):
                               dtype=torch.long, device=self.device)
         pipe = pipeline(model, mb_args=(example,), split_spec={blocks[s]: SplitPoint.BEGINNING for s in starts})
         shared = shared_parameters([pipe.get_stage_module(i) for i in range(n_stages)])
-        if shared:
+        if shared:  # refused before launch where the meta forward saw it (check_cuttable); the trace's word is final
             raise ValueError(f"strategy=pp: {shared[0]} is used by more than one stage (tied weights, e.g. model."
                              "tie_embeddings=true): each stage would train its own copy; untie them")
         mine = [rank + k * world for k in range(STAGES_PER_RANK[self.schedule])]
@@ -243,6 +236,87 @@ class Pipeline(ProcessGroupStrategy):
         dist.all_gather_object(gathered, own)
         by_stage = {index: params for held in gathered for index, params in held.items()}
         return {name: tensor for index in sorted(by_stage) for name, tensor in by_stage[index].items()}
+
+
+def check_cuttable(cfg: RunConfig, schedule: str, world: int, built: nn.Module) -> None:
+    """Before launch, on the model as built on the meta device (harness.launch.model_check's, which the launch
+    hands to `check_built`): the model names its blocks, takes token ids, has at least one block for each
+    of the `STAGES_PER_RANK[schedule] * world` stages, and uses no weight on two stages. Each refused in one line,
+    naming the model's own key where it has one (model=gpt's `model.layers`, `model.tie_embeddings`)."""
+    from harness.core.checkpointing import split_model_options
+
+    model = unwrap(built)
+    blocks = declared_blocks(model)
+    if blocks is None:
+        raise Incompatible("strategy", "pp", "a model that names its blocks: strategy=pp cuts the model into "
+                           "stages at them (add a block_names() method returning the blocks' module names, "
+                           "in order, as harness/rank/gpt.py's GPT does)")
+    if not isinstance(getattr(model, "seq_len", None), int):
+        raise Incompatible("strategy", "pp", "a token model (with seq_len, as model=gpt): strategy=pp traces "
+                           "the model on a microbatch of token ids")
+    own = split_model_options(cfg.model)[0]  # the factory's keywords (without the harness's `checkpoint`)
+    per = STAGES_PER_RANK[schedule]
+    n_stages = per * world
+    if len(blocks) < n_stages:
+        most = len(blocks) // per
+        fewer = f"at most {most} rank{'s' * (most > 1)}" if most else "strategy.schedule=gpipe or 1f1b (one stage a rank)"
+        cut = f"strategy=pp on {world} rank{'s' * (world > 1)} (strategy.schedule={schedule} cuts {n_stages} " \
+              f"stages{f', {per} a rank' if per > 1 else ''}, each of at least one block"
+        if own.get("layers") == len(blocks):
+            raise Incompatible("model.layers", len(blocks), f"at least {n_stages} with {cut}), or {fewer}")
+        raise Incompatible("model", cfg.model_name, f"a model of at least {n_stages} blocks with {cut}; its "
+                           f"block_names() names {len(blocks)}), or {fewer}")
+    shared = shared_across_stages(model, blocks, n_stages) if n_stages > 1 else None
+    if shared is not None:
+        name, first, last = shared
+        if own.get("tie_embeddings") is True:
+            raise Incompatible("model.tie_embeddings", True, "false with strategy=pp: the head would share the "
+                               f"embedding's weight across the first and last stages, each training its own copy "
+                               f"({name}, used by stages {first} and {last})")
+        raise Incompatible("model", cfg.model_name, f"a model whose stages share no weight with strategy=pp: {name} "
+                           f"is used by stages {first} and {last}, each of which would train its own copy (tied "
+                           "weights): untie it")
+
+
+def shared_across_stages(model: nn.Module, blocks: Sequence[str], n_stages: int) -> tuple[str, int, int] | None:
+    """A parameter the cut would put on two stages, and the first two stages that use it; None if none (or if the
+    forward cannot run on the model as it is: the cut itself checks again). One forward without gradients on a
+    microbatch of one sequence, on the device the model is on (the meta device before launch: nothing computed),
+    each parameter's uses placed as the trace places them: before the first block on the first stage, in or after
+    block i (up to the next stage's first block) on block i's stage."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    stage_of = {i: k for k, r in enumerate(block_ranges(len(blocks), n_stages)) for i in r}
+    names = {id(p): name for name, p in model.named_parameters()}
+    uses: dict[str, list[int]] = {}
+    where = [0]
+
+    class Uses(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            for leaf in tree_leaves((args, kwargs or {})):
+                name = names.get(id(leaf)) if isinstance(leaf, nn.Parameter) else None
+                if name is not None and where[0] not in uses.setdefault(name, []):
+                    uses[name].append(where[0])
+            return func(*args, **(kwargs or {}))
+
+    modules = dict(model.named_modules())
+    handles = [modules[block].register_forward_pre_hook(lambda *_, k=stage_of[i]: where.__setitem__(0, k))
+               for i, block in enumerate(blocks) if block in modules]
+    device = next((p.device for p in model.parameters()), torch.device("meta"))
+    try:
+        with torch.no_grad(), Uses():
+            model(torch.zeros(1, model.seq_len, dtype=torch.long, device=device))
+    except Exception as error:  # noqa: BLE001 (a forward the meta device cannot run: the cut decides)
+        log.debug("strategy=pp: the stages' weights were not checked before launch: %s", error)
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, stages in uses.items():
+        if len(stages) > 1:
+            return name, *sorted(stages)[:2]
+    return None
 
 
 def detached_loss_owner(model: nn.Module) -> nn.Module:

@@ -106,6 +106,12 @@ class StrategySpec(ABC):
         return None
 
     @classmethod
+    def check_built(cls, cfg: RunConfig, placement: Placement, model: nn.Module) -> None:
+        """Refuse, before launch, what only the model built on the meta device shows beside the world (a pipeline's
+        blocks against its stages): raise ConfigError/Incompatible naming the key. Most strategies need nothing."""
+        return None
+
+    @classmethod
     def model_notes(cls, options: Mapping[str, Any], model: nn.Module) -> tuple[str, ...]:
         """What the run's notes should say about this model under these options, seen before launch on the model
         built on the meta device (e.g. FSDP2 finding no blocks to shard)."""

@@ -9,15 +9,16 @@ sequence (`SequenceParallel`): each all-reduce becomes a reduce-scatter after th
 the next, and the norms' activations are held 1/N a rank. What is not in the plan (embeddings, final norm, head)
 stays whole on every rank.
 
-Every rank of a tensor-parallel group must see the same batch: each reads its share of the global batch as a
-data-parallel rank would, and `GatheredBatch` all-gathers the shares of its group (token ids: a few KiB), so that the
-group trains on their union, in rank order: one device's batch when the group is the world.
+Every rank of a tensor-parallel group must see the same batch: the group reads one share of the global batch
+(`Placement.batch_group`, from `Traffic.tensor_parallel`), as torchtitan's data loader does for its data-parallel
+ranks: the whole batch, as one device would, when the group is the world.
 
 Built with `torch.distributed.tensor.parallel.parallelize_module` on a 1-D mesh of the world in the `shard` phase,
 before the optimizer; FSDP x TP (strategies.fsdp, `strategy.tp`) uses the same pieces on a 2-D mesh."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
 
 from amp import Amp, AmpSpec
 from harness.core.checkpointing import split_model_options
@@ -84,27 +85,14 @@ def gathered_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return full
 
 
-class GatheredBatch(nn.Module):
-    """The model fed its tensor-parallel group's batch: each rank's inputs and targets all-gathered along the batch
-    in rank order, so every rank of the group computes on the same samples. The loss is the model's own on the
-    gathered targets (harness.core.inputs.loss_for finds it here)."""
-
-    def __init__(self, module: nn.Module, group: dist.ProcessGroup | None) -> None:
-        super().__init__()
-        self.module, self.group = module, group
-
-    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(parts, tensor.contiguous(), group=self.group)
-        return torch.cat(parts)
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.module(self._gather(inputs))
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        from harness.core.inputs import loss_for
-
-        return loss_for(self.module)(outputs, self._gather(targets))
+def parallelize(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool, held: contextlib.ExitStack) -> nn.Module:
+    """The model's plan applied on `mesh`; torch's loss_parallel held in `held` (until the strategy's teardown), so
+    that a head split by vocabulary (the model's `vocab_parallel`) has its cross-entropy, forward and backward,
+    taken on the logits' shards: the context swaps DTensor's handlers for those ops, process-wide."""
+    parallel = parallelize_module(model, mesh, model.tp_plan(sequence_parallel))  # type: ignore[operator]
+    if getattr(model, "vocab_parallel", False):
+        held.enter_context(loss_parallel())
+    return parallel
 
 
 def check_tp_model(cfg: RunConfig, degree: int, sequence_parallel: bool, key: str) -> None:
@@ -156,6 +144,7 @@ class TensorParallel(ProcessGroupStrategy):
         super().__init__()
         self.sequence_parallel = sequence_parallel
         self._mesh: DeviceMesh | None = None
+        self._held = contextlib.ExitStack()  # loss_parallel, from `shard` to `teardown`
 
     @classmethod
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
@@ -174,17 +163,23 @@ class TensorParallel(ProcessGroupStrategy):
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """The activations' collectives per block over the world (the tp group), priced by the planner from the
         model's `tp_activations`; the blocks' weights, gradients and state split over the world."""
-        return Traffic(tp_traffic(bool(cls.options_of(options)["sequence_parallel"])), tensor_parallel=0)  # 0: the world
+        sequence = bool(cls.options_of(options)["sequence_parallel"])
+        return Traffic(tp_traffic(sequence), tensor_parallel=0, sequence_parallel=sequence)  # 0: the world
 
     def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
         """The model's plan applied on the world's mesh: its blocks' Linears become DTensor slices, before the
         optimizer is built over them."""
         self._mesh = init_device_mesh(self.ops.accelerator, (dist.get_world_size(),), mesh_dim_names=("tp",))
-        return parallelize_module(model, self._mesh, model.tp_plan(self.sequence_parallel))  # type: ignore[operator]
+        return parallelize(model, self._mesh, self.sequence_parallel, self._held)
+
+    def teardown(self) -> None:
+        self._held.close()
+        super().teardown()
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Every rank on the whole group's batch (GatheredBatch)."""
-        return GatheredBatch(model, None)
+        """Nothing to wrap: the plan made the blocks' weights DTensor slices in place, in `shard`; the group's ranks
+        read the same share of the batch (`Placement.batch_group`)."""
+        return model
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return gathered_parameters(model)

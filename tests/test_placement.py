@@ -212,3 +212,21 @@ def test_probe_hardware_on_this_machine():
     assert hw.cores == usable_cores() >= 1
     if not torch.cuda.is_available():
         assert hw.visible_gpus == () and not hw.has_gpu
+
+
+def test_a_tensor_parallel_group_reads_one_share_of_the_batch_so_the_batch_divides_by_the_groups_not_the_ranks():
+    """4 ranks in 2 tensor-parallel groups of 2: a batch of 6 splits into 2 shares of 3 (6 is no multiple of the
+    4 ranks); ranks 0, 1 read share 0 and ranks 2, 3 share 1. tp=0 is every rank: one share, the whole batch."""
+    cfg = run_config("fsdp", gpus=[0, 1, 2, 3], batch_size=6)
+    p = place(cfg, FOUR_GPUS, one_process_per_device=True, drives_all_devices=False, needs_cuda=False,
+              tensor_parallel=2)
+    assert (p.data_shards, p.local_batch) == (2, 3)
+    assert [p.data_shard(r) for r in range(4)] == [0, 0, 1, 1]
+    whole = place(cfg, FOUR_GPUS, one_process_per_device=True, drives_all_devices=False, needs_cuda=False,
+                  tensor_parallel=0)
+    assert (whole.data_shards, whole.local_batch, whole.data_shard(3)) == (1, 6, 0)
+    with pytest.raises(ConfigError, match="batch_size=6 .*a multiple of the 4 workers"):
+        place(cfg, FOUR_GPUS, one_process_per_device=True, drives_all_devices=False, needs_cuda=False)
+    with pytest.raises(ConfigError, match="a multiple of the 2 data-parallel groups of 2 tensor-parallel ranks .* 6 or 8"):
+        place(run_config("fsdp", gpus=[0, 1, 2, 3], batch_size=7), FOUR_GPUS, one_process_per_device=True,
+              drives_all_devices=False, needs_cuda=False, tensor_parallel=2)

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.nn.functional as F
 from conftest import describe, refused_before_start, run_cli
+from torch import nn
 
 from harness.core.traffic import pipeline_bubble
 from harness.parity import report as verdicts
 from harness.report import build_rows, find_results
-from strategies.pp import Pipeline, block_ranges, shared_parameters, split_note
+from strategies.pp import Pipeline, block_ranges, shared_across_stages, shared_parameters, split_note
 
 # 4 blocks: two a rank, or one a stage for interleaved 1F1B (4 stages on 2 ranks); batch 8 in 4 microbatches of 2
 GPT = ("model=gpt", "model.layers=4", "model.width=32", "model.heads=2", "model.vocab_size=64", "model.seq_len=16",
@@ -78,11 +80,79 @@ def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_
     ((*GPT, "compile=true"),
      "error: compile=true is not allowed: false with strategy=pp: its stages are traced graphs run by the schedule; "
      "compiling them is not wired"),
+    (("nprocs=4", "model=gpt", "model.layers=2"),
+     "error: model.layers=2 is not allowed: at least 4 with strategy=pp on 4 ranks (strategy.schedule=1f1b cuts 4 "
+     "stages, each of at least one block), or at most 2 ranks"),
+    ((*GPT, "model.layers=3", "strategy.schedule=interleaved_1f1b"),
+     "error: model.layers=3 is not allowed: at least 4 with strategy=pp on 2 ranks (strategy.schedule="
+     "interleaved_1f1b cuts 4 stages, 2 a rank, each of at least one block), or at most 1 rank"),
+    (("model=gpt", "model.tie_embeddings=true"),
+     "error: model.tie_embeddings=true is not allowed: false with strategy=pp: the head would share the embedding's "
+     "weight across the first and last stages, each training its own copy (embedding.weight, used by stages 0 and "
+     "1)"),
 ])
 def test_what_cannot_be_cut_or_run_is_refused_in_one_line_before_anything_starts(
         overrides: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The cut's own limits too (fewer blocks than stages, counted as the schedule cuts them; a weight two stages
+    would share), seen on the model built on the meta device before anything starts."""
     assert refused_before_start([*PP, *overrides], monkeypatch, capsys) == [line]
+
+
+class TiedTokens(nn.Module):
+    """A user's token model whose output projection is its embedding's weight, used nowhere else (no option says
+    so): found by the meta forward, not by a key."""
+
+    seq_len = 8
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(32, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(layers))
+
+    @classmethod
+    def inputs(cls, options: Any, data: Any) -> Any:
+        from harness.core.inputs import tokens
+
+        return tokens(cls.seq_len, 32)
+
+    def block_names(self) -> list[str]:
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    def forward(self, ids: Any) -> Any:
+        x = self.embedding(ids)
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(x, self.embedding.weight)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (("nprocs=2",),
+     "error: model=TiedTokens is not allowed: a model whose stages share no weight with strategy=pp: embedding.weight "
+     "is used by stages 0 and 1, each of which would train its own copy (tied weights): untie it"),
+    (("nprocs=4",),
+     "error: model=TiedTokens is not allowed: a model of at least 4 blocks with strategy=pp on 4 ranks (strategy."
+     "schedule=1f1b cuts 4 stages, each of at least one block; its block_names() names 2), or at most 2 ranks"),
+])
+def test_a_users_model_that_cannot_be_cut_is_refused_by_what_its_built_model_shows(
+        overrides: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No `layers` or `tie_embeddings` key to name: the model, its block count and the shared weight instead."""
+    target = f"model._target_={__name__}.TiedTokens"
+    assert refused_before_start(["strategy=pp", *overrides, "model=custom", target], monkeypatch, capsys) == [line]
+
+
+def test_one_stage_shares_nothing_and_an_untied_model_passes_the_check() -> None:
+    """One stage (one rank, gpipe) holds every use of a tied weight; the GPT's untied head is its own weight."""
+    from harness.prediction.trace import on_meta
+    from harness.rank.gpt import GPT
+
+    tied = on_meta(lambda: GPT(layers=2, width=16, heads=2, seq_len=8, tie_embeddings=True))
+    blocks = tied.block_names()
+    assert shared_across_stages(tied, blocks, 1) is None
+    assert shared_across_stages(tied, blocks, 2) == ("embedding.weight", 0, 1)
+    untied = on_meta(lambda: GPT(layers=4, width=16, heads=2, seq_len=8))
+    assert shared_across_stages(untied, untied.block_names(), 4) is None
 
 
 # ---- the cut, the traffic and the bubble ----
@@ -97,8 +167,6 @@ def test_blocks_are_split_as_evenly_as_possible_the_later_stages_taking_the_extr
 
 
 def test_a_weight_two_stages_use_is_found() -> None:
-    from torch import nn
-
     tied = nn.Linear(2, 2)
     first, last = nn.Module(), nn.Module()
     first.embedding, last.embedding, last.norm = tied, tied, nn.LayerNorm(2)

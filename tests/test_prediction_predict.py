@@ -276,22 +276,34 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
 
 
 @pytest.mark.slow
-def test_a_tensor_parallel_rank_is_calibrated_on_its_own_slices_in_a_fake_group():
+def test_a_tensor_parallel_ranks_activations_as_counted_match_its_own_measured_in_a_fake_group():
     """strategy=tp on 2 ranks: the calibration is one rank of a fake group of 2, so its forward and backward
-    allocate the activations of its half of the heads and of the MLP's width: fewer than the whole model's, which a
-    process group of one (every slice whole) would allocate, gradients besides."""
+    allocate the activations of its half of the heads, of the MLP's width and of the vocabulary: fewer than the
+    whole model's, which a process group of one (every slice whole) would allocate. The planner's count
+    (tensor_parallel_rank_activations: the blocks' share by Korthikanti et al.'s count, the logits halved) lands
+    within 10 % of that measured peak, with and without sequence parallelism and full checkpointing (measured on a
+    2-core EPYC, torch 2.14.1: -3 %, -5 %, +4 %, -8 %); counting the whole model's, +60 % and more, would not."""
     from harness.prediction import calibrate
 
-    gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 2, "seq_len": 128}
-    cfg = run_config("tp", nprocs=2, batch_size=8, model=gpt, data={"name": "synthetic"})
-    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
     try:
-        rank = calibrate.calibrate_strategy(cfg, decided.placement, decided.amp, micro_batch=8, tensor_parallel=2)
+        for checkpoint, sequence in (("none", False), ("none", True), ("full", False), ("full", True)):
+            gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "width": 128, "heads": 4,
+                   "seq_len": 256, "vocab_size": 1024, "checkpoint": checkpoint}
+            cfg = run_config("tp", nprocs=2, batch_size=8, model=gpt, data={"name": "synthetic"},
+                             strategy={"_target_": "strategies.tp.TensorParallel", "sequence_parallel": sequence})
+            decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+            rank = calibrate.calibrate_strategy(cfg, decided.placement, decided.amp, micro_batch=8, tensor_parallel=2)
+            inputs = predict_module.inputs_here(cfg)
+            whole = trace_step(gpt, inputs, decided.amp, cfg.optim, 8)
+            assert rank.pass_peak_bytes is not None and rank.forward_backward_s > 0
+            measured = rank.pass_peak_bytes - whole.model_grads / 2 - 8 * inputs.input_bytes
+            counted = predict_module.tensor_parallel_rank_activations(
+                cfg, decided.strategy_cls.traffic(cfg.strategy), 2, whole,
+                lambda model, inputs=inputs, amp=decided.amp, optim=cfg.optim: trace_step(model, inputs, amp, optim, 8))
+            assert measured < 0.7 * predict_module.passing_activations(whole), (checkpoint, sequence)
+            assert counted == pytest.approx(measured, rel=0.10), (checkpoint, sequence, counted, measured)
     finally:
         calibrate.shutdown()
-    whole = trace_step(gpt, predict_module.inputs_here(cfg), decided.amp, cfg.optim, 8)
-    assert rank.pass_peak_bytes is not None and rank.forward_backward_s > 0
-    assert rank.pass_peak_bytes < 0.8 * whole.activations
 
 
 @pytest.mark.parametrize("name, optimizer_share", [("ddp", 1), ("zero", 1 / 8), ("fsdp", 1 / 8)])

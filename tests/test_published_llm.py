@@ -35,6 +35,21 @@ def test_the_published_table_loads_its_bf16_data_parallel_rows():
     assert [c.published for c in mpt_125m] == [142830.0]  # the issue's figure, as the README prints it
 
 
+def test_a_tensor_parallel_row_plans_fsdp_by_tp_with_the_batch_of_its_data_parallel_groups():
+    """torchtitan's Llama 3 8B on 64 H100s at TP 8 (TT-ATP): 8 data-parallel groups of 8 GPUs, each on a local
+    batch of 12 sequences, 96 an optimizer step (not 64 x 12); every GPU's tokens/s is the step's 96 x 8192 over 64."""
+    cases = llm.load_cases(sources=("TT-ATP",), gpus=("h100-96gbx8",), tensor_parallel=True)
+    vanilla = [c for c in cases if c.where.endswith("Vanilla TP")]
+    assert [(c.model, c.gpus, c.tp, c.published) for c in vanilla] == [("llama3_70b", 256, 8, 597.3),
+                                                                      ("llama3_8b", 64, 8, 4378.0)]
+    case = vanilla[1]
+    assert (case.data_parallel, case.grad_accum) == (8, 1)
+    assert {"strategy=fsdp", "strategy.tp=8", "strategy.sequence_parallel=true", "batch_size=96", "grad_accum=1",
+            "plan.nodes=8", "model.loss_chunks=0"} <= set(case.overrides())
+    assert llm.tokens_per_gpu(case, {"prediction": {"s_per_iteration": 2.0}}) == pytest.approx(96 * 8192 / 2.0 / 64)
+    assert all(c.tp == 1 for c in llm.load_cases(sources=("TT-ATP", "TT-PERF"), gpus=("h100-96gbx8", "a100x8")))
+
+
 def test_the_fit_s_fast_path_equals_the_planner_s_answer():
     """What a fit evaluates thousands of times (the traces kept, the factors varied) gives the planner's own
     tokens/s for the same run, and MPT-125M at its published micro-batch of 40 is predicted to fit (issue 52:

@@ -26,11 +26,12 @@ from strategies.tp import TensorParallel, interleaved
 # layers=2, width=32, heads=2, vocab_size=64, seq_len=16 (GPT-2 shape), as tests/test_gpt.py counts it: 30080 fp32
 # parameters, 120320 bytes, whole. Under TP over 2 ranks each rank holds, per block: the norms 128 whole; qkv
 # (32*96 + 96) / 2 = 1584; out 32*32/2 + 32 (a row-wise split keeps the bias whole) = 544; up (32*128 + 128) / 2 =
-# 2112; down 128*32/2 + 32 = 2080: 6448, two blocks 12896; and whole the embeddings 2048 + 512, final norm 64 and
-# head 2048 = 4672. Together 17568 fp32 = 70272 bytes a rank. FSDP x TP (2 x 2) shards that again over 2: 35136.
+# 2112; down 128*32/2 + 32 = 2080: 6448, two blocks 12896; the head split by vocabulary 64*32/2 = 1024; and whole
+# the embeddings 2048 + 512 and final norm 64 = 2624. Together 16544 fp32 = 66176 bytes a rank. FSDP x TP (2 x 2)
+# shards that again over 2: 33088.
 GPT_RUN = ("model=gpt", "model.layers=2", "model.width=32", "model.heads=2", "model.vocab_size=64",
            "model.seq_len=16", "batch_size=8", "iterations=20", "log_every=10", "parity=true")
-WHOLE_BYTES, TP_BYTES = 30080 * 4, 17568 * 4
+WHOLE_BYTES, TP_BYTES = 30080 * 4, 16544 * 4
 MIB = 2**20
 
 
@@ -46,7 +47,9 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _verdict(references: Path, run: Path, label: str, shape: str) -> Any:
     rows, _ = build_rows(find_results([references / shape, run])[0])
-    return {r.label: r for r in rows}[label].parity
+    labels = {r.label: r for r in rows}
+    assert label in labels, sorted(labels)
+    return labels[label].parity
 
 
 @pytest.mark.slow
@@ -75,13 +78,16 @@ def test_sequence_parallel_agrees_with_one_device(tmp_path, references):
 
 @pytest.mark.slow
 def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_with_one_device(tmp_path, references):
-    proc, results = run_cli("strategy=fsdp", "nprocs=4", "strategy.tp=2", *GPT_RUN, tmp_path=tmp_path)
+    # with sequence parallelism: the final norm on the sequence's shards, the head gathering them on the 2-D mesh
+    proc, results = run_cli("strategy=fsdp", "nprocs=4", "strategy.tp=2", "strategy.sequence_parallel=true",
+                            *GPT_RUN, tmp_path=tmp_path)
     assert proc.returncode == 0 and results is not None, describe(proc)
-    assert results["status"] == "ok" and results["world_size"] == 4 and results["variant"] == "tp=2"
+    assert results["status"] == "ok" and results["world_size"] == 4
+    assert results["variant"] == "tp=2 sequence_parallel"
     held = [rank["params_held_mib"] * MIB for rank in results["ranks"]]
     assert held == [TP_BYTES / 2] * 4, held
     assert results["parity"]["replicas_agree"] is True
-    parity = _verdict(references, tmp_path, "fsdp O0 tp=2", "gpt2")
+    parity = _verdict(references, tmp_path, "fsdp O0 sequence_parallel tp=2", "gpt2")
     assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
 
 
@@ -122,6 +128,23 @@ def test_apex_and_the_levels_tp_does_not_run_are_refused_with_the_reason():
     TensorParallel.check_compatible(None, resolve(AmpConfig(level="O1", dtype="bfloat16"), "cuda"))  # runs
 
 
+def test_fsdp_by_tp_runs_o2_by_fsdps_policy_and_refuses_the_model_casts(monkeypatch, capsys):
+    """FSDP x TP at O2 casts through FSDP2's MixedPrecisionPolicy (torchtitan's bf16), which reaches the TP slices;
+    O3 and O2 without masters cast the model itself: refused in one line."""
+    from harness.core.amp_levels import AmpConfig, resolve
+    from strategies.fsdp import FSDP_TP_AMP_RULES
+
+    o2 = resolve(AmpConfig(level="O2", dtype="bfloat16"), "cuda")
+    assert not any(rule.matches(o2) for rule in FSDP_TP_AMP_RULES)
+    base = ("strategy=fsdp", "nprocs=4", "strategy.tp=2", "model=gpt", "batch_size=8", "amp.dtype=bfloat16")
+    assert refused_before_start((*base, "amp=O3"), monkeypatch, capsys) == [
+        "error: amp.level=O3 is not allowed: O0, O1 or O2 with strategy.tp (O3 casts the model itself before TP "
+        "slices it: not verified yet; O2's policy casts the gathered slices instead)"]
+    assert refused_before_start((*base, "amp=O2", "amp.master_weights=false"), monkeypatch, capsys) == [
+        "error: amp.master_weights=false is not allowed: true with strategy.tp at O2 (without masters the model "
+        "itself is cast, as O3: not verified yet)"]
+
+
 # ---- what it declares ----
 
 def test_the_activations_collectives_per_block_sized_by_hand():
@@ -152,11 +175,16 @@ def test_the_plan_splits_fused_projections_section_by_section_and_one_device_is_
     assert interleaved((8, 4, 4), 2).tolist() == [0, 1, 2, 3, 8, 9, 12, 13, 4, 5, 6, 7, 10, 11, 14, 15]
     model = GPT(layers=1, width=16, heads=4, kv_heads=2, shape="llama", vocab_size=32, seq_len=8)
     plan = model.tp_plan(False)
-    assert set(plan) == {"blocks.0.attention.qkv", "blocks.0.attention.out", "blocks.0.mlp.up", "blocks.0.mlp.down"}
+    assert set(plan) == {"blocks.0.attention.qkv", "blocks.0.attention.out", "blocks.0.mlp.up", "blocks.0.mlp.down",
+                         "head"}  # the head by vocabulary: its loss on the shards (loss_parallel)
     assert plan["blocks.0.attention.qkv"].sections == (16, 8, 8)  # type: ignore[attr-defined]
-    assert {"blocks.0.attention_norm", "blocks.0.mlp_norm", "blocks.0"} <= set(model.tp_plan(True))
+    assert {"blocks.0.attention_norm", "blocks.0.mlp_norm", "blocks.0", "norm", "head"} <= set(model.tp_plan(True))
     assert GPT.tp_sizes({"heads": 4, "kv_heads": 2}, True) == {"model.heads": 4, "model.kv_heads": 2,
-                                                                "model.seq_len": 64}
+                                                                "model.seq_len": 64, "model.vocab_size": 256}
+    # a tied head (the embedding's weight) or the fused loss (whole rows) keeps the logits whole
+    assert "head" not in GPT(layers=1, width=16, heads=4, vocab_size=32, seq_len=8, tie_embeddings=True).tp_plan(False)
+    assert "head" not in GPT(layers=1, width=16, heads=4, vocab_size=32, seq_len=8, loss_chunks=2).tp_plan(False)
+    assert "model.vocab_size" not in GPT.tp_sizes({"heads": 4, "loss_chunks": 2}, False)
     torch.manual_seed(0)
     assert model(torch.randint(0, 32, (2, 8))).shape == (2, 8, 32)
 
@@ -190,3 +218,16 @@ def test_the_planner_prices_tp_all_reduces_per_block_on_their_group_and_fsdp_acr
     both = FSDP2.traffic({"tp": 2, "reshard_after_forward": False})
     total, exposed = comm_time(both, TRACE, 4, TWO_BY_TWO, compute=0.0, activations=BLOCK)
     assert total == exposed == pytest.approx(16 * node_call + 2 * dp_call)
+
+
+def test_a_ranks_share_of_the_activations_by_the_count_per_block():
+    """Korthikanti et al.'s 34 bytes a token and width: at tp=8 without sequence parallelism 10 whole and 24/8,
+    (10 + 3) / 34; with it 4 whole (the all-gathered inputs of q|k|v and up, which Linear saves) and 30/8,
+    7.75 / 34; full checkpointing keeps the blocks' inputs alone: whole, or split along the sequence. One rank: 1."""
+    from harness.core.traffic import tensor_parallel_share
+
+    assert tensor_parallel_share(8, False, "none") == pytest.approx(13 / 34)
+    assert tensor_parallel_share(8, True, "selective") == pytest.approx(7.75 / 34)
+    assert tensor_parallel_share(2, False, "none") == pytest.approx(22 / 34)  # not 1/2: the norms' inputs stay whole
+    assert (tensor_parallel_share(8, False, "full"), tensor_parallel_share(8, True, "full")) == (1.0, 1 / 8)
+    assert tensor_parallel_share(1, True, "none") == 1.0

@@ -143,6 +143,27 @@ def test_fsdp_says_so_when_the_model_has_no_blocks_to_shard(strategy, target, no
     assert bool(notes) is noted, plan.placement.notes
 
 
+TRANSFORMER = ("model=custom", "model._target_=examples.custom_transformer.Transformer", "data=custom",
+               "data._target_=examples.custom_transformer.batches")
+
+
+def test_the_example_transformer_declares_what_tensor_parallelism_reads(monkeypatch, capsys):
+    """examples/custom_transformer.py (docs/workloads.md, "Tensor parallelism and checkpointing together"): its
+    heads by the key that sets them, so a degree that does not divide them is refused before anything starts, in
+    one line; its width and blocks for the planner, whatever else the options hold (the harness's `checkpoint`)."""
+    from conftest import refused_before_start
+
+    from examples.custom_transformer import Transformer
+
+    assert Transformer.tp_sizes({}, False) == {"model.heads": 4}
+    assert Transformer.tp_sizes({"heads": 8, "width": 128}, True) == {"model.heads": 8}
+    assert Transformer.tp_activations({"layers": 3, "width": 32, "checkpoint": "full", "name": "x"}) == (32, 3)
+    assert refused_before_start([*TRANSFORMER, "+model.heads=2", "strategy=fsdp", "strategy.tp=4", "nprocs=4"],
+                                monkeypatch, capsys) == [
+        "error: model.heads=2 is not allowed: a multiple of the 4 tensor-parallel ranks (strategy.tp=4): each rank "
+        "computes 1/4 of them"]
+
+
 class LegacyStepCounter(torch.optim.SGD):
     """As torch.optim.Adam before torch 2.14: its step counter made on the default device
     (`torch.tensor(0.0, dtype=...)`, no device) and read back with `.item()` (torch 2.11's adam.py)."""

@@ -116,14 +116,24 @@ class Placement:
     notes: tuple[str, ...] = ()
     nodes: int = 1  # > 1 only under a multi-node torchrun; `nprocs` and `devices` are this node's
     node_rank: int = 0
+    batch_group: int = 1  # consecutive ranks that train on one share of the batch (a tensor-parallel group)
 
     @property
     def world_size(self) -> int:
         return self.nprocs * self.nodes
 
     @property
+    def data_shards(self) -> int:
+        """The shares the global batch is cut into: one a rank, or one a tensor-parallel group."""
+        return self.world_size // self.batch_group
+
+    def data_shard(self, rank: int) -> int:
+        """The share rank `rank` reads: its own, or its tensor-parallel group's (every rank of it the same)."""
+        return rank // self.batch_group
+
+    @property
     def local_batch(self) -> int:
-        return self.global_batch // self.world_size
+        return self.global_batch // self.data_shards
 
     def rank_device(self, local_rank: int) -> str:
         """The device label a rank drives (one-process strategies: the first, i.e. base, device)."""

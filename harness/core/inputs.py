@@ -146,8 +146,13 @@ def bound_options(factory: Any, options: Mapping[str, Any]) -> dict[str, Any]:
 
 def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the last dimension, averaged over every target: a classifier's (N, C) logits against
-    (N,) classes, a language model's (N, T, V) against (N, T) next tokens."""
-    return F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
+    (N,) classes, a language model's (N, T, V) against (N, T) next tokens. Logits split by class across a
+    tensor-parallel group (a DTensor: the strategy holds torch's loss_parallel) give a replicated loss, handed back as
+    the plain tensor every rank holds."""
+    from torch.distributed.tensor import DTensor
+
+    value = F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
+    return value.to_local() if isinstance(value, DTensor) else value
 
 
 def loss_for(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

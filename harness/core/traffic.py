@@ -81,6 +81,7 @@ class Traffic:
     replicate: int = 1  # HSDP: copies of the sharded state, each spread over world/replicate consecutive ranks
     # TP: consecutive ranks splitting each block's weights and sharing their activations; 0: all of them (strategy=tp)
     tensor_parallel: int = 1
+    sequence_parallel: bool = False  # TP's norms and residual stream split along the sequence too
     microbatches: int = 0  # a pipeline's microbatches per step (0: not a pipeline; pipeline_bubble)
     stages_per_rank: int = 1  # a pipeline's stages on each rank (interleaved schedules: more than one)
 
@@ -106,6 +107,24 @@ def activation_bytes(collective: Collective, tokens: int, width: int, element_by
     if collective.payload != "activations":
         raise ValueError(f"not an activation collective: {collective}")
     return collective.count * blocks * tokens * width * element_bytes
+
+
+def tensor_parallel_share(tp: int, sequence_parallel: bool, checkpoint: str) -> float:
+    """The share of a whole model's activations that one of `tp` tensor-parallel ranks holds. Per block and token,
+    Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) count 34 h bytes at 16 bits without attention's scores
+    (flash attention keeps none): 24 of them split by heads or MLP width, 10 whole without sequence parallelism
+    (the norms' inputs, the inputs of the q|k|v and up projections, the dropout masks). With sequence
+    parallelism Megatron splits all 34; DTensor's SequenceParallel keeps the projections' all-gathered inputs (4 of
+    the 10) whole, as Linear saves them: 4 + 30/tp. Measured here in a fake process group of 2 (one rank's peak,
+    harness.prediction.calibrate): 0.62-0.63 of the whole model's activations without sequence parallelism
+    (formula 0.647), 0.57 with (0.559). Full checkpointing keeps the blocks' inputs alone: whole on every rank
+    without sequence parallelism, split along the sequence with it. What lies outside the blocks (embeddings,
+    logits) is counted by the caller (harness.prediction.predict.tensor_parallel_rank_activations)."""
+    if tp <= 1:
+        return 1.0
+    if checkpoint == "full":
+        return 1 / tp if sequence_parallel else 1.0
+    return (4 + 30 / tp) / 34 if sequence_parallel else (10 + 24 / tp) / 34
 
 
 def pipeline_bubble(traffic: Traffic, ranks: int) -> float:

@@ -35,11 +35,12 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
     strategy_cls = get_class(cfg.strategy["_target_"])
     launched = strategy_cls.one_process_per_device or in_sweep or (cfg.repeat or 1) > 1
     placement = place(cfg, hw, strategy_cls.one_process_per_device, strategy_cls.drives_all_devices,
-                      strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun)
+                      strategy_cls.needs_cuda, isolated=launched, torchrun=torchrun,
+                      tensor_parallel=strategy_cls.traffic(cfg.strategy).tensor_parallel)
     amp = resolve(cfg.amp, placement.accelerator)
     if placement.local_batch % cfg.grad_accum:
         raise ConfigError("grad_accum", cfg.grad_accum, f"a divisor of each process's batch of {placement.local_batch} "
-                          f"(batch_size {cfg.batch_size} over {placement.world_size} process(es))")
+                          f"(batch_size {cfg.batch_size} over {placement.data_shards} data-parallel share(s))")
     strategy_cls.check_compatible(placement, amp)
     strategy_cls.check_run(cfg, placement, amp)
     if placement.accelerator == "cuda" and launched and torchrun is None \
@@ -47,7 +48,9 @@ def run_plan(cfg: RunConfig, hw: Hardware, *, resolved: Mapping[str, Any] | None
         raise Incompatible("launcher.start_method", "fork", "spawn or forkserver on GPUs: this process has already "
                            "asked CUDA for its devices, and a forked child cannot re-initialise CUDA")
     inputs = inputs_of(cfg.model, cfg.data)
-    notes = strategy_cls.model_notes(cfg.strategy, check_model(cfg.model, inputs, cfg.data.image_size))
+    built = check_model(cfg.model, inputs, cfg.data.image_size)
+    strategy_cls.check_built(cfg, placement, built)
+    notes = strategy_cls.model_notes(cfg.strategy, built)
     if notes:
         placement = dataclasses.replace(placement, notes=(*placement.notes, *notes))
     if inputs.kind != "images" and cfg.data.name == "loader":

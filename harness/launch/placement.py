@@ -97,22 +97,24 @@ class PlacementRequest(Protocol):
 
 
 def place(cfg: PlacementRequest, hw: Hardware, one_process_per_device: bool, drives_all_devices: bool,
-          needs_cuda: bool, isolated: bool = True, torchrun: TorchrunWorld | None = None) -> Placement:
+          needs_cuda: bool, isolated: bool = True, torchrun: TorchrunWorld | None = None,
+          tensor_parallel: int = 1) -> Placement:
     """Map a training run's `gpus`/`nprocs` to processes and devices; refuse what cannot be placed,
-    including a global batch the workers cannot share evenly.
+    including a global batch the workers cannot share evenly (`tensor_parallel` consecutive ranks share one share,
+    0: every rank, strategies.tp).
 
     `isolated`: the workers are child processes given CUDA_VISIBLE_DEVICES = the chosen GPUs, so they
     number them 0..n-1; otherwise (inline, or under torchrun) they keep this process's numbering.
     """
     return place_workers(cfg.strategy_name, cfg.gpus, cfg.nprocs, hw, one_process_per_device=one_process_per_device,
                          drives_all_devices=drives_all_devices, needs_cuda=needs_cuda, isolated=isolated,
-                         torchrun=torchrun, global_batch=cfg.batch_size)
+                         torchrun=torchrun, global_batch=cfg.batch_size, tensor_parallel=tensor_parallel)
 
 
 def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int, hw: Hardware, *,
                   one_process_per_device: bool = True, drives_all_devices: bool = False, needs_cuda: bool = False,
                   isolated: bool = True, torchrun: TorchrunWorld | None = None,
-                  global_batch: int | None = None) -> Placement:
+                  global_batch: int | None = None, tensor_parallel: int = 1) -> Placement:
     """Place workers that need no training batch (the collectives benchmark), or, given `global_batch`,
     a training run's: that batch must then split evenly over the workers. `name` says whose workers in
     refusals and notes (`strategy=<name>`)."""
@@ -159,10 +161,14 @@ def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int
     if one_process_per_device:
         worker_env["OMP_NUM_THREADS"] = str(threads)
     world = nprocs * nodes
-    if global_batch is not None and global_batch % world:
-        lower, upper = global_batch // world * world, (global_batch // world + 1) * world
+    group = world if tensor_parallel == 0 else tensor_parallel
+    group = group if one_process_per_device and world % group == 0 else 1  # a degree that does not divide: refused
+    shares = world // group  # by the strategy's own check, naming its option
+    if global_batch is not None and global_batch % shares:
+        lower, upper = global_batch // shares * shares, (global_batch // shares + 1) * shares
         examples = f"{lower} or {upper}" if lower else f"{upper}"
-        allowed = f"a multiple of the {world} workers of strategy={name}, e.g. {examples}"
+        whose = f"{world} workers" if group == 1 else f"{shares} data-parallel groups of {group} tensor-parallel ranks"
+        allowed = f"a multiple of the {whose} of strategy={name}, e.g. {examples}"
         raise ConfigError("batch_size", global_batch, allowed)
     isolated = isolated and torchrun is None
     torch_indices = tuple(range(len(gpus))) if isolated else tuple(hw.visible_gpus.index(g) for g in gpus)
@@ -170,4 +176,5 @@ def place_workers(name: str, requested_gpus: tuple[int, ...] | None, nprocs: int
                      one_process_per_device=one_process_per_device, devices=devices,
                      threads_per_process=threads,  # no batch: one item per worker, so local_batch stays 1
                      global_batch=world if global_batch is None else global_batch,
-                     worker_env=worker_env, gpu_tokens=tokens, explicit_gpus=requested_gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank)
+                     worker_env=worker_env, gpu_tokens=tokens, explicit_gpus=requested_gpus is not None, notes=tuple(notes), nodes=nodes, node_rank=node_rank,
+                     batch_group=group)

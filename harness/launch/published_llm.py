@@ -48,15 +48,23 @@ class LlmCase:
     source: str
     where: str
     compile: bool = False
+    tp: int = 1  # tensor-parallel degree: `micro_batch` is then a data-parallel group's, its tp GPUs sharing it
 
     @property
     def name(self) -> str:
         ckpt = "" if self.checkpointing == "none" else f" ckpt {self.checkpointing}"
-        return f"{self.model} {self.gpu.removesuffix('x8')} x{self.gpus} seq {self.seq_len} mb{self.micro_batch}{ckpt}"
+        tp = f" tp{self.tp}" if self.tp > 1 else ""
+        return (f"{self.model} {self.gpu.removesuffix('x8')} x{self.gpus}{tp} seq {self.seq_len} mb{self.micro_batch}"
+                f"{ckpt}")
+
+    @property
+    def data_parallel(self) -> int:
+        """The data-parallel groups: one a GPU, or one a tensor-parallel group of `tp` GPUs."""
+        return self.gpus // self.tp
 
     @property
     def grad_accum(self) -> int:
-        return max(1, self.global_batch // (self.gpus * self.micro_batch))
+        return max(1, self.global_batch // (self.data_parallel * self.micro_batch))
 
     def overrides(self) -> list[str]:
         """The command line that plans this run."""
@@ -65,7 +73,7 @@ class LlmCase:
         chunks = max(1, self.micro_batch * self.seq_len // LOSS_TOKENS_PER_CHUNK) if self.source == "LLMF" else 0
         line = [f"model={self.model}", f"model.seq_len={self.seq_len}", f"model.checkpoint={self.checkpointing}",
                 f"model.loss_chunks={chunks}", "strategy=fsdp", "amp=O2", "amp.dtype=bfloat16", "optim=adamw",
-                f"batch_size={self.micro_batch * self.grad_accum * self.gpus}", f"grad_accum={self.grad_accum}",
+                f"batch_size={self.micro_batch * self.grad_accum * self.data_parallel}", f"grad_accum={self.grad_accum}",
                 "plan.enabled=true", f"plan.hardware={self.gpu}", "data.pool=1"]
         if nodes > 1:
             line.append(f"plan.nodes={nodes}")
@@ -73,13 +81,17 @@ class LlmCase:
             line += list(MPT_SHAPE)
         if self.sharding == "shard_grad_op":
             line.append("strategy.reshard_after_forward=false")
+        if self.tp > 1:  # torchtitan's 2-D parallelism: FSDP over the data-parallel groups, TP within a node, its
+            # norms sequence-parallel and its head split by vocabulary (torchtitan's apply_tp, loss_parallel)
+            line += [f"strategy.tp={self.tp}", "strategy.sequence_parallel=true"]
         return line
 
 
 def load_cases(path: Path = TABLE, sources: tuple[str, ...] = ("LLMF",), gpus: tuple[str, ...] = ("a100x8", "h100x8"),
-               ) -> list[LlmCase]:
-    """The bf16 rows of `sources` on `gpus` whose model is a named size (fp8, context-, pipeline- and
-    tensor-parallel rows are other strategies)."""
+               tensor_parallel: bool = False) -> list[LlmCase]:
+    """The bf16 rows of `sources` on `gpus` whose model is a named size: data-parallel ones, or with
+    `tensor_parallel` those with a TP degree (FSDP x TP); fp8, context- and pipeline-parallel rows are other
+    strategies."""
     with path.open(newline="") as handle:
         reader = csv.DictReader(line for line in handle if not line.startswith("#"))
         rows = list(reader)
@@ -89,9 +101,9 @@ def load_cases(path: Path = TABLE, sources: tuple[str, ...] = ("LLMF",), gpus: t
                     int(r["micro_batch"]), r["checkpointing"], r["precision"], r["sharding"],
                     float(r["published_tokens_s_per_gpu"]), float(r["published_mfu"]) if r["published_mfu"] else None,
                     float(r["published_memory_gib"]) if r["published_memory_gib"] else None, r["source"], r["where"],
-                    r["compile"] == "true")
+                    r["compile"] == "true", int(r["tp"] or 1))
             for r in rows if r["source"] in sources and r["gpu"] in gpus and r["precision"] == "bf16"
-            and int(r["tp"] or 1) == 1 and int(r["pp"] or 1) == 1 and "cp" not in r["sharding"]
+            and (int(r["tp"] or 1) > 1) == tensor_parallel and int(r["pp"] or 1) == 1 and "cp" not in r["sharding"]
             and (MODEL_DIR / f"{r['model']}.yaml").is_file()]
 
 
@@ -111,7 +123,7 @@ def tokens_per_gpu(case: LlmCase, row: dict[str, Any]) -> float | None:
     seconds = prediction.get("s_per_iteration")
     if not seconds:
         return None
-    return case.micro_batch * case.grad_accum * case.gpus * case.seq_len / seconds / case.gpus
+    return case.micro_batch * case.grad_accum * case.data_parallel * case.seq_len / seconds / case.gpus
 
 
 
@@ -150,10 +162,12 @@ def placed(case: LlmCase) -> Placed | None:
     if not prediction.fits:
         return None
     n = decided.device_ranks
+    traffic = decided.strategy_cls.traffic(cfg.strategy)
+    if traffic.tensor_parallel_over(n) > 1:
+        return None  # a rank's slices are timed by the planner itself (predict_case), not here
     micro = cfg.batch_size // n // cfg.grad_accum
     trace = trace_step(cfg.model, inputs_here(cfg), decided.amp, cfg.optim, micro, cfg.grad_accum,
                        _unit_names(decided.strategy_cls, cfg), device="cuda")  # predict's own: from its cache
-    traffic = decided.strategy_cls.traffic(cfg.strategy)
     return Placed(cfg, decided.amp, target.preset, micro, n, traffic, trace,
                   traffic.sharded_over(n) if decided.strategy_cls.shards[2] else 1)
 

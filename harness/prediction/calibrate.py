@@ -213,7 +213,8 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
-                              devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1) \
+                              devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1,
+                              batch_group=1) \
         if placement.one_process_per_device else placement
     # what the step depends on, not the run's bookkeeping (its round, iterations, folders): a sweep's later rounds
     # read the first's calibration
@@ -281,12 +282,7 @@ def _strategy_child(key: bytes) -> Calibration:
         model, optimizer = strategy.setup_module(model, plugin, OptimizerSpec.from_config(cfg.optim))
         model.train()
         loss_of = loss_for(model)
-        from strategies.tp import GatheredBatch
-
-        # a tensor-parallel rank that gathers its group's shares reads its own share (the fake group's all-gather
-        # hands back copies of it: the group's batch)
-        share = micro_batch // tensor_parallel if isinstance(model, GatheredBatch) else micro_batch
-        images, labels = inputs.example(share * cfg.grad_accum, strategy.device)
+        images, labels = inputs.example(micro_batch * cfg.grad_accum, strategy.device)  # a TP rank: its group's
         parts = list(zip(images.chunk(cfg.grad_accum), labels.chunk(cfg.grad_accum), strict=True))
 
         def sync_skipped(last: bool) -> contextlib.AbstractContextManager[Any]:

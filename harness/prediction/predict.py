@@ -11,6 +11,7 @@ piece. Each figure carries a 90 % band and says where it comes from."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -18,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.core.amp_levels import AmpSpec
+from harness.core.checkpointing import mode_of, split_model_options
 from harness.core.config import RunConfig
 from harness.core.devices import Placement, cpu_half_kernels
 from harness.core.inputs import Inputs, inputs_of
-from harness.core.traffic import Buffer, Collective, Traffic
+from harness.core.traffic import Buffer, Collective, Traffic, tensor_parallel_share
 from harness.prediction import pipeline
 from harness.prediction.calibrate import Calibration, calibrate, calibrate_strategy
 from harness.prediction.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
@@ -201,6 +203,11 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     kernels = half_kernels(amp, preset)
     trace = trace_step(cfg.model, inputs_here(cfg), amp, cfg.optim, micro, cfg.grad_accum, unit_names,
                        aten_convolutions=kernels == "aten", device=preset.accelerator)
+    if tp > 1:  # one rank's share of the activations, by the count per block (tensor_parallel_share)
+        fewer = functools.partial(trace_step, inputs=inputs_here(cfg), amp=amp, optim=cfg.optim, micro_batch=micro,
+                                  grad_accum=cfg.grad_accum, unit_names=unit_names,
+                                  aten_convolutions=kernels == "aten", device=preset.accelerator)
+        trace = with_activations(trace, tensor_parallel_rank_activations(cfg, traffic, tp, trace, fewer))
     ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
@@ -208,9 +215,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
     if tp > 1 and needed <= device_memory:  # the activations of one rank's slices, where they can be measured here
         measured_acts = tensor_parallel_activations(cfg, amp, target, micro, placement, tp, trace)
         if measured_acts is not None:
-            trace = dataclasses.replace(trace, activations=measured_acts, phases=tuple(
-                dataclasses.replace(phase, activations=measured_acts) if i == 0 else phase
-                for i, phase in enumerate(trace.phases)))
+            trace = with_activations(trace, measured_acts)
             ranks = memory_by_rank(trace, traffic, strategy_cls.shards, n, cfg, placement, preset, replicas)
             needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
     if needed > device_memory:  # it would not run: its time is not calibrated (that could run out of memory here)
@@ -661,13 +666,18 @@ class BlockActivations:
     dtype: str
 
 
-def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivations:
+def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivations | None:
     """micro-batch x sequence x width, in the forward's dtype (the amp level's half type from O1 on: autocast's
-    projections end in it), from the model's own `tp_activations(options)` (width, blocks)."""
+    projections end in it), from the model's own `tp_activations(options)` (width, blocks), given the options its
+    factory takes (not the harness's `checkpoint`); None for a model that declares none (activation_calls says
+    what to add)."""
     from hydra.utils import get_object
 
-    model = get_object(str(cfg.model["_target_"]))
-    width, blocks = model.tp_activations({k: v for k, v in cfg.model.items() if not k.startswith("_")})
+    declared = getattr(get_object(str(cfg.model["_target_"])), "tp_activations", None)
+    if not callable(declared):
+        return None
+    own, _ = split_model_options(cfg.model)
+    width, blocks = declared({k: v for k, v in own.items() if not k.startswith("_")})
     dtype = "float32" if amp.level == "O0" else amp.dtype
     tokens = micro * (inputs_here(cfg).tokens_per_sample or 1)
     return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype)
@@ -689,11 +699,49 @@ def tensor_parallel_ranks(group: str, n: int, tp: int) -> range | None:
     return None
 
 
+def passing_activations(trace: StepTrace) -> int:
+    """The activations at forward and backward's peak (the step's other phase is the optimizer's)."""
+    return trace.phases[0].activations if trace.phases else trace.activations
+
+
+def tensor_parallel_rank_activations(cfg: RunConfig, traffic: Traffic, tp: int, trace: StepTrace,
+                                     trace_at: Callable[..., StepTrace]) -> float:
+    """One rank's activations under tensor parallelism of degree `tp`, from the whole model's trace: the blocks'
+    (what one more block adds, `trace_at` tracing the model's section with one block fewer) by
+    harness.core.traffic.tensor_parallel_share, the rest (embeddings, logits, loss) split by vocabulary (1/tp) where
+    the model's head is (its `tp_sizes` name `model.vocab_size`), else, and under full checkpointing (whose rest
+    holds the block being recomputed), by the uncheckpointed share. A model without a `layers` option: the share on
+    the whole. Against one rank's peak measured in a fake process group of 2 (tests/test_prediction_predict.py)."""
+    from hydra.utils import get_class
+
+    sequence = traffic.sequence_parallel
+    checkpoint = mode_of("model.checkpoint", cfg.model.get("checkpoint", "none"))
+    share = tensor_parallel_share(tp, sequence, checkpoint)
+    passing = passing_activations(trace)
+    layers = cfg.model.get("layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 2:
+        return passing * share
+    block = max(0, passing - passing_activations(trace_at({**dict(cfg.model), "layers": layers - 1})))
+    rest = max(0, passing - layers * block)
+    own, _ = split_model_options(cfg.model)
+    sizes = getattr(get_class(str(cfg.model["_target_"])), "tp_sizes", None)
+    split = callable(sizes) and "model.vocab_size" in sizes({k: v for k, v in own.items() if not k.startswith("_")},
+                                                             sequence)
+    outside = 1 / tp if split and checkpoint != "full" else tensor_parallel_share(tp, sequence, "none")
+    return layers * block * share + rest * outside
+
+
+def with_activations(trace: StepTrace, activations: float) -> StepTrace:
+    """The trace with its forward-backward phase's activations replaced (a tensor-parallel rank's share)."""
+    return dataclasses.replace(trace, activations=activations, phases=tuple(
+        dataclasses.replace(phase, activations=activations) if i == 0 else phase for i, phase in enumerate(trace.phases)))
+
+
 def tensor_parallel_activations(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement,
                                 tp: int, trace: StepTrace) -> float | None:
     """This machine: one TP rank's forward and backward measured in the calibration (a fake process group of the
     group's size, harness.prediction.calibrate), its activations the peak less the gradients of its slices and the
-    batch it read; None elsewhere (the trace's whole-model activations stand: an upper bound)."""
+    batch it read; None elsewhere (the share of the whole model's by count stands: tensor_parallel_share)."""
     if not (target.preset.measured and cfg.plan.calibration == "strategy"):
         return None
     cal = calibrate_strategy_default(cfg, placement, amp, micro, tp)
@@ -711,4 +759,4 @@ def tensor_parallel_compute(compute: float, notes: tuple[str, ...], tp: int) -> 
         return compute, notes
     return compute / tp, (*notes, f"tensor parallelism: each of the {tp} ranks of a group computes 1/{tp} of the "
                           "model's step on the group's batch (the parts it keeps whole counted split too); its "
-                          "activations held whole (an upper bound)")
+                          "activations the share a rank holds by the count per block (Korthikanti et al. 2022)")

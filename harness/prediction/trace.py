@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -253,6 +254,17 @@ def hashable(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 def _trace(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
            micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool, device_type: str,
            ) -> StepTrace:
+    """The step traced after a run of Python's cyclic collector: a storage caught in a reference cycle is freed (and
+    the replayed allocator told) when the collector next runs, which its counters decide from whatever this process
+    allocated before; collected first, they start from nothing, and the allocator's figure no longer depends on the
+    plans made before (a 70B plan's allocator share was 3.1 GiB alone, 20.9 GiB after an 8B plan's)."""
+    gc.collect()
+    return _traced(model_cfg, inputs, amp, optim, micro_batch, grad_accum, unit_names, aten_convolutions, device_type)
+
+
+def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec, optim: tuple[tuple[str, Any], ...],
+            micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool, device_type: str,
+            ) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
     from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
 

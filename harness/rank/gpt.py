@@ -260,6 +260,8 @@ class GPT(nn.Module):
             sizes["model.mlp_hidden"] = int(bound["mlp_hidden"])
         if sequence_parallel:
             sizes["model.seq_len"] = int(bound["seq_len"])
+        if not bound["tie_embeddings"] and not bound["loss_chunks"]:  # the head split by vocabulary
+            sizes["model.vocab_size"] = int(bound["vocab_size"])
         return sizes
 
     @classmethod
@@ -274,8 +276,9 @@ class GPT(nn.Module):
         q, k, v and the MLP's up (and gate) projections split by output features, the attention's output and the
         MLP's down projection by input features, so each block's attention and MLP end in one reduction.
         `sequence_parallel`: the norms and the residual stream between them split along the sequence, the two
-        all-reduces becoming an all-gather before each projection and a reduce-scatter after it. The embeddings,
-        the final norm and the head stay whole on every rank. The fused projections (q|k|v, gate|up) are split
+        all-reduces becoming an all-gather before each projection and a reduce-scatter after it (and the final norm
+        too). The head is split by vocabulary (`vocab_parallel`: its logits stay DTensor shards, the loss taken on
+        them), else whole; the embeddings stay whole on every rank. The fused projections (q|k|v, gate|up) are split
         section by section (strategies.tp.SectionedColwise), so that each rank holds whole heads."""
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
@@ -306,19 +309,35 @@ class GPT(nn.Module):
                                                                  desired_input_layouts=whole, use_local_output=True),
                     f"blocks.{i}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                                            use_local_output=True)})
+        vocab_parallel = self.vocab_parallel
         if sequence_parallel:  # the residual stream split along the sequence from the first block to the last
             first, last = "blocks.0", f"blocks.{len(self.blocks) - 1}"
             split = dict(input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None),
                          use_local_input=True)
             joined = dict(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
-            if first == last:
+            if vocab_parallel:  # the final norm on the sequence's shards too; the head gathers them
+                plan[first] = PrepareModuleInput(input_layouts=split["input_layouts"],
+                                                 desired_input_layouts=split["desired_input_layouts"],
+                                                 use_local_output=True)
+                plan["norm"] = SequenceParallel()
+            elif first == last:
                 plan[first] = PrepareModuleInputOutput(**split, **joined)
             else:
                 plan[first] = PrepareModuleInput(input_layouts=split["input_layouts"],
                                                  desired_input_layouts=split["desired_input_layouts"],
                                                  use_local_output=True)
                 plan[last] = PrepareModuleOutput(**joined)
+        if vocab_parallel:  # the logits split by vocabulary: the loss is taken on the shards (loss_parallel)
+            plan["head"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                           output_layouts=Shard(-1), use_local_output=False)
         return plan
+
+    @property
+    def vocab_parallel(self) -> bool:
+        """Under tensor parallelism the head is split by vocabulary and the cross-entropy taken on the logits'
+        shards (torchtitan's loss parallelism: a rank holds 1/N of the logits), unless the head is the embedding's
+        weight (tied) or the loss is the fused one (`loss_chunks`), which takes whole rows."""
+        return self.head is not None and not self.loss_chunks
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]

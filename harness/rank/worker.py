@@ -159,7 +159,8 @@ def run_rank(spec: RankSpec, before_teardown: Callable[[RankRecord], None] | Non
         held.enter_context(amp.kernels())
         model, optimizer = strategy.setup_module(model, amp, OptimizerSpec.from_config(cfg.optim))
         record.params_held_mib = held_bytes(model.parameters()) / MIB
-        shards, shard = (world_size, rank) if placement.one_process_per_device else (1, 0)
+        shards, shard = (placement.data_shards, placement.data_shard(rank)) if placement.one_process_per_device \
+            else (1, 0)  # a tensor-parallel group's ranks all read their group's share
         batches = batch_source(cfg.data, plan.inputs, cfg.batch_size, shards, shard, strategy.device, cfg.seed,
                                pid_dir=record_dir / f"data-pids-rank{rank}", memory_format=layout)
         profiler = WindowProfiler(cfg.warmup_windows, placement.accelerator, strategy.barrier) if cfg.profile else None
