@@ -57,12 +57,19 @@ from harness.core.config import RunConfig
 from harness.core.devices import Placement
 from harness.core.errors import ConfigError, Incompatible
 from harness.core.traffic import Buffer, Collective, Traffic
-from strategies.base import AmpRule, ProcessGroupStrategy, unwrap
+from strategies.base import AmpRule, ProcessGroupStrategy, RankEnv, unwrap
 from strategies.capabilities import GradientSyncControl, ShardedParameters
 from strategies.ddp import HOOK_DTYPE, CommHook
+from strategies.pp import ScheduleName, check_cuttable, check_schedule, cut, stage_parameters
 from strategies.tp import TP_AMP_RULES, check_tp_model, gathered_parameters, parallelize, tp_traffic
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+# FSDP x PP: the pipeline's cut and schedule run on the model as built (strategies.pp's rules), FSDP2's policy casting
+# each stage: O2 would need the stages' masters through the schedule's backward, not verified yet
+PP_AMP_RULES = (
+    AmpRule({"cast_model": True}, "level", "O0 or O1 with strategy.pp (a pipeline of FSDP2 stages at O2/O3 is "
+            "not verified yet)"),
+)
 # FSDP x TP at O2: FSDP2's MixedPrecisionPolicy casts the gathered DTensor slices (torchtitan's bf16 training), so
 # only the model cast of O3 (and O2 without masters) and the scaler's mix are left refused, as under strategy=tp
 FSDP_TP_AMP_RULES = tuple(r for r in TP_AMP_RULES if r.key != "level") + (
@@ -85,7 +92,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
 
     def __init__(self, reshard_after_forward: bool = True, blocks: list[str] | None = None,
                  comm_hook: CommHook = "none", replicate: int = 1, tp: int = 1,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, pp: int = 1, schedule: ScheduleName = "1f1b",
+                 microbatches: int = 4) -> None:
         super().__init__()
         self.reshard_after_forward, self.blocks, self.comm_hook = reshard_after_forward, blocks, comm_hook
         self.replicate = replicate  # 1: FSDP over every rank; N > 1: HSDP, N replicas of world/N shards
@@ -95,6 +103,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         self._tp_mesh: DeviceMesh | None = None
         self.sequence_parallel = sequence_parallel  # with tp: the norms and residual stream split by sequence too
         self._held = contextlib.ExitStack()  # TP's loss_parallel, from `shard` to `teardown`
+        # FSDP x PP: `pp` pipeline stages, each sharded over the world/pp pipelines (strategies.pp's cut)
+        self.pp, self.schedule, self.microbatches = pp, schedule, microbatches
+        self._env: RankEnv | None = None
         self._precision = ShardedPrecision()
 
     @classmethod
@@ -118,12 +129,15 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         if replicate < 1:
             raise ConfigError("strategy.replicate", replicate, "an integer >= 1 (1: FSDP over every rank; N: HSDP, "
                               "N replicas each sharded over world/N ranks)")
-        if world % replicate:
-            divisors = [d for d in range(1, world + 1) if world % d == 0]
-            raise Incompatible("strategy.replicate", replicate, f"a divisor of the {world} ranks "
-                               f"({', '.join(map(str, divisors))}): HSDP's replicas each shard over world/replicate "
-                               "ranks")
+        check_divides("strategy.replicate", replicate, world, "HSDP's replicas each shard over world/replicate ranks")
         check_tensor_parallel(cfg, placement, amp, options)
+        check_pipeline_parallel(cfg, placement, amp, options)
+
+    @classmethod
+    def check_built(cls, cfg: RunConfig, placement: Placement, model: nn.Module) -> None:
+        options = cls.options_of(cfg.strategy)
+        if options["pp"] > 1:
+            check_cuttable(cfg, options["schedule"], options["pp"], model)
 
     @classmethod
     def variant(cls, options: Mapping[str, Any]) -> str:
@@ -133,7 +147,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
                  f"blocks={','.join(options['blocks'])}" if options["blocks"] is not None else "",
                  f"replicate={options['replicate']}" if options["replicate"] != 1 else "",
                  f"tp={options['tp']}" if options["tp"] != 1 else "",
-                 "sequence_parallel" if options["tp"] != 1 and options["sequence_parallel"] else ""]
+                 "sequence_parallel" if options["tp"] != 1 and options["sequence_parallel"] else "",
+                 f"pp={options['pp']} schedule={options['schedule']} microbatches={options['microbatches']}"
+                 if options["pp"] != 1 else ""]
         return " ".join(p for p in parts if p)
 
     @classmethod
@@ -150,6 +166,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         the gathers and the reduce-scatter within the shard group, then each unit's reduced gradient shard
         all-reduced across the replicas, also under backward (FSDP2 reduces in reduce_dtype throughout)."""
         o = cls.options_of(options)
+        if o["pp"] > 1:
+            return Traffic(predictable=False, why_not="FSDP x PP (strategy.pp) is not modelled by the planner yet: "
+                           "strategy=pp and strategy=fsdp are, each alone")
         replicate, dtype = o["replicate"], HOOK_DTYPE.get(o["comm_hook"])
         group = "shard" if replicate > 1 else "world"
         gathers = (Collective("all_gather", "params", "forward", group=group, every="micro_batch"),)
@@ -189,6 +208,8 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
             # (_fsdp_param_group.py: "FSDP expects uniform original parameter dtype but got ..."), so each
             # batch-norm is a unit of its own, whether the model was cast (O3) or the policy casts (O2)
             units.update(dict.fromkeys(n for n, m in model.named_modules() if isinstance(m, _BATCHNORM)))
+        if self.pp > 1:
+            return self._pipelined(model, policy)
         modules = dict(model.named_modules())
         mesh = self.mesh()
         if self._tp_mesh is not None:  # TP first, then FSDP over the data-parallel dim (torchtitan's order)
@@ -200,6 +221,30 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         self._root = fully_shard(model, mesh=mesh, mp_policy=root_policy,
                                  reshard_after_forward=self.reshard_after_forward)
         return model
+
+    def setup(self, env: RankEnv) -> None:
+        super().setup(env)
+        self._env = env
+
+    def _pipelined(self, model: nn.Module, policy: MixedPrecisionPolicy) -> nn.Module:
+        """FSDP x PP: a (pp, dp) mesh, torchtitan's order (the pipeline's stages the outer dim: rank r holds stage
+        r // dp of pipeline r % dp); strategies.pp's cut over this rank's pipeline, each of its stage modules
+        fully_shard-ed over the pipelines holding the same stage (one unit a stage) before the stage is built, so
+        that the schedule drives FSDP2's gathers and reduce-scatters (torch.distributed.pipelining's stages know
+        FSDPModule). Each pipeline trains on its ranks' shares of the batch."""
+        env = self._env
+        assert env is not None
+        world = env.world_size
+        dp = world // self.pp
+        mesh = init_device_mesh(self.ops.accelerator, (self.pp, dp), mesh_dim_names=("pp", "dp"))
+        ranks = [env.rank % dp + k * dp for k in range(self.pp)]
+
+        def prepare(stage: nn.Module) -> nn.Module:
+            return fully_shard(stage, mesh=mesh["dp"], mp_policy=policy,
+                               reshard_after_forward=self.reshard_after_forward)
+
+        return cut(model, self.schedule, self.microbatches, env.placement.global_batch // dp, self.device, ranks,
+                   env.rank, group=mesh["pp"].get_group(), replicas=mesh["dp"].get_group(), prepare=prepare)
 
     def mesh(self) -> DeviceMesh | None:
         """HSDP's 2-D mesh (replicate, shard), built once over the process group, on the run's device type (cuda,
@@ -275,7 +320,9 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Each DTensor gathered whole (an all-gather: every rank must call this, in the same order); TP's sectioned
-        projections back in the model's row order."""
+        projections back in the model's row order; with PP, every stage's from every rank."""
+        if self.pp > 1:
+            return stage_parameters(model)
         return gathered_parameters(model)
 
 
@@ -297,6 +344,40 @@ def sharded_units(model: nn.Module) -> Sequence[str]:
     return [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
+def check_divides(key: str, degree: int, world: int, why: str) -> None:
+    """A degree of the mesh divides the ranks; else one line naming them and the divisors allowed."""
+    if world % degree:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        raise Incompatible(key, degree, f"a divisor of the {world} ranks ({', '.join(map(str, divisors))}): {why}")
+
+
+def check_pipeline_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, options: Mapping[str, Any]) -> None:
+    """`strategy.pp` before anything starts: a divisor of the ranks, alone (not with tp or replicate: a 3-D mesh),
+    a schedule its pipeline's batch and microbatches can run (strategies.pp.check_schedule), at O0 or O1."""
+    pp, world = options["pp"], placement.world_size
+    if pp < 1:
+        raise ConfigError("strategy.pp", pp, "an integer >= 1 (1: no pipeline; N: FSDP x PP, N pipeline stages "
+                          "each sharded over world/N ranks)")
+    if pp == 1:
+        for key, default in (("schedule", "1f1b"), ("microbatches", 4)):
+            if options[key] != default:
+                raise Incompatible(f"strategy.{key}", options[key], f"{default} with strategy.pp=1 (the pipeline's "
+                                   "schedule applies with strategy.pp=N > 1; strategy=pp is a pipeline alone)")
+        return
+    check_divides("strategy.pp", pp, world, "FSDP shards each of the pp stages over world/pp ranks")
+    for key in ("tp", "replicate"):
+        if options[key] != 1:
+            raise Incompatible("strategy.pp", pp, f"1 with strategy.{key}={options[key]} (a pipeline of "
+                               f"{'tensor-parallel' if key == 'tp' else 'HSDP'} stages: not wired), or "
+                               f"strategy.{key}=1 with pp")
+    for rule in PP_AMP_RULES:
+        if rule.matches(amp):
+            raise Incompatible(f"amp.{rule.key}", getattr(amp, rule.key),
+                               rule.allowed.format(level=amp.level, dtype=amp.dtype))
+    check_schedule(cfg, amp, options["schedule"], options["microbatches"], pp,
+                   placement.global_batch // (world // pp), f"strategy.pp={pp}")
+
+
 def check_tensor_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, options: Mapping[str, Any]) -> None:
     """`strategy.tp` before anything starts: a divisor of the ranks, not combined with HSDP's replicas (a 3-D mesh),
     uncompiled, at an amp level TP runs, on a model with a plan whose heads divide by it."""
@@ -309,10 +390,7 @@ def check_tensor_parallel(cfg: RunConfig, placement: Placement, amp: AmpSpec, op
             raise Incompatible("strategy.sequence_parallel", True, "false with strategy.tp=1 (sequence parallelism "
                                "splits what tensor parallelism leaves whole: give strategy.tp=N too)")
         return
-    if world % tp:
-        divisors = [d for d in range(1, world + 1) if world % d == 0]
-        raise Incompatible("strategy.tp", tp, f"a divisor of the {world} ranks ({', '.join(map(str, divisors))}): "
-                           "FSDP shards over world/tp groups of tp ranks")
+    check_divides("strategy.tp", tp, world, "FSDP shards over world/tp groups of tp ranks")
     if options["replicate"] != 1:
         raise Incompatible("strategy.tp", tp, f"1 with strategy.replicate={options['replicate']} (HSDP x TP would "
                            "need a 3-D mesh: not wired), or strategy.replicate=1 with tp")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -78,13 +78,15 @@ class PipelineStages(PipelineSchedule, nn.Module):
     stages' only, under the whole model's names (the trace keeps them), so the optimizer, the parameters held and
     the memory theory see one stage's share."""
 
-    def __init__(self, stages: Sequence[PipelineStage], schedule: Any, loss_of: Any, first: bool, last_rank: int,
-                 rank: int, world: int, device: torch.device) -> None:
+    def __init__(self, stages: Sequence[PipelineStage], schedule: Any, loss_of: Any, first: bool, last: bool,
+                 last_rank: int, device: torch.device, group: dist.ProcessGroup | None = None,
+                 replicas: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.stages = nn.ModuleList(stage.submod for stage in stages)
         self.stage_indices = [stage.stage_index for stage in stages]
-        self._schedule, self._loss_of, self._first = schedule, loss_of, first
-        self._last_rank, self._rank, self._world, self._device = last_rank, rank, world, device
+        self._schedule, self._loss_of, self._first, self._last = schedule, loss_of, first, last
+        self._last_rank, self._device = last_rank, device  # the last stage's global rank, in this rank's pipeline
+        self._group, self._replicas = group, replicas  # the pipeline's ranks (None: the world); the pipelines'
 
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("strategy=pp: a pipeline runs through its schedule (forward_backward), not a forward")
@@ -98,19 +100,23 @@ class PipelineStages(PipelineSchedule, nn.Module):
         microbatches' mean loss from the last stage, on every rank."""
         inputs, targets = (self._whole(t) for t in batch)
         losses: list[torch.Tensor] = []
-        last = self._rank == self._last_rank
+        last = self._last
         with amp.forward_context():
             self._schedule.step(*((inputs,) if self._first else ()), target=targets if last else None,
                                 losses=losses if last else None, return_outputs=False)
         loss = torch.stack([v.detach().float() for v in losses]).mean() if last \
             else torch.zeros((), dtype=torch.float32, device=self._device)
-        dist.broadcast(loss, src=self._last_rank)
+        dist.broadcast(loss, src=self._last_rank, group=self._group)
+        if self._replicas is not None:  # each pipeline scored its share of the batch: the batch's mean
+            dist.all_reduce(loss, group=self._replicas)
+            loss /= dist.get_world_size(self._replicas)
         return loss
 
     def _whole(self, shard: torch.Tensor) -> torch.Tensor:
-        """Every rank's shard of the batch, in rank order: the global batch (the data is sharded by rank)."""
-        parts = [torch.empty_like(shard) for _ in range(self._world)]
-        dist.all_gather(parts, shard.contiguous())
+        """The shards of the pipeline's ranks, in rank order: its batch (the data is sharded by rank; one
+        pipeline: the global batch)."""
+        parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(self._group))]
+        dist.all_gather(parts, shard.contiguous(), group=self._group)
         return torch.cat(parts)
 
 
@@ -135,27 +141,8 @@ class Pipeline(ProcessGroupStrategy):
     def check_run(cls, cfg: RunConfig, placement: Placement, amp: AmpSpec) -> None:
         super().check_run(cfg, placement, amp)
         o = cls.options_of(cfg.strategy)
-        schedule, micro, world = o["schedule"], o["microbatches"], placement.world_size
-        if micro < 1 or placement.global_batch % micro:
-            raise ConfigError("strategy.microbatches", micro, f"a divisor of the batch of {placement.global_batch} "
-                              "(the pipeline trains the whole global batch, cut into this many microbatches)")
-        if schedule == "1f1b" and micro < world:
-            raise ConfigError("strategy.microbatches", micro, f"at least the {world} stages with strategy.schedule="
-                              "1f1b (torch's Schedule1F1B refuses fewer)")
-        rounds = max(1, micro // world)
-        if schedule == "interleaved_1f1b" and micro % rounds:
-            raise ConfigError("strategy.microbatches", micro, f"a multiple of {rounds} with strategy.schedule="
-                              f"interleaved_1f1b on {world} ranks (torch runs the microbatches in max(1, microbatches"
-                              f" // ranks) = {rounds} equal rounds)")
-        if cfg.grad_accum > 1:
-            raise Incompatible("grad_accum", cfg.grad_accum, "1 with strategy=pp: the schedule's microbatches "
-                               "(strategy.microbatches) are its gradient accumulation")
-        if cfg.compile:
-            raise Incompatible("compile", True, "false with strategy=pp: its stages are traced graphs run by the "
-                               "schedule; compiling them is not wired")
-        if amp.loss_scale not in ("dynamic", 1.0, 1):
-            raise Incompatible("amp.loss_scale", amp.loss_scale, "1 with strategy=pp: the schedule runs backward "
-                               "itself, on the unscaled loss")
+        check_schedule(cfg, amp, o["schedule"], o["microbatches"], placement.world_size, placement.global_batch,
+                       "strategy=pp")
 
     @classmethod
     def check_built(cls, cfg: RunConfig, placement: Placement, model: nn.Module) -> None:
@@ -184,42 +171,13 @@ class Pipeline(ProcessGroupStrategy):
         self._env = env
 
     def shard(self, model: nn.Module, amp: Amp) -> nn.Module:
-        """The cut: the model traced on one microbatch, split before each stage's first block, this rank's stages
-        built; the rest of the model is dropped, so the optimizer is built over this rank's stages alone."""
+        """The cut over every rank (one pipeline): the model traced on one microbatch of the global batch, split
+        before each stage's first block, this rank's stages built; the rest of the model is dropped, so the optimizer
+        is built over this rank's stages alone."""
         env = self._env
         assert env is not None
-        world, rank = env.world_size, env.rank
-        blocks = declared_blocks(model)
-        assert blocks is not None  # refused before launch otherwise (check_cuttable)
-        n_stages = STAGES_PER_RANK[self.schedule] * world
-        if len(blocks) < n_stages:  # refused before launch (check_cuttable): kept for a model built otherwise
-            raise ValueError(f"strategy=pp: {len(blocks)} blocks cannot make {n_stages} stages (schedule="
-                             f"{self.schedule} on {world} ranks): a model of more blocks, or fewer ranks")
-        note = split_note(len(blocks), n_stages)
-        if note and rank == 0:
-            log.warning(note)
-        starts = [r.start for r in block_ranges(len(blocks), n_stages)[1:]]
-        example = torch.zeros(env.placement.global_batch // self.microbatches, unwrap(model).seq_len,
-                              dtype=torch.long, device=self.device)
-        pipe = pipeline(model, mb_args=(example,), split_spec={blocks[s]: SplitPoint.BEGINNING for s in starts})
-        shared = shared_parameters([pipe.get_stage_module(i) for i in range(n_stages)])
-        if shared:  # refused before launch where the meta forward saw it (check_cuttable); the trace's word is final
-            raise ValueError(f"strategy=pp: {shared[0]} is used by more than one stage (tied weights, e.g. model."
-                             "tie_embeddings=true): each stage would train its own copy; untie them")
-        mine = [rank + k * world for k in range(STAGES_PER_RANK[self.schedule])]
-        stages = [pipe.build_stage(i, self.device, group=None) for i in mine]
-        # each stage keeps the pipeline's graph, and the graph the module holding every stage: the others' go
-        others = {id(pipe.get_stage_module(i)) for i in range(n_stages) if i not in mine}
-        for name, child in list(pipe.split_gm.named_children()):
-            if id(child) in others:
-                delattr(pipe.split_gm, name)
-        loss_of = loss_for(detached_loss_owner(model))
-        del pipe, model  # the rest of the model goes with them: this rank holds its stages alone
-        schedule_cls = SCHEDULES[self.schedule]
-        schedule = schedule_cls(stages, self.microbatches, loss_fn=loss_of) if len(stages) > 1 \
-            else schedule_cls(stages[0], self.microbatches, loss_fn=loss_of)
-        return PipelineStages(stages, schedule, loss_of, first=rank == 0, last_rank=(n_stages - 1) % world,
-                              rank=rank, world=world, device=self.device)
+        return cut(model, self.schedule, self.microbatches, env.placement.global_batch, self.device,
+                   ranks=list(range(env.world_size)), rank=env.rank)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Nothing to wrap: the stages and their schedule were built in `shard`."""
@@ -228,14 +186,93 @@ class Pipeline(ProcessGroupStrategy):
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every stage's parameters gathered from every rank (all ranks must call it), by the whole model's names,
         in stage order: the model as `single` trains it."""
-        stages = unwrap(model)
-        assert isinstance(stages, PipelineStages)
-        own = {index: {n: p.detach().float().cpu().clone() for n, p in stage.named_parameters()}
-               for index, stage in zip(stages.stage_indices, stages.stages, strict=True)}
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, own)
-        by_stage = {index: params for held in gathered for index, params in held.items()}
-        return {name: tensor for index in sorted(by_stage) for name, tensor in by_stage[index].items()}
+        return stage_parameters(model)
+
+
+def stage_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every stage's parameters, whole (a stage sharded by FSDP gathered over its replicas: DTensor.full_tensor), from
+    every rank (all must call it, in the same order), by the whole model's names, in stage order."""
+    from torch.distributed.tensor import DTensor
+
+    stages = unwrap(model)
+    assert isinstance(stages, PipelineStages)
+    own = {index: {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone()
+                   for n, p in stage.named_parameters()}
+           for index, stage in zip(stages.stage_indices, stages.stages, strict=True)}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, own)
+    by_stage = {index: params for held in gathered for index, params in held.items()}
+    return {name: tensor for index in sorted(by_stage) for name, tensor in by_stage[index].items()}
+
+
+def check_schedule(cfg: RunConfig, amp: AmpSpec, schedule: str, micro: int, ranks: int, batch: int,
+                   name: str) -> None:
+    """Before launch: a pipeline of `ranks` ranks training `batch` sequences a step can run this schedule and these
+    microbatches; what a pipeline cannot run besides (`name`: the strategy, for the messages)."""
+    if micro < 1 or batch % micro:
+        raise ConfigError("strategy.microbatches", micro, f"a divisor of the pipeline's batch of {batch} (the "
+                          "pipeline trains its whole batch, cut into this many microbatches)")
+    if schedule == "1f1b" and micro < ranks:
+        raise ConfigError("strategy.microbatches", micro, f"at least the {ranks} stages with strategy.schedule="
+                          "1f1b (torch's Schedule1F1B refuses fewer)")
+    rounds = max(1, micro // ranks)
+    if schedule == "interleaved_1f1b" and micro % rounds:
+        raise ConfigError("strategy.microbatches", micro, f"a multiple of {rounds} with strategy.schedule="
+                          f"interleaved_1f1b on {ranks} ranks (torch runs the microbatches in max(1, microbatches"
+                          f" // ranks) = {rounds} equal rounds)")
+    if cfg.grad_accum > 1:
+        raise Incompatible("grad_accum", cfg.grad_accum, f"1 with {name}: the schedule's microbatches "
+                           "(strategy.microbatches) are its gradient accumulation")
+    if cfg.compile:
+        raise Incompatible("compile", True, f"false with {name}: its stages are traced graphs run by the "
+                           "schedule; compiling them is not wired")
+    if amp.loss_scale not in ("dynamic", 1.0, 1):
+        raise Incompatible("amp.loss_scale", amp.loss_scale, f"1 with {name}: the schedule runs backward "
+                           "itself, on the unscaled loss")
+
+
+def cut(model: nn.Module, schedule: str, microbatches: int, batch: int, device: torch.device, ranks: Sequence[int],
+        rank: int, group: dist.ProcessGroup | None = None, replicas: dist.ProcessGroup | None = None,
+        prepare: Callable[[nn.Module], nn.Module] = lambda stage: stage) -> PipelineStages:
+    """The model cut into `STAGES_PER_RANK[schedule] x len(ranks)` stages at its blocks, stage i on `ranks[i % p]`
+    (the pipeline's ranks, global numbers, in stage order; `group` their process group, None for the world), traced
+    on one microbatch of the pipeline's `batch`; `prepare` is applied to each of this rank's stage modules before its
+    stage is built (FSDP x PP: fully_shard over the pipelines of the same stage, `replicas`)."""
+    p = len(ranks)
+    position = ranks.index(rank)
+    blocks = declared_blocks(model)
+    assert blocks is not None  # refused before launch otherwise (check_cuttable)
+    n_stages = STAGES_PER_RANK[schedule] * p
+    if len(blocks) < n_stages:  # refused before launch (check_cuttable): kept for a model built otherwise
+        raise ValueError(f"strategy=pp: {len(blocks)} blocks cannot make {n_stages} stages (schedule="
+                         f"{schedule} on {p} ranks): a model of more blocks, or fewer ranks")
+    note = split_note(len(blocks), n_stages)
+    if note and rank == 0:
+        log.warning(note)
+    starts = [r.start for r in block_ranges(len(blocks), n_stages)[1:]]
+    example = torch.zeros(batch // microbatches, unwrap(model).seq_len, dtype=torch.long, device=device)
+    pipe = pipeline(model, mb_args=(example,), split_spec={blocks[s]: SplitPoint.BEGINNING for s in starts})
+    shared = shared_parameters([pipe.get_stage_module(i) for i in range(n_stages)])
+    if shared:  # refused before launch where the meta forward saw it (check_cuttable); the trace's word is final
+        raise ValueError(f"strategy=pp: {shared[0]} is used by more than one stage (tied weights, e.g. model."
+                         "tie_embeddings=true): each stage would train its own copy; untie them")
+    mine = [position + k * p for k in range(STAGES_PER_RANK[schedule])]
+    for i in mine:
+        prepare(pipe.get_stage_module(i))
+    stages = [pipe.build_stage(i, device, group=group) for i in mine]
+    # each stage keeps the pipeline's graph, and the graph the module holding every stage: the others' go
+    others = {id(pipe.get_stage_module(i)) for i in range(n_stages) if i not in mine}
+    for name, child in list(pipe.split_gm.named_children()):
+        if id(child) in others:
+            delattr(pipe.split_gm, name)
+    loss_of = loss_for(detached_loss_owner(model))
+    del pipe, model  # the rest of the model goes with them: this rank holds its stages alone
+    schedule_cls = SCHEDULES[schedule]
+    runner = schedule_cls(stages, microbatches, loss_fn=loss_of) if len(stages) > 1 \
+        else schedule_cls(stages[0], microbatches, loss_fn=loss_of)
+    last = (n_stages - 1) % p
+    return PipelineStages(stages, runner, loss_of, first=position == 0, last=position == last,
+                          last_rank=ranks[last], device=device, group=group, replicas=replicas)
 
 
 def check_cuttable(cfg: RunConfig, schedule: str, world: int, built: nn.Module) -> None:
