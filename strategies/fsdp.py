@@ -60,7 +60,15 @@ from harness.core.traffic import Buffer, Collective, Traffic
 from strategies.base import AmpRule, ProcessGroupStrategy, RankEnv, unwrap
 from strategies.capabilities import GradientSyncControl, ShardedParameters
 from strategies.ddp import HOOK_DTYPE, CommHook
-from strategies.pp import ScheduleName, check_cuttable, check_schedule, cut, stage_parameters
+from strategies.pp import (
+    STAGES_PER_RANK,
+    ScheduleName,
+    check_cuttable,
+    check_schedule,
+    cut,
+    pipeline_sends,
+    stage_parameters,
+)
 from strategies.tp import TP_AMP_RULES, check_tp_model, gathered_parameters, parallelize, tp_traffic
 
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
@@ -166,9 +174,12 @@ class FSDP2(ShardedParameters, GradientSyncControl, ProcessGroupStrategy):
         the gathers and the reduce-scatter within the shard group, then each unit's reduced gradient shard
         all-reduced across the replicas, also under backward (FSDP2 reduces in reduce_dtype throughout)."""
         o = cls.options_of(options)
-        if o["pp"] > 1:
-            return Traffic(predictable=False, why_not="FSDP x PP (strategy.pp) is not modelled by the planner yet: "
-                           "strategy=pp and strategy=fsdp are, each alone")
+        if o["pp"] > 1:  # FSDP x PP: the pipeline's sends, and each stage (one unit) gathered and reduced over
+            # the pipelines holding it
+            stage = (Collective("all_gather", "params", "none", group="dp", every="micro_batch"),
+                     Collective("reduce_scatter", "grads", "none", group="dp"))
+            return Traffic((*pipeline_sends(), *stage), microbatches=o["microbatches"],
+                           stages_per_rank=STAGES_PER_RANK[o["schedule"]], pipeline_ranks=o["pp"])
         replicate, dtype = o["replicate"], HOOK_DTYPE.get(o["comm_hook"])
         group = "shard" if replicate > 1 else "world"
         gathers = (Collective("all_gather", "params", "forward", group=group, every="micro_batch"),)

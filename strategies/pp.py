@@ -160,9 +160,7 @@ class Pipeline(ProcessGroupStrategy):
         `pipeline_bubble`). The planner predicts each rank's stage as a model of its own
         (harness.prediction.pipeline)."""
         o = cls.options_of(options)
-        sends = (Collective("send_recv", "stage_activations", "forward", every="micro_batch"),
-                 Collective("send_recv", "stage_activations", "backward", every="micro_batch"))
-        return Traffic(sends, microbatches=o["microbatches"], stages_per_rank=STAGES_PER_RANK[o["schedule"]])
+        return Traffic(pipeline_sends(), microbatches=o["microbatches"], stages_per_rank=STAGES_PER_RANK[o["schedule"]])
 
     # ---- in the rank ----
 
@@ -203,6 +201,12 @@ def stage_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     dist.all_gather_object(gathered, own)
     by_stage = {index: params for held in gathered for index, params in held.items()}
     return {name: tensor for index in sorted(by_stage) for name, tensor in by_stage[index].items()}
+
+
+def pipeline_sends() -> tuple[Collective, ...]:
+    """Each stage boundary's activations sent forward and their gradient back, every microbatch."""
+    return (Collective("send_recv", "stage_activations", "forward", every="micro_batch"),
+            Collective("send_recv", "stage_activations", "backward", every="micro_batch"))
 
 
 def check_schedule(cfg: RunConfig, amp: AmpSpec, schedule: str, micro: int, ranks: int, batch: int,

@@ -138,3 +138,53 @@ def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowe
     link: Link = measured.intra
     assert p.comm_s == pytest.approx(2 * 4 * (link.latency_us * 1e-6 + boundary / (link.bandwidth_gbps * 1e9)))
     assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB), 1 * (2 * 30 + 9)])
+
+
+def test_fsdp_by_pp_is_two_pipelines_each_stage_halved_and_gathered_whole(monkeypatch):
+    """strategy=fsdp strategy.pp=2 on 4 ranks with a global batch of 32: two pipelines of 2 ranks, each on 16
+    sequences in 4 microbatches of 4, so every trace and calibration is the one strategy=pp on 2 ranks with a batch
+    of 16 makes. Rank r holds stage r // 2: its parameters, gradients and momentum halved over the two pipelines,
+    beside the stage gathered whole (the all-gather's output and the parameters it is copied into) and its whole
+    gradients; the optimizer steps half; each step gathers the stage before each microbatch's forward and backward
+    (8) and reduce-scatters its gradients once, over 2 ranks of h100x8's NVLink, waited for."""
+    monkeypatch.setattr(predict_module, "trace_step", lambda model_cfg, *a, **k: trace(model_cfg["layers"]))
+
+    class Cal:
+        forward_backward_s, optimizer_s = 0.01, 0.002
+
+        def as_dict(self):
+            return {"busy": None}
+
+    monkeypatch.setattr(predict_module, "calibrate_fn_default", lambda *args: Cal())
+    gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128}
+    measured = dataclasses.replace(load_preset("h100x8"), measured=True)
+
+    def planned(name: str, nprocs: int, batch: int, **options: object):
+        cfg = run_config(name, nprocs=nprocs, batch_size=batch, data={"name": "synthetic"}, model=gpt,
+                         strategy={"_target_": get_class_path(name), **options})
+        decided = place_run(cfg, Hardware(visible_gpus=(), cores=4), in_sweep=True)
+        return predict(cfg, decided.placement, decided.amp, decided.strategy_cls, Target(measured, 1))
+
+    alone = planned("pp", 2, 16)
+    both = planned("fsdp", 4, 32, pp=2)
+    assert both.world_size == 4 and len(both.ranks) == 4
+    assert both.compute_s == pytest.approx(alone.compute_s) and both.optimizer_s == pytest.approx(0.002 / 2)
+    for rank, stage in zip(both.ranks, (0, 0, 1, 1), strict=True):
+        one = alone.ranks[stage]
+        assert (rank.params_mib, rank.grads_mib, rank.optimizer_mib) == pytest.approx(
+            (one.params_mib / 2, one.grads_mib / 2, one.optimizer_mib / 2))
+        assert rank.activations_mib == pytest.approx(one.activations_mib)
+        assert rank.comm_buffers_mib == pytest.approx(one.comm_buffers_mib + 2 * one.params_mib + one.grads_mib)
+    first = alone.ranks[0]
+    link: Link = measured.intra
+    gather = pipeline.collective_seconds("all_gather", first.params_mib * MIB, 2, 1, link, measured.inter,
+                                         measured.per_op)
+    scatter = pipeline.collective_seconds("reduce_scatter", first.grads_mib * MIB, 2, 1, link, measured.inter,
+                                          measured.per_op)
+    assert both.comm_s == pytest.approx(alone.comm_s + 8 * gather + scatter)
+
+
+def get_class_path(name: str) -> str:
+    from conftest import STRATEGY_TARGETS
+
+    return STRATEGY_TARGETS[name]

@@ -84,6 +84,7 @@ class Traffic:
     sequence_parallel: bool = False  # TP's norms and residual stream split along the sequence too
     microbatches: int = 0  # a pipeline's microbatches per step (0: not a pipeline; pipeline_bubble)
     stages_per_rank: int = 1  # a pipeline's stages on each rank (interleaved schedules: more than one)
+    pipeline_ranks: int = 0  # a pipeline's ranks: 0, every rank (strategy=pp); N, FSDP x PP's N stages a pipeline
 
     def __post_init__(self) -> None:
         if self.replicate < 1 or self.tensor_parallel < 0:

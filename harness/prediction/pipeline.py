@@ -177,6 +177,21 @@ def point_to_point_seconds(size: float, preset: Preset, ranks: int) -> float:
                               preset.per_op)
 
 
+def sharded_stage_seconds(stage_params: float, stage_grads: float, replicas: int, gathers: int, preset: Preset) -> float:
+    """FSDP x PP: a stage sharded over `replicas` pipelines (consecutive ranks, one unit a stage) gathers its
+    parameters `gathers` times a step (before each microbatch's forward, and its backward when resharded) and
+    reduce-scatters its gradients once, after the last microbatch; nothing to prefetch behind within a stage of one
+    unit, so all of it is waited for."""
+    if replicas < 2:
+        return 0.0
+    per_node = min(replicas, preset.devices_per_node)
+    nodes = -(-replicas // per_node)
+    gather = collective_seconds("all_gather", stage_params, per_node, nodes, preset.intra, preset.inter, preset.per_op)
+    scatter = collective_seconds("reduce_scatter", stage_grads, per_node, nodes, preset.intra, preset.inter,
+                                 preset.per_op)
+    return gathers * gather + scatter
+
+
 def step_seconds(microbatch_s: float, traffic: Traffic, ranks: int) -> float:
     """The slowest rank's forward and backward of every microbatch, with the schedule's idle share around them."""
     return microbatch_s * traffic.microbatches / (1 - pipeline_bubble(traffic, ranks))

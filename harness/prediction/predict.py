@@ -267,10 +267,14 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
                      traffic: Traffic) -> Prediction:
     """strategy=pp: each rank's stage as a model of its own (harness.prediction.pipeline): its memory from the
     traces at its block count and one more, its time the slowest rank's microbatches over the schedule's bubble,
-    plus the boundaries' sends."""
-    preset, n = target.preset, placement.world_size
+    plus the boundaries' sends. FSDP x PP (`Traffic.pipeline_ranks`): world / pipeline_ranks pipelines, each on its
+    share of the batch, a stage's parameters, gradients and state sharded over them, gathered whole for its compute
+    (one unit a stage) and its gradients reduce-scattered, waited for."""
+    preset, world = target.preset, placement.world_size
+    n = traffic.pipeline_ranks or world  # a pipeline's ranks; FSDP x PP: world / n pipelines, each stage sharded
+    replicas = world // n
     m = traffic.microbatches
-    microbatch = cfg.batch_size // m  # the pipeline trains the global batch, cut into m microbatches
+    microbatch = cfg.batch_size // replicas // m  # a pipeline trains its share of the batch, in m microbatches
     options = dict(cfg.strategy)
     schedule = str(options.get("schedule", ""))
     try:
@@ -290,17 +294,28 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
     gpipe = traffic.stages_per_rank == 1 and schedule == "gpipe"
     sample = inputs_here(cfg).input_bytes
     # each rank's shard of the batch (its data source's pool) and the gathered global batch the schedule feeds
-    inputs = input_batches(cfg) * (cfg.batch_size // n) * sample + cfg.batch_size * sample
+    inputs = input_batches(cfg) * (cfg.batch_size // world) * sample + cfg.batch_size // replicas * sample
     overhead_share = whole.allocator_overhead if preset.accelerator == "cuda" else 0.0
-    labels = _device_labels(placement, preset, n, 1)
-    ranks = []
+    labels = _device_labels(placement, preset, world, 1)
+    ranks: list[RankMemory] = []
+    stages = []
     for r, k in enumerate(blocks):
         held = pipeline.in_flight(m, n, r, gpipe)
-        part = pipeline.stage_bytes(traced(k), traced(k + 1), k, r == 0, r == n - 1, held, m, boundary, before)
+        stages.append(pipeline.stage_bytes(traced(k), traced(k + 1), k, r == 0, r == n - 1, held, m, boundary,
+                                           before))
+    for rank in range(world):  # rank r: stage r // replicas of pipeline r % replicas (strategies.fsdp's mesh)
+        r = rank // replicas
+        part = stages[r]
         buffers = pipeline.receive_buffers(boundary, m, r == 0, r == n - 1)
-        live = part.total + inputs + buffers
-        ranks.append(RankMemory(labels[r], part.params / MIB, part.grads / MIB, part.state / MIB,
-                                part.activations / MIB, inputs / MIB, buffers / MIB, overhead_share * live / MIB))
+        if replicas > 1:  # FSDP2 over the pipelines (one unit a stage): its all-gather's output beside the whole
+            # parameters it is copied out into, and the whole gradients the microbatches accumulate before the
+            # reduce-scatter (the stage's `set_requires_gradient_sync` holds it to the last)
+            buffers += 2 * part.params + part.grads
+        live = part.params / replicas + part.grads / replicas + part.state / replicas + part.activations + inputs \
+            + buffers
+        ranks.append(RankMemory(labels[rank], part.params / replicas / MIB, part.grads / replicas / MIB,
+                                part.state / replicas / MIB, part.activations / MIB, inputs / MIB, buffers / MIB,
+                                overhead_share * live / MIB))
     device_memory = preset.device_memory_gib * GIB / MIB
     needed = sum(r.peak_mib for r in ranks) if preset.shared_memory else max(r.peak_mib for r in ranks)
     notes: tuple[str, ...] = (pipeline.describe(traffic, n, blocks, schedule),)
@@ -320,17 +335,21 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
             per_micro, optimizer, calibration, more = gpu_compute_time(slowest, amp, preset, microbatch, n)
             notes += more
         compute = pipeline.step_seconds(per_micro, traffic, n)
-        comm = exposed = pipeline.sends_seconds(boundary, preset, traffic, n)
+        optimizer /= replicas  # each rank steps its shard of the stage
+        slowest_stage = max(stages, key=lambda b: b.params)
+        gathers = m * (2 if options.get("reshard_after_forward", True) else 1)
+        comm = exposed = pipeline.sends_seconds(boundary, preset, traffic, n) + pipeline.sharded_stage_seconds(
+            slowest_stage.params, slowest_stage.grads, replicas, gathers, preset)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, None, whole),
                    f"communication: each microbatch's boundary activations ({boundary / MIB:.2f} MiB) sent forward "
                    "and their gradient back, one hop each, waited for; the batch's token ids gathered once")
-    if not target.link_measured and n > 1:
+    if not target.link_measured and world > 1:
         comm = exposed = 0.0
         assumptions += ("this machine's link was never measured (`python run.py plan=true` with as many ranks "
                         "measures it): communication left out",)
     band = tuple(calibration.get("band", (1.0, 1.0)))
     busy = (calibration.get("compute") or {}).get("busy")
-    return Prediction(hardware=preset.name, world_size=n, ranks=tuple(ranks), device_memory_mib=device_memory,
+    return Prediction(hardware=preset.name, world_size=world, ranks=tuple(ranks), device_memory_mib=device_memory,
                       shared_memory=preset.shared_memory, compute_s=compute, optimizer_s=optimizer, comm_s=comm,
                       exposed_comm_s=exposed, flops_per_iteration=(whole.model_flops or whole.flops) * m,
                       global_batch=cfg.batch_size, assumptions=assumptions,
