@@ -85,6 +85,10 @@ def test_fsdp_by_pp_on_four_ranks_shards_each_stage_over_two_pipelines_and_train
 # ---- refused before anything starts ----
 
 @pytest.mark.parametrize("overrides, line", [
+    ((*PP, *GPT, "model.checkpoint=full"),
+     "error: model.checkpoint=full is not allowed: none with strategy=pp: the pipeline's trace (torch.export, under "
+     "torch.distributed.pipelining.pipeline) inlines the blocks' checkpointing, so the stages would keep every "
+     "activation anyway"),
     (("strategy=fsdp", "nprocs=4", "strategy.pp=3", *GPT),
      "error: strategy.pp=3 is not allowed: a divisor of the 4 ranks (1, 2, 4): FSDP shards each of the pp stages "
      "over world/pp ranks"),

@@ -1,11 +1,14 @@
 """`python run.py -m search=true plan=true plan.hardware=<preset>`: a layout found without running, for a cluster
 not rented yet (docs/search.md). The space is the search's (harness.search.shortlist), with the axes that matter on
-a GPU preset; every candidate is predicted on the preset by the caller's `predict` (harness.launch.on_preset's
+a GPU preset: data parallelism (ddp, zero), sharding (fsdp, and HSDP on several nodes), tensor parallelism (fsdp at
+TP degrees within a node, and strategy=tp over one node) and pipelines (pp, at the microbatch counts that cut its
+batch). Every candidate is predicted on the preset by the caller's `predict` (harness.launch.on_preset's
 `predict_on`, as plan=true does) and nothing is trained. What would not fit there, or cannot run there, is pruned
 with its reason; a micro-batch larger than one predicted not to fit is pruned without being predicted (memory only
-grows with the micro-batch); a candidate that composes the config of one already predicted is not predicted again.
-The answer: the fastest predicted combination with its band, the runner-up, what was pruned and why, and the command
-that trains the winner on the cluster."""
+grows with the micro-batch); on a GPU preset, so is one smaller than the largest that fits (a step of smaller
+micro-batches is predicted no faster), except a pipeline's (more microbatches shrink its bubble); a candidate that
+composes the config of one already predicted is not predicted again. The answer: the fastest predicted combination
+with its band, the runner-up, what was pruned and why, and the command that trains the winner on the cluster."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from harness.core.errors import ConfigError
 from harness.prediction.hardware import LOCAL, Preset, load_preset
 from harness.search.answer import training_command
 from harness.search.shortlist import option_values, space
-from harness.search.space import Axis, all_axes, check_axes, key_of
+from harness.search.space import Axis, all_axes, check_axes, key_of, swept
 from harness.verdict.rounds import combination_names
 
 log = logging.getLogger(__name__)
@@ -33,17 +36,25 @@ log = logging.getLogger(__name__)
 # compile's fusions are not predicted (harness.prediction), and a DDP bucket size or a compression hook (bucket,
 # comm_hook) moves a prediction over NVLink little: each is searched where search.axes names it.
 PRESET_AXES = ("strategy", "amp", "micro_batch", "checkpoint")
-# the strategies that use every GPU of a cluster, those of them conf/strategy/ has
-PRESET_STRATEGIES = ("ddp", "zero", "fsdp")
+# the strategies that use every GPU of a cluster, those of them conf/strategy/ has; tensor parallelism over every
+# rank (tp) only on one node: torchtitan keeps a TP group within a node, whose links carry each block's activations
+PRESET_STRATEGIES = ("ddp", "zero", "fsdp", "tp", "pp")
+ONE_NODE_ONLY = ("tp",)
 # on more than one node, a strategy with this option (fsdp) is also searched as HSDP sharded within each node:
 # `strategy.replicate=<nodes>` (all-gathers on the node's own links, one gradient shard all-reduced across nodes)
 REPLICATE = "strategy.replicate"
+# a strategy with this option (fsdp) is also searched as FSDP x TP at the degrees of tp_degrees()
+TP = "strategy.tp"
+# a pipeline's microbatches (pp): its micro-batch axis, in place of grad_accum (which it refuses above 1)
+MICROBATCHES = "strategy.microbatches"
 PRESET_AMP = ("O0", "O1")
 HALF = "bfloat16"  # O1 on a GPU preset: bfloat16 autocast (amp.dtype's auto is float16 on CUDA), unless typed
 
 NOT_FIT = "predicted not to fit"
 LARGER_MICRO = "larger micro-batch than one that does not fit"
+SMALLER_MICRO = "smaller micro-batch than the largest that fits"
 SAME = "the same config as another candidate"
+MICRO_KEYS = ("grad_accum", MICROBATCHES)  # what sets a candidate's micro-batch: accumulation, or a pipeline's cut
 PLAN_KEYS = ("plan", "search", "sweep", "hydra")  # a search's keys, not the training run's
 
 
@@ -54,54 +65,106 @@ class Space:
     axes: list[str]  # what was searched, in words (`micro_batch (grad_accum): 1, 2, 4`)
     hardware: str
     nodes: int
+    # on a GPU preset: of the micro-batches of one candidate, only the largest that fits is predicted (predict_all)
+    largest_fit: bool = False
 
 
 def preset_space(overrides: Sequence[str], base: RunConfig) -> Space:
     """The candidates of a search on `base.plan.hardware`. On a GPU preset, unless `search.axes` is typed, the axes
-    are PRESET_AXES; the strategies those of PRESET_STRATEGIES that exist, amp O0 and O1 with bfloat16 autocast, the
-    micro-batch every power of two that divides a rank's share of the global batch (grad_accum 1, 2, 4, ... while
-    the micro-batch is at least 1), activation checkpointing the values the model's signature allows. On more than
-    one node (plan.nodes), each candidate of a strategy that takes `strategy.replicate` (fsdp) also as HSDP with one
-    replica a node, unless the command line types it."""
+    are PRESET_AXES; the strategies those of PRESET_STRATEGIES that exist (tp on one node only), amp O0 and O1 with
+    bfloat16 autocast, the micro-batch every power of two that divides a rank's share of the global batch
+    (grad_accum 1, 2, 4, ... while the micro-batch is at least 1; a pipeline's microbatches instead), activation
+    checkpointing the values the model's signature allows. On any GPU preset each candidate of a strategy that takes
+    `strategy.tp` (fsdp) also as FSDP x TP at tp_degrees(); on more than one node (plan.nodes), each one without TP
+    also as HSDP with one replica a node; a key the command line types is kept instead."""
     hardware = base.plan.hardware
     preset = load_preset(hardware) if hardware != LOCAL else None
     gpu = preset is not None and preset.accelerator == "cuda"
     typed_axes = any(key_of(o) == "search.axes" for o in overrides)
     names = list(base.search.axes) if typed_axes or not gpu else list(PRESET_AXES)
     axes = check_axes(names)
+    nodes = nodes_of(base, preset) if preset is not None else 1
     if gpu:
         have = {p.stem for p in (CONF_DIR / "strategy").glob("*.yaml")}
-        preset_values = {"strategy": tuple(s for s in PRESET_STRATEGIES if s in have), "amp": PRESET_AMP}
+        strategies = tuple(s for s in PRESET_STRATEGIES if s in have and not (nodes > 1 and s in ONE_NODE_ONLY))
+        preset_values = {"strategy": strategies, "amp": PRESET_AMP}
         axes = [replace(a, values=preset_values.get(a.key, a.values)) for a in axes]
-    nodes = nodes_of(base, preset) if preset is not None else 1
-    hybrid = gpu and nodes > 1 and not any(key_of(o) == REPLICATE for o in overrides)
-    if hybrid:  # right after the strategy axis: 1 (plain FSDP, the option dropped below) and <nodes> (HSDP)
-        at = next((i + 1 for i, a in enumerate(axes) if a.key == all_axes()["strategy"].key), 0)
-        axes = [*axes[:at], Axis(REPLICATE, ("1", str(nodes))), *axes[at:]]
+    typed = {key_of(o) for o in overrides}
+    hybrid = gpu and nodes > 1 and REPLICATE not in typed
+    degrees = tp_degrees(preset, nodes, "tp" in candidate_strategies(overrides, axes)) \
+        if gpu and preset is not None and TP not in typed else ()
+    pipeline = gpu and MICROBATCHES not in typed
+    # right after the strategy axis, in this order: the TP degree (1: plain FSDP, dropped below), the microbatches of
+    # a pipeline, and HSDP's replicas (1, dropped below, and <nodes>; only without TP: HSDP x TP is not wired)
+    added = [*([Axis(TP, degrees)] if len(degrees) > 1 else []), *([Axis(MICROBATCHES, ())] if pipeline else []),
+             *([Axis(REPLICATE, ("1", str(nodes)))] if hybrid else [])]
+    at = next((i + 1 for i, a in enumerate(axes) if a.key == all_axes()["strategy"].key), 0)
+    axes = [*axes[:at], *added, *axes[at:]]
+    every_micro = "micro_batch" in names
 
-    def values_on(config: Composed, axis: Axis) -> Sequence[str]:
-        if axis.key == all_axes()["micro_batch"].key and preset is not None:
+    def values_on(config: Composed, axis: Axis) -> Sequence[str] | None:
+        if preset is not None and axis.key == all_axes()["micro_batch"].key:
             return micro_batches(config.run, preset, nodes)
+        if axis.key == MICROBATCHES:  # a pipeline's alone (fsdp has the key for FSDP x PP, not searched here)
+            return pipeline_microbatches(config.run, preset, nodes, every_micro) \
+                if preset is not None and _pipeline(config.run) else None
+        if axis.key == REPLICATE and _option(config.run, "tp", 1) != 1:
+            return None  # HSDP x TP is not wired
         return option_values(config, axis)
 
     found = space(overrides, base.search, axes, values_on)
-    if hybrid:  # plain FSDP as the command line spells it, without `strategy.replicate=1`
-        found = [[o for o in c if o != f"{REPLICATE}=1"] for c in found]
+    if len(degrees) > 1 or hybrid:  # plain FSDP as the command line spells it, without `strategy.tp=1`, `...replicate=1`
+        found = [[o for o in c if o not in (f"{TP}=1", f"{REPLICATE}=1")] for c in found]
+    if pipeline and "grad_accum" not in typed:  # a pipeline's accumulation is its microbatches: no grad_accum=1 said
+        found = [[o for o in c if o != "grad_accum=1"] if any(key_of(o) == MICROBATCHES for o in c) else c
+                 for c in found]
     if gpu:
         found = [with_half(c) for c in found]
     hsdp = f"{REPLICATE}={nodes}"  # one value left once plain FSDP's 1 is dropped: named here, not as varying
+    searched_keys = {a.key for a in added}  # named after the strategy and amp level, not among the varying keys
 
     def describe(i: int) -> str:
-        return _describe(found[i]) + (f" replicate={nodes}" if hybrid and hsdp in found[i] else "")
+        own = dict(o.partition("=")[::2] for o in found[i])
+        extra = [f"{k.removeprefix('strategy.')}={own[k]}" for k in (TP, MICROBATCHES) if k in searched_keys and k in own]
+        return " ".join([_describe(found[i]), *extra]) + (f" replicate={nodes}" if hybrid and hsdp in found[i] else "")
 
-    named = combination_names([[o for o in c if not o.startswith("amp.dtype=")] for c in found], describe)
+    named = combination_names([[o for o in c if not o.startswith("amp.dtype=") and key_of(o) not in searched_keys - {
+        REPLICATE}] for c in found], describe)
     said = [f"{name}{f' ({key})' if key != name else ''}: {', '.join(searched(found, key)) or 'applies to none'}"
             for name, key in ((n, all_axes()[n].key) for n in names)]
+    if len(degrees) > 1 and searched(found, TP):
+        whole = f"; tp: TP over the node's {preset.devices_per_node} GPUs" if "tp" in searched(found, "strategy") \
+            else ""
+        said.append(f"tensor parallel ({TP}): fsdp also at TP {', '.join(searched(found, TP))} within a node{whole}")
+    if pipeline and searched(found, MICROBATCHES):
+        said.append(f"pipeline microbatches ({MICROBATCHES}): {', '.join(searched(found, MICROBATCHES))}, in place "
+                    "of grad_accum")
     if hybrid and searched(found, REPLICATE):
         said.append(f"HSDP ({hsdp}): sharded within each of the {nodes} nodes, beside plain FSDP")
     if gpu and "amp=O1" in {o for c in found for o in c}:
         said.append(f"O1 as {HALF} autocast (amp.dtype={HALF})")
-    return Space(found, named, said, hardware, nodes)
+    return Space(found, named, said, hardware, nodes, largest_fit=gpu)
+
+
+def candidate_strategies(overrides: Sequence[str], axes: Sequence[Axis]) -> list[str]:
+    """The strategies the space will hold: as typed (one, or a comma list), else the strategy axis's values."""
+    typed = next((o for o in overrides if key_of(o) == "strategy"), None)
+    if typed is not None:
+        return swept(typed) or [typed.partition("=")[2]]
+    return [v for a in axes if a.key == "strategy" for v in a.values]
+
+
+def tp_degrees(preset: Preset, nodes: int, plain_tp: bool) -> tuple[str, ...]:
+    """The TP degrees fsdp is searched at: 1 (plain FSDP), 2 (the least TP: each block's activations all-reduced
+    between two GPUs, FSDP over half the ranks) and the node's GPUs (torchtitan's degree for the largest models),
+    each dividing the node's GPUs: a TP group stays within a node, on its fastest links. On one node, where
+    strategy=tp is a candidate, the node's GPUs are that strategy's (FSDP over a data-parallel dim of one rank
+    is the same layout) and not searched again here."""
+    width = preset.devices_per_node
+    found = [d for d in dict.fromkeys((1, 2, width)) if width % d == 0]
+    if plain_tp and nodes == 1:
+        found = [d for d in found if d == 1 or d != width]
+    return tuple(str(d) for d in found)
 
 
 def nodes_of(cfg: RunConfig, preset: Preset) -> int:
@@ -113,14 +176,45 @@ def nodes_of(cfg: RunConfig, preset: Preset) -> int:
 def micro_batches(cfg: RunConfig, preset: Preset, nodes: int) -> tuple[str, ...]:
     """grad_accum 1, 2, 4, ...: each a power of two that divides a rank's share of the global batch, down to
     micro-batches of one sample. A strategy with one process per device has every device of the preset's nodes;
-    another one process (its batch is its own)."""
-    world = preset.devices_per_node * nodes if get_class(cfg.strategy["_target_"]).one_process_per_device else 1
-    per_rank = max(1, cfg.batch_size // world)
+    another one process (its batch is its own). The ranks of a tensor-parallel group share one share (strategy=tp:
+    every rank the whole batch); a pipeline accumulates over its microbatches instead (grad_accum 1 alone)."""
+    cls = get_class(cfg.strategy["_target_"])
+    world = preset.devices_per_node * nodes if cls.one_process_per_device else 1
+    traffic = cls.traffic(cfg.strategy)
+    if traffic.microbatches:
+        return ("1",)
+    per_rank = max(1, cfg.batch_size // max(1, world // traffic.tensor_parallel_over(world)))
     found, accum = [], 1
     while accum <= per_rank and per_rank % accum == 0:
         found.append(str(accum))
         accum *= 2
     return tuple(found)
+
+
+def pipeline_microbatches(cfg: RunConfig, preset: Preset, nodes: int, every: bool) -> tuple[str, ...]:
+    """A pipeline's microbatches: the global batch cut in 2, 4, 8, ... (each a power of two that divides it), of at
+    least the ranks (a pipeline of that many stages is idle most of a step with fewer; torch's 1F1B refuses
+    fewer), the fewest first (the largest microbatch); `every=False` (no micro_batch axis): the fewest alone. A
+    batch smaller than the ranks: the batch in microbatches of one sample (refused with its reason where the
+    schedule needs more)."""
+    ranks = preset.devices_per_node * nodes
+    found, count = [], 1
+    while count <= cfg.batch_size and cfg.batch_size % count == 0:
+        if count >= ranks:
+            found.append(str(count))
+        count *= 2
+    found = found or [str(cfg.batch_size)]
+    return tuple(found if every else found[:1])
+
+
+def _pipeline(cfg: RunConfig) -> bool:
+    """The strategy runs a pipeline (its declared traffic has microbatches)."""
+    return bool(get_class(cfg.strategy["_target_"]).traffic(cfg.strategy).microbatches)
+
+
+def _option(cfg: RunConfig, name: str, default: Any) -> Any:
+    """A strategy option as the composed config has it (absent: `default`)."""
+    return (cfg.strategy or {}).get(name, default)
 
 
 def with_half(candidate: list[str]) -> list[str]:
@@ -149,48 +243,119 @@ Predict = Callable[[list[str], RunConfig], dict[str, Any]]
 
 
 def predict_all(found: Space, predict: Predict) -> list[dict[str, Any]]:
-    """Every candidate's row (plan.json's), in the space's order. Predicted in groups of the same strategy, amp
-    and checkpointing, the smallest micro-batch first, so that one predicted not to fit prunes the larger ones
-    without their predictions; a candidate composing a config already predicted is not predicted again."""
-    rows: list[dict[str, Any] | None] = [None] * len(found.candidates)
-    order = by_micro_batch(found.candidates)
+    """Every candidate's row (plan.json's), in the space's order. Predicted in groups that differ only in their
+    micro-batch (grad_accum, or a pipeline's microbatches). Memory only grows with the micro-batch, so a micro-batch
+    larger than one predicted not to fit is pruned without its prediction. On a GPU preset (`found.largest_fit`) a
+    group's time does not grow with its micro-batch either: each micro-step repeats the same kernels, collectives and
+    launches on fewer samples, so only the largest micro-batch that fits is looked for, by bisection, and the smaller
+    ones are pruned without their predictions; a pipeline's group is the exception, as more microbatches shrink its
+    bubble: as elsewhere, every micro-batch is predicted, the smallest first, up to the first that does not fit. A
+    candidate composing a config already predicted is not predicted again."""
+    rows: dict[int, dict[str, Any]] = {}
     seen: dict[str, str] = {}  # a composed config -> the candidate that predicted it
-    misfit: dict[tuple[str, ...], tuple[int, str]] = {}  # a group -> its smallest micro-batch that does not fit
-    took: list[float] = []
-    for done, index in enumerate(order, 1):
-        combo, name = found.candidates[index], found.names[index]
-        group, accum = _group(combo)
-        row: dict[str, Any] = {"name": name, "overrides": combo, "hardware": found.hardware}
-        began = time.perf_counter()
-        if group in misfit and accum < misfit[group][0]:
-            row.update(status="pruned", reason=f"{LARGER_MICRO} ({misfit[group][1]})")
-        else:
-            row.update(_predicted(combo, name, predict, seen))
-            if row["status"] == "predicted":
-                took.append(time.perf_counter() - began)
-                row["seconds"] = round(took[-1], 2)
-                if not row["prediction"]["fits"] and accum > misfit.get(group, (0, ""))[0]:
-                    misfit[group] = (accum, name)
+    groups = micro_groups(found.candidates)
+    spent: list[float] = []  # each finished group's seconds
+
+    def settle(index: int, row: dict[str, Any]) -> None:
         rows[index] = row
-        left = (sum(took) / len(took) * (len(order) - done)) if took and done < len(order) else None
+        left = sum(spent) / len(spent) * (len(groups) - len(spent)) if spent and len(rows) < len(found.candidates) \
+            else None
         timing = f" ({row['seconds']:.1f} s{f'; about {left:.0f} s left' if left is not None else ''})" \
             if "seconds" in row else ""
-        log.info("search: %d/%d %s: %s%s", done, len(order), name, _said(row), timing)
-    return [r for r in rows if r is not None]
+        log.info("search: %d/%d %s: %s%s", len(rows), len(found.candidates), row["name"], _said(row), timing)
+
+    def probe(index: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": found.names[index], "overrides": found.candidates[index],
+                               "hardware": found.hardware}
+        began = time.perf_counter()
+        row.update(_predicted(found.candidates[index], found.names[index], predict, seen))
+        if row["status"] == "predicted":
+            row["seconds"] = round(time.perf_counter() - began, 2)
+        settle(index, row)
+        return row
+
+    def pruned(index: int, why: str, by: int) -> None:
+        settle(index, {"name": found.names[index], "overrides": found.candidates[index], "hardware": found.hardware,
+                       "status": "pruned", "reason": f"{why} ({found.names[by]})"})
+
+    fitted: dict[tuple[Any, ...], int] = {}  # (a group but for its amp level, its size) -> how many fit, last seen
+    for members in groups:
+        began = time.perf_counter()
+        first = found.candidates[members[0]]
+        pipeline = any(key_of(o) == MICROBATCHES for o in first)
+        if found.largest_fit and not pipeline:
+            like = (tuple(o for o in _group(first)[0] if key_of(o).partition(".")[0] != "amp"), len(members))
+            fit = _largest_that_fits(members, probe, pruned, lambda i: found.names[i], fitted.get(like))
+            if fit is not None:
+                fitted[like] = fit
+        else:
+            _smallest_first(members, probe, pruned)
+        spent.append(time.perf_counter() - began)
+    return [rows[i] for i in range(len(found.candidates))]
 
 
-def by_micro_batch(candidates: Sequence[list[str]]) -> list[int]:
-    """The order of prediction: each group (everything but grad_accum) where it first appears, its largest
-    grad_accum (smallest micro-batch) first."""
-    first: dict[tuple[str, ...], int] = {}
+def _fits(row: dict[str, Any]) -> bool | None:
+    """Whether a probe's prediction fits; None where it made none (refused, skipped, not predicted, the same)."""
+    return bool(row["prediction"]["fits"]) if row["status"] == "predicted" else None
+
+
+def _smallest_first(members: Sequence[int], probe: Callable[[int], dict[str, Any]],
+                    pruned: Callable[[int, str, int], None]) -> None:
+    """Every micro-batch predicted, the smallest first, until one does not fit: the larger ones pruned."""
+    misfit: int | None = None
+    for index in members:
+        if misfit is not None:
+            pruned(index, LARGER_MICRO, misfit)
+        elif _fits(probe(index)) is False:
+            misfit = index
+
+
+def _largest_that_fits(members: Sequence[int], probe: Callable[[int], dict[str, Any]],
+                       pruned: Callable[[int, str, int], None], name_of: Callable[[int], str],
+                       hint: int | None = None) -> int | None:
+    """Bisection for the largest micro-batch that fits (`members`: smallest first; memory grows along them); the
+    number of members that fit, or None where it could not tell. `hint`: that number in a group like this one (the
+    same but for its amp level), probed first on either side of its boundary, the side expected not to fit (the
+    cheaper prediction: no time) first: where it holds, two predictions decide the group (one where it is 0 or every
+    member). The smaller ones are pruned for the largest that fits (one probed on the way keeps its prediction in its
+    row, so that every group is ranked by its largest micro-batch alone, whichever were probed), the larger ones not
+    probed for the smallest that does not. A probe that makes no prediction (refused, skipped...) leaves the fit
+    unknown: the group's rest is predicted smallest first."""
+    low, high, probed = 0, len(members), {}
+    guesses = [] if hint is None else [g for g in (hint, hint - 1) if 0 <= g < len(members)]
+    while low < high:
+        middle = next((g for g in guesses if low <= g < high and g not in probed), (low + high) // 2)
+        probed[middle] = probe(members[middle])
+        fits = _fits(probed[middle])
+        if fits is None:
+            _smallest_first([m for i, m in enumerate(members) if i not in probed], probe, pruned)
+            return None
+        low, high = (middle + 1, high) if fits else (low, middle)
+    for i, index in enumerate(members):
+        if i < low - 1 and i in probed:
+            probed[i].update(status="pruned", reason=f"{SMALLER_MICRO} ({name_of(members[low - 1])})")
+        elif i not in probed:
+            pruned(index, *((SMALLER_MICRO, members[low - 1]) if i < low else (LARGER_MICRO, members[low])))
+    return low
+
+
+def micro_groups(candidates: Sequence[list[str]]) -> list[list[int]]:
+    """The candidates' indices in groups that differ only in their micro-batch, each group where its first member
+    appears, its members smallest micro-batch first (the most micro-steps: grad_accum x microbatches)."""
+    found: dict[tuple[str, ...], list[int]] = {}
     for index, combo in enumerate(candidates):
-        first.setdefault(_group(combo)[0], index)
-    return sorted(range(len(candidates)), key=lambda i: (first[_group(candidates[i])[0]], -_group(candidates[i])[1]))
+        found.setdefault(_group(combo)[0], []).append(index)
+    return [sorted(members, key=lambda i: -_group(candidates[i])[1]) for members in found.values()]
 
 
 def _group(combo: list[str]) -> tuple[tuple[str, ...], int]:
-    accum = next((o.partition("=")[2] for o in combo if key_of(o) == "grad_accum"), "1")
-    return tuple(o for o in combo if key_of(o) != "grad_accum"), int(accum) if accum.isdigit() else 1
+    """(everything but the micro-batch's keys, the micro-steps: grad_accum x a pipeline's microbatches)."""
+    steps = 1
+    for o in combo:
+        if key_of(o) in MICRO_KEYS:
+            value = o.partition("=")[2]
+            steps *= int(value) if value.isdigit() else 1
+    return tuple(o for o in combo if key_of(o) not in MICRO_KEYS), steps
 
 
 def _predicted(combo: list[str], name: str, predict: Predict, seen: dict[str, str]) -> dict[str, Any]:
@@ -233,7 +398,8 @@ class PresetAnswer:
     def groups(self) -> dict[str, int]:
         """How many were pruned for each reason: not fitting, then larger micro-batches, then the rest."""
         counts: dict[str, int] = {}
-        for why, _, _ in sorted(self.pruned, key=lambda p: (NOT_FIT, LARGER_MICRO, SAME, p[0]).index(p[0])):
+        for why, _, _ in sorted(self.pruned, key=lambda p: (NOT_FIT, LARGER_MICRO, SMALLER_MICRO, SAME,
+                                                            p[0]).index(p[0])):
             counts[why] = counts.get(why, 0) + 1
         return counts
 
@@ -292,7 +458,7 @@ def _pruned(row: dict[str, Any]) -> tuple[str, str, str]:
     if row["status"] == "predicted":
         return (NOT_FIT, row["name"], reason) if not row["prediction"]["fits"] else \
             ("predicted no time", row["name"], reason)
-    for why in (LARGER_MICRO, SAME):
+    for why in (LARGER_MICRO, SMALLER_MICRO, SAME):
         if reason.startswith(why):
             return why, row["name"], reason.removeprefix(why).strip(" ()")
     return f"{row['status']}: {reason}", row["name"], ""

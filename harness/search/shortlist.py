@@ -34,12 +34,14 @@ def requested(overrides: Sequence[str]) -> bool:
 
 
 def space(overrides: Sequence[str], search: SearchConfig, axes: Sequence[Axis] | None = None,
-          values_on: Callable[[Composed, Axis], Sequence[str]] | None = None) -> list[list[str]]:
+          values_on: Callable[[Composed, Axis], Sequence[str] | None] | None = None) -> list[list[str]]:
     """Every candidate: the command line's overrides (`search.*` and the grid's `sweep=` kept on each, Hydra's
     grid replaced by `sweep=none`) crossed with the search's axes where they apply. Hydra's own overrides
     (`hydra.*`, `hydra/launcher=...`) set up the sweep, not a candidate, as Hydra hands its sweeper the rest.
     `axes`: in place of `search.axes`' (a search on a preset); `values_on(config, axis)`: an axis's values where
-    the combination's groups so far (strategy, model, amp...) compose `config` (else option_values)."""
+    the combination's groups so far (strategy, model, amp...) and the strategy options it has chosen so far
+    (`strategy.tp=2`: a tensor-parallel group's share of the batch) compose `config` (else option_values); None:
+    the axis does not apply there."""
     typed = [o for o in overrides if key_of(o) != SWEEP_GROUP and not key_of(o).startswith((f"{SEARCH_KEY}.", "hydra"))]
     shared = [o for o in overrides if key_of(o).startswith(f"{SEARCH_KEY}.")] + [f"{SWEEP_GROUP}=none"]
 
@@ -59,10 +61,10 @@ def space(overrides: Sequence[str], search: SearchConfig, axes: Sequence[Axis] |
     def has_key(stem: list[str], key: str) -> bool:
         return key in keys_of(groups_of(stem))
 
-    def values(stem: list[str], axis: Axis) -> Sequence[str]:
-        if values_on is None and not axis.key.startswith("model."):
-            return axis.values  # nothing to compose
-        return (values_on or option_values)(composed(groups_of(stem)), axis)
+    def values(stem: list[str], axis: Axis) -> Sequence[str] | None:
+        if values_on is None:
+            return option_values(composed(groups_of(stem)), axis) if axis.key.startswith("model.") else axis.values
+        return values_on(composed((*groups_of(stem), *(o for o in stem if key_of(o).startswith("strategy.")))), axis)
 
     found = combinations(typed, check_axes(search.axes) if axes is None else axes, has_key, values)
     return [[*combination, *shared] for combination in found]

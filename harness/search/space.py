@@ -79,12 +79,14 @@ def check_axes(names: Sequence[str]) -> list[Axis]:
 
 
 def combinations(typed: Sequence[str], axes: Sequence[Axis], has_key: Callable[[list[str], str], bool],
-                 values_of: Callable[[list[str], Axis], Sequence[str]] | None = None) -> list[list[str]]:
+                 values_of: Callable[[list[str], Axis], Sequence[str] | None] | None = None) -> list[list[str]]:
     """Every combination of the space: the typed overrides (a comma list is an axis of its own, a single value
     fixes its key) crossed with each axis the user did not type, where it applies. `has_key(overrides, key)`:
     whether the config those overrides compose has `key` (an axis that does not apply is left out of that
     combination, not crossed with it). `values_of(overrides, axis)`: the axis's values where those overrides are
-    already chosen (a search on a preset: the micro-batches each strategy's ranks can take); else `axis.values`."""
+    already chosen (a search on a preset: the micro-batches each strategy's ranks can take), or None where the axis
+    does not apply to them though their config has its key (a pipeline's microbatches, for FSDP without a
+    pipeline); else `axis.values`."""
     fixed = {key_of(o) for o in typed}
     own = [[o] if (values := swept(o)) is None else [f"{o.partition('=')[0]}={v}" for v in values] for o in typed]
     searched = [a for a in axes if a.key not in fixed]
@@ -94,11 +96,12 @@ def combinations(typed: Sequence[str], axes: Sequence[Axis], has_key: Callable[[
         for axis in searched:  # in all_axes()' order: the strategy is chosen before the axes that depend on it
             grown: list[list[str]] = []
             for stem in stems:
-                if axis.always or has_key(stem, axis.key):
-                    grown += [[*stem, f"{axis.key}={value}"]
-                              for value in (values_of(stem, axis) if values_of else axis.values)]
-                else:
+                values = (values_of(stem, axis) if values_of else axis.values) \
+                    if axis.always or has_key(stem, axis.key) else None
+                if values is None:
                     grown.append(stem)
+                else:
+                    grown += [[*stem, f"{axis.key}={value}"] for value in values]
             stems = grown
         found += stems
     return _unique(found)
