@@ -128,7 +128,7 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
     ("results overwrite another run", "harness/core/results.py",
      "if path.exists() and not _is_provisional(path):", "if False:"),
     ("batch not checked against the workers", "harness/launch/placement.py",
-     "if global_batch is not None and global_batch % world:", "if False:"),
+     "if global_batch is not None and global_batch % shares:", "if False:"),
     ("all_reduce bus factor (n-1)/n", "harness/collectives/arithmetic.py", "return 2 * (n - 1) / n", "return (n - 1) / n"),
     ("collective time: mean", "harness/collectives/arithmetic.py",
      'seconds = statistics.median(m["seconds"])', 'seconds = statistics.fmean(m["seconds"])'),

@@ -281,12 +281,13 @@ def test_a_tensor_parallel_ranks_activations_as_counted_match_its_own_measured_i
     allocate the activations of its half of the heads, of the MLP's width and of the vocabulary: fewer than the
     whole model's, which a process group of one (every slice whole) would allocate. The planner's count
     (tensor_parallel_rank_activations: the blocks' share by Korthikanti et al.'s count, the logits halved) lands
-    within 10 % of that measured peak, with and without sequence parallelism and full checkpointing (measured on a
-    2-core EPYC, torch 2.14.1: -3 %, -5 %, +4 %, -8 %); counting the whole model's, +60 % and more, would not."""
+    within 10 % of that measured peak, without sequence parallelism or checkpointing and with both (measured on a
+    2-core EPYC, torch 2.14.1: -3 % and -8 %; the two other pairings -5 % and +4 %); counting the whole model's, +60 %
+    and more, would not."""
     from harness.prediction import calibrate
 
     try:
-        for checkpoint, sequence in (("none", False), ("none", True), ("full", False), ("full", True)):
+        for checkpoint, sequence in (("none", False), ("full", True)):  # ("none", True), ("full", False): -5 %, +4 %
             gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "width": 128, "heads": 4,
                    "seq_len": 256, "vocab_size": 1024, "checkpoint": checkpoint}
             cfg = run_config("tp", nprocs=2, batch_size=8, model=gpt, data={"name": "synthetic"},
