@@ -83,7 +83,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
         label = f"{r['model']} {r['strategy']} {r['amp']}{checkpoint}"
         p, e = r.get("prediction"), r.get("prediction_error")
         if r["status"] != "ok" or not p or not e:
-            table.add(label, r.get("world_size"), "-", "-", "-", "-", "-", "-", f"{r['status']}: {r.get('error')}")
+            table.add(label, r.get("world_size") or "-", "-", "-", "-", "-", "-", "-", f"{r['status']}: {r.get('error')}")
             continue
         memory, seconds = e["peak_mib"], e["s_per_iteration"]
         memory_errors.append(abs(memory)) if memory is not None else None

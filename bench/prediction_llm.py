@@ -18,7 +18,7 @@ from prediction import run_cases
 
 # the language models of published runs, at their sizes on GPUs this machine does not have, are planned against
 # their published figures in benchmark 18
-PUBLISHED = ("Published runs (llm-foundry's MPT 125M-70B on A100 and H100, torchtitan's Llama): each row's source, "
+PUBLISHED = ("- Published runs (llm-foundry's MPT 125M-70B on A100 and H100, torchtitan's Llama): each row's source, "
              "prediction, error and plan time in benchmark 18 (benchmarks/published_llm.md)")
 GPT = ["model=gpt", "model.layers=4", "model.seq_len=128", "batch_size=16", "model.checkpoint=false,true"]
 

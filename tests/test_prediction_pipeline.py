@@ -103,6 +103,15 @@ def test_interleaving_two_stages_a_rank_gains_what_torchtitan_published_within_2
     assert one / two == pytest.approx(128 / 100, rel=0.20)
 
 
+def test_a_boundary_is_float32_under_autocast_and_the_models_dtype_where_it_is_cast():
+    """4 x 128 tokens of width 64: 131072 float32 bytes at O0 and at O1 bf16 (autocast keeps the residual stream,
+    a block's input plus its branches, in float32: strategy=pp at O1 received 0.5 MiB, not 0.25), 65536 at O2."""
+    cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128})
+    assert [pipeline.boundary_bytes(cfg, level, "bfloat16", 4, 128) for level in ("O0", "O1", "O2")] == [
+        4 * 128 * 64 * 4, 4 * 128 * 64 * 4, 4 * 128 * 64 * 2]
+
+
 def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowest_stage(monkeypatch):
     """strategy=pp on 2 ranks of a 4-block GPT, global batch 16 in 4 microbatches: every trace and the calibration
     are at microbatches of 4 (not the 8 a rank's data shard holds), the calibrated model has the slowest rank's 2

@@ -72,3 +72,38 @@ def test_a_workers_library_noise_goes_to_run_log_and_only_its_records_to_the_ter
     kept = log.read_text()
     for line in ("a library prints this", "a C library writes this", "the window line", "a warning of ours"):
         assert line in kept
+
+
+def test_set_up_frees_what_the_strategy_dropped_before_the_first_iteration():
+    """strategy=pp keeps its own stages of the pipeline's trace; the rest of the model sits in torch.export's
+    reference cycles. set_up collects them: a rank holds its stages' parameters alone (not all of them until
+    Python's collector happens to run, which put every rank's peak at the whole model's)."""
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from harness.prediction.calibrate import fake_process_group
+    from harness.rank.gpt import GPT
+    from harness.rank.worker import set_up
+    from strategies.pp import cut
+
+    storages: list[StorageWeakRef] = []
+
+    def built() -> torch.nn.Module:
+        model = GPT(layers=2, width=16, heads=2, vocab_size=32, seq_len=8)
+        storages.extend(StorageWeakRef(p.untyped_storage()) for p in model.parameters())
+        return model
+
+    class FirstStage:  # the pipeline's cut as strategy=pp makes it, rank 0 of 2
+        @staticmethod
+        def setup_module(model, amp, optimizer):
+            return cut(model, "gpipe", 2, 4, torch.device("cpu"), ranks=[0, 1], rank=0), None
+
+    fake_process_group(2)
+    try:
+        stages, _ = set_up(FirstStage(), built, None, None)
+        kept = {p.untyped_storage().data_ptr() for p in stages.parameters()}
+        alive = [s for s in storages if not s.expired()]
+        assert len(kept) < len(storages)  # the first stage holds some of the model
+        assert len(alive) == len(kept)  # and nothing else of it is alive
+    finally:
+        dist.destroy_process_group()

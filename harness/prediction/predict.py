@@ -400,7 +400,7 @@ def memory_by_rank(trace: StepTrace, traffic: Traffic, shards: tuple[bool, bool,
     # still pass through a reduce-scatter buffer
     buffers = sum(_buffer_bytes(b, trace) for b in traffic.buffers if over > 1 or b.size != "unit_params")
     sample = inputs_here(cfg).input_bytes  # fp32 pixels and an int64 label, or token ids and their next ones
-    local_batch = cfg.batch_size // n
+    local_batch = cfg.batch_size // (n // traffic.tensor_parallel_over(n))  # a TP group's ranks read its share
     inputs = input_batches(cfg) * local_batch * sample
     overhead = trace.allocator_overhead if preset.accelerator == "cuda" else 0.0
     grads_kept = trace.model_grads / over if grads_sharded else trace.model_grads
@@ -759,16 +759,19 @@ def with_activations(trace: StepTrace, activations: float) -> StepTrace:
 def tensor_parallel_activations(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement,
                                 tp: int, trace: StepTrace) -> float | None:
     """This machine: one TP rank's forward and backward measured in the calibration (a fake process group of the
-    group's size, harness.prediction.calibrate), its activations the peak less the gradients of its slices and the
-    batch it read; None elsewhere (the share of the whole model's by count stands: tensor_parallel_share)."""
+    group's size, harness.prediction.calibrate), its activations the peak less its share of the gradients alive at
+    the pass's peak (the trace's, as memory_by_rank adds them back: with checkpointing the peak comes early in the
+    backward, few gradients made; all of them counted put the plan 0.4 MiB under on model=gpt); the batch was made
+    before the probe started. None elsewhere (the share of the whole model's by count stands:
+    tensor_parallel_share)."""
     if not (target.preset.measured and cfg.plan.calibration == "strategy"):
         return None
     cal = calibrate_strategy_default(cfg, placement, amp, micro, tp)
     peak = getattr(cal, "pass_peak_bytes", None)
     if peak is None:
         return None
-    batch = micro * inputs_here(cfg).input_bytes
-    return float(max(0.0, peak - trace.model_grads / tp - batch))
+    grads = trace.phases[0].grads if trace.phases else trace.grads
+    return float(max(0.0, peak - grads / tp))
 
 
 def tensor_parallel_compute(compute: float, notes: tuple[str, ...], tp: int) -> tuple[float, tuple[str, ...]]:
