@@ -57,6 +57,44 @@ def test_ddp_keeps_everything_and_a_bucket_copy_of_the_gradients():
     assert rank.peak_mib == pytest.approx(1.03 * live)
 
 
+def test_a_tensor_parallel_rank_keeps_its_groups_share_of_the_batch():
+    """A GPT of sequences of 64 (an int64 id and its next, 1024 bytes a sequence), the synthetic pool's 8 batches:
+    strategy=tp on 2 is one group, both ranks reading the whole global batch of 12 (not a data-parallel rank's 6);
+    FSDP x TP 2 x 2 on 24 is two groups, each rank its group's 12."""
+    gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "seq_len": 64}
+    expected = 8 * 12 * 2 * 64 * 8 / MIB
+    for name, n, options in (("tp", 2, {"_target_": "strategies.tp.TensorParallel"}),
+                             ("fsdp", 4, {"_target_": "strategies.fsdp.FSDP2", "tp": 2})):
+        cfg = run_config(name, nprocs=n, batch_size=12 * n // 2, model=gpt, strategy=options,
+                         data={"name": "synthetic"})
+        strategy_cls = get_class(cfg.strategy["_target_"])
+        decided = place_run(cfg, Hardware(visible_gpus=(), cores=8), in_sweep=True)
+        ranks = memory_by_rank(TRACE, strategy_cls.traffic(cfg.strategy), strategy_cls.shards, n, cfg,
+                               decided.placement, load_preset("h100x8"), 1)
+        assert [r.inputs_mib for r in ranks] == pytest.approx([expected] * n), name
+
+
+def test_a_measured_tensor_parallel_rank_less_its_gradients_alive_at_the_peak_is_its_activations(monkeypatch):
+    """The calibration measured 40 MiB at one TP rank's pass peak (of 2); the trace says 8 MiB of the whole model's
+    100 MiB of gradients are alive at the pass's peak (checkpointing: early in the backward), so a rank's 4 of
+    them are in the 40: activations 36 (not 40 - 100/2 = -10, floored to 0, as when every gradient was counted)."""
+    from harness.prediction.trace import PhasePeak
+
+    class Measured:
+        pass_peak_bytes = 40 * MIB
+
+    monkeypatch.setattr(predict_module, "calibrate_strategy_default", lambda *args: Measured())
+    phases = (PhasePeak(0, 0, 0, 8 * MIB, 0, 0), PhasePeak(0, 0, 0, 100 * MIB, 0, 0))
+    trace = dataclasses.replace(TRACE, phases=phases)
+    cfg = run_config("tp", nprocs=2, batch_size=12, data={"name": "synthetic"},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "seq_len": 64},
+                     plan={"calibration": "strategy", "predict": True})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    here = Target(dataclasses.replace(load_preset("h100x8"), measured=True), 1)
+    acts = predict_module.tensor_parallel_activations(cfg, decided.amp, here, 12, decided.placement, 2, trace)
+    assert acts == 36 * MIB
+
+
 def test_zero_shards_the_optimizer_state_only():
     rank = layout("zero", 4)[0]
     assert (rank.params_mib, rank.grads_mib, rank.optimizer_mib) == (100, 80, 25)
