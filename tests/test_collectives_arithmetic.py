@@ -118,3 +118,5 @@ def test_table_rows_use_the_median_of_the_slowest_rank_times():
     assert rows[0]["busbw_gbs"] == pytest.approx(MiB / 1e-3 / 1e9 * 1.5)  # x 2(4-1)/4
     assert rows[1]["time_us"] == pytest.approx(2000.0) and rows[1]["bus_factor"] == pytest.approx(0.75)
     assert rows[1]["repeats"] == 3
+    # beside the median, the mean a step of many calls pays: (1 + 1 + 5) / 3 ms, (4 + 1 + 2) / 3 ms
+    assert (rows[0]["time_us_mean"], rows[1]["time_us_mean"]) == (pytest.approx(7000 / 3), pytest.approx(7000 / 3))

@@ -67,6 +67,47 @@ def test_local_takes_the_measured_fields():
     assert local.per_op["broadcast"].bandwidth_gbps == 4.0
 
 
+def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_read(tmp_path, monkeypatch):
+    """The cached link says what it was fitted to; one from before (the median of each size's calls) is measured
+    again, once, and one fitted to the mean is read as it is."""
+    from harness.prediction import hardware
+    from harness.prediction.links import Link
+
+    monkeypatch.setenv("HARNESS_MACHINE_CACHE", str(tmp_path))
+    rates = {"cpu:1": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}}
+    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0},
+                            "link": {"latency_us": 100.0, "bandwidth_gbps": 2.0}, "per_op": {}})
+    calls = []
+
+    def measure() -> tuple[Link, dict[str, Link]]:
+        calls.append(1)
+        return Link(400.0, 1.5), {"all_reduce": Link(390.0, 1.7)}
+
+    first = hardware.measure_machine(1, "cpu", 2, measure, 24.0)
+    again = hardware.measure_machine(1, "cpu", 2, measure, 24.0)
+    assert len(calls) == 1
+    assert first["intra"] == again["intra"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}
+    assert hardware.read_machine()["link_statistic"] == "mean"
+
+
+def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
+    """Calls of 1 ms at the median and 3 ms on average at every size: the fitted link's times are the means."""
+    import harness.collectives as collectives
+    from harness import planning
+    from harness.prediction.links import collective_seconds
+
+    def benchmark(cfg, folder):
+        rows = [{"op": op, "size_bytes": size, "time_us": 1000.0, "time_us_mean": 3000.0 + size / 1e3}
+                for op in cfg["collectives"]["ops"] for size in (65536, 262144, 1048576, 4194304, 16777216)]
+        return {"status": "ok", "rows": rows, "world_size": 2}
+
+    monkeypatch.setattr(collectives, "run_benchmark", benchmark)
+    _, each = planning.measure_link(2)
+    link = each["all_reduce:bfloat16"]  # 2 hops of 1.5 ms and 1 GB/s, from the means (medians: 2 x 0.5 ms, no bytes)
+    assert (link.latency_us, link.bandwidth_gbps) == (pytest.approx(1500.0), pytest.approx(1.0))
+    assert collective_seconds("all_reduce", 1048576, 2, 1, link, link) == pytest.approx((3000 + 1048576 / 1e3) * 1e-6)
+
+
 def test_unknown_preset_names_the_closest_one():
     with pytest.raises(ConfigError) as caught:
         load_preset("h100x9")

@@ -85,10 +85,12 @@ def element_count(op: str, size_bytes: int, n: int, element_size: int) -> int:
 
 
 def table_row(m: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """One measured (op, size) as the table shows it: the median call, its spread and its bandwidths."""
+    """One measured (op, size) as the table shows it: the median call, its spread and its bandwidths; the mean
+    beside them (what a step of many calls pays on average: the planner's link is fitted to it)."""
     seconds = statistics.median(m["seconds"])
     return {"op": m["op"], "size_bytes": m["size_bytes"], "count": m["count"], "time_us": seconds * 1e6,
             "time_us_min": min(m["seconds"]) * 1e6, "time_us_max": max(m["seconds"]) * 1e6,
+            "time_us_mean": statistics.fmean(m["seconds"]) * 1e6,
             "algbw_gbs": algbw(m["size_bytes"], seconds), "busbw_gbs": busbw(m["op"], m["size_bytes"], seconds, n),
             "bus_factor": bus_factor(m["op"], n), "repeats": len(m["seconds"])}
 
