@@ -12,9 +12,10 @@ whose last reference a library thread drops (gloo's workers, holding a functiona
 its work is released) is freed unseen. An address handed out again while its block still counts as live
 proves that free: the block is counted freed then, at the latest (strategy=tp on 2 ranks measured 1.0-1.6
 MiB of all-reduce outputs alive twice over without this). A free seen nowhere and never reused stays
-counted: the peak is an upper bound where a library frees on its own threads. This instrument sits below every Python-level tracker (the
-predictor's fake tensors never reach it), so it checks predictions independently. It runs from before
-the model is built to the end of the second iteration: warm-up, never a timed window."""
+counted: the peak is an upper bound where a library frees on its own threads. This instrument sits below
+every Python-level tracker (the predictor's fake tensors never reach it), so it checks predictions
+independently. It runs from before the model is built to the end of the second iteration: warm-up, never
+a timed window."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 
 from amp import OptimizerSpec, build_amp
+from amp.base import Amp
 from harness.core.compile_cache import use_compile_cache
 from harness.core.config import FaultConfig, RunConfig
 from harness.core.devices import DeviceOps
@@ -50,7 +51,7 @@ from harness.rank.checkpointing import build_model
 from harness.rank.data import BatchSource, batch_source
 from harness.rank.run_plan import RankSpec
 from harness.rank.trainer import compile_pass, train
-from strategies.base import RankEnv, unwrap
+from strategies.base import RankEnv, Strategy, unwrap
 from strategies.capabilities import compile_seconds_of, no_sync_for
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def probe_fits_warmup(cfg: RunConfig) -> bool:
     return cfg.warmup_windows >= 1 and cfg.log_every > PROBE_ITERATIONS
 
 
-def set_up(strategy: Any, build: Callable[[], torch.nn.Module], amp: Any,
+def set_up(strategy: Strategy, build: Callable[[], torch.nn.Module], amp: Amp,
            optimizer: OptimizerSpec) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model `build` makes, set up by the strategy, with what the set-up dropped freed before the first
     iteration: a strategy that replaces the model (strategy=pp keeps its stages of the pipeline's trace) leaves the
