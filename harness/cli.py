@@ -210,7 +210,8 @@ def check_runs(composed: Sequence[tuple[list[str], Composed]], multirun: bool) -
     started = time.monotonic()
     names = prediction_names([(combo, one.plan.label) for combo, one in predicted])
     try:
-        ensure_link(max(ranks, default=1), hw.has_gpu)
+        ensure_link(max(ranks, default=1), hw.has_gpu,
+                    max((c.config.plan.link_repeats for _, c in predicted), default=1))
         for index, (combo, one) in enumerate(predicted, 1):
             began = time.monotonic()
             plan = one.plan.predicted(predict_run(one.plan, quiet=True))

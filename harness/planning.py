@@ -26,11 +26,10 @@ PLAN_DIR = Path("runs") / "plan"
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 LINK_SIZES = ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB"]
 LINK_DTYPES = ("float32", "bfloat16")
-LINK_REPEATS = 20  # calls per size: enough for a mean of bimodal calls
 
 
-def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
-    """This machine's link: the collectives benchmark over `nprocs` workers, fitted (harness.prediction.links) to
+def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
+    """This machine's link: the collectives benchmark over `nprocs` workers (`repeats` calls a size, plan.link_repeats), fitted (harness.prediction.links) to
     each size's mean call, not its median: a step pays every call it makes, and gloo's calls here are bimodal
     (a 512 KiB all-reduce between two ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in
     the next, the mean 1.4-2.3 ms in both); fitted to medians, every two-process case of benchmark 15 was predicted
@@ -50,7 +49,7 @@ def measure_link(nprocs: int) -> tuple[Link, dict[str, Link]]:
                 results = run_benchmark({"nprocs": nprocs, "gpus": None,
                                          "dist": {"timeout_s": 60, "start_timeout_s": 120},
                                          "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
-                                                         "repeats": LINK_REPEATS, "dtype": dtype}}, Path(folder))
+                                                         "repeats": repeats, "dtype": dtype}}, Path(folder))
             if results["status"] != "ok":
                 raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
             samples = [(row["op"], row["size_bytes"], row["time_us_mean"] * 1e-6) for row in results["rows"]]
@@ -221,7 +220,7 @@ def _mib(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def ensure_link(ranks: int, gpus: bool) -> None:
+def ensure_link(ranks: int, gpus: bool, repeats: int) -> None:
     """Before runs whose predictions need this machine's link: measure it once (cached by harness.prediction.hardware).
     A failed measurement leaves the predictions without communication, saying so; it never stops the runs."""
     from harness.prediction.hardware import read_machine
@@ -233,7 +232,7 @@ def ensure_link(ranks: int, gpus: bool) -> None:
     setup_cli()
     log.info("measuring this machine's link between %d ranks for the predictions (once: it is cached)", ranks)
     try:
-        local_target("cuda" if gpus else "cpu", ranks, 1, lambda: measure_link(ranks))
+        local_target("cuda" if gpus else "cpu", ranks, 1, lambda: measure_link(ranks, repeats))
     except Exception as error:  # noqa: BLE001
         log.warning("plan: this machine's link could not be measured (%s): predictions leave communication out",
                     error)

@@ -42,7 +42,9 @@ SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
 # Scripts whose --quick run starts no run.py (or only simulates): in the default suite. The others start real
 # runs for 15-30 s each, over three minutes of the suite's ten together: `python -m pytest -m bench` runs them
 # (tests/README.md), as anyone changing a bench script or what it reads should.
-IN_PROCESS = ("hook_cost.py", "mutants.py", "report_speed.py", "sampler.py", "verdicts.py")
+# mutants.py --quick runs one mutant's mirror tests (half a minute): under -m bench, its texts checked by
+# tests/test_mutants.py in the default suite.
+IN_PROCESS = ("hook_cost.py", "report_speed.py", "sampler.py", "verdicts.py")
 
 
 @pytest.mark.slow

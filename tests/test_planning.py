@@ -106,7 +106,8 @@ def test_a_preset_with_no_device_memory_is_refused_before_anything_starts(tmp_pa
 def test_this_machine_is_measured_once_then_read(tmp_path):
     cache = tmp_path / "cache"
     proc = plan_cli("plan=true", "strategy=ddp", "nprocs=2", *PLAN_TINY, cwd=tmp_path,
-                    env={"HARNESS_MACHINE_CACHE": str(cache), "HARNESS_PLAN_CALIBRATION": "strategy"})
+                    env={"HARNESS_MACHINE_CACHE": str(cache), "HARNESS_PLAN_CALIBRATION": "strategy",
+                         "HARNESS_LINK_REPEATS": "3"})
     assert proc.returncode == 0, describe(proc)
     (machine,) = cache.glob("machine-*.json")
     measured = json.loads(machine.read_text())

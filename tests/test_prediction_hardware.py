@@ -102,7 +102,7 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
         return {"status": "ok", "rows": rows, "world_size": 2}
 
     monkeypatch.setattr(collectives, "run_benchmark", benchmark)
-    _, each = planning.measure_link(2)
+    _, each = planning.measure_link(2, 20)
     link = each["all_reduce:bfloat16"]  # 2 hops of 1.5 ms and 1 GB/s, from the means (medians: 2 x 0.5 ms, no bytes)
     assert (link.latency_us, link.bandwidth_gbps) == (pytest.approx(1500.0), pytest.approx(1.0))
     assert collective_seconds("all_reduce", 1048576, 2, 1, link, link) == pytest.approx((3000 + 1048576 / 1e3) * 1e-6)

@@ -32,7 +32,7 @@ def option(default: Any = MISSING, help: str = "", *, gpu: Any = MISSING, env: s
         hydra = hydra or f"${{hw:{_text(gpu)},{_text(default)}}}"
     elif env is not None:
         lookup = f"${{oc.env:{env},{_text(default)}}}"
-        hydra = f"${{oc.decode:{lookup}}}" if isinstance(default, bool) else lookup
+        hydra = f"${{oc.decode:{lookup}}}" if isinstance(default, bool | int | float) else lookup  # a number, not text
     metadata = {name: value for name, value in dict(
         help=help, gpu=gpu, env=env, hydra=hydra, ge=ge, gt=gt, le=le, lt=lt, allowed=allowed, check=check,
         key=key, switch=switch or None, derived=derived or None).items() if value is not None and value is not MISSING}

@@ -20,7 +20,7 @@ from harness.prediction.predict import NotPredictable, predict
 from harness.prediction.targets import local_target, preset_target
 from harness.rank.run_plan import RunPlan
 
-LinkMeasure = Callable[[int], tuple[Link, dict[str, Link]]]  # measures this machine's link over n ranks
+LinkMeasure = Callable[[int, int], tuple[Link, dict[str, Link]]]  # this machine's link: (ranks, calls a size)
 
 
 def decide_on(cfg: RunConfig, hardware: str, cores: int) -> RunPlan:
@@ -57,7 +57,7 @@ def predict_on(cfg: RunConfig, hardware: str, cores: int, measure_link: LinkMeas
     placement, ranks = decided.placement, decided.device_ranks
     if local:
         target = local_target(placement.accelerator, ranks, placement.threads_per_process,
-                              (lambda: measure_link(ranks)) if measure_link else None)
+                              (lambda: measure_link(ranks, cfg.plan.link_repeats)) if measure_link else None)
     else:
         target = preset_target(hardware, cores, cfg.plan.nodes)
     try:
