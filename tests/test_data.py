@@ -4,7 +4,9 @@ strategy, the wait per window counted, and a slow dataset showing up as a larger
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,12 +188,33 @@ SLOW = ("strategy=single", *TINY, "data=loader", "data.num_workers=0", "iteratio
 
 @pytest.fixture(scope="module")
 def fast_and_slow(tmp_path_factory):
+    """Two runs in the launcher (strategy=single), the slow one profiled; each with its terminal output (`_said`),
+    run without KINETO_LOG_LEVEL, as a user's shell has it."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     runs = {}
     for name, extra in (("fast", ()), ("slow", (f"data.item_delay_ms={DELAY_MS}", "profile=true"))):
-        proc, r = run_cli(*SLOW, *extra, tmp_path=tmp_path_factory.mktemp(name))
+        proc, r = run_cli(*SLOW, *extra, tmp_path=tmp_path_factory.mktemp(name), env=env)
         assert r is not None and r["status"] == "ok", describe(proc)
-        runs[name] = r
+        runs[name] = {**r, "_said": proc.stdout + proc.stderr}
     return runs
+
+
+KINETO_NOISE = ("gpuGetDeviceCount", "USDT", "profiler_start", "profiler_stop")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="kineto's lines about a missing GPU: a CPU-only machine's")
+def test_a_profiled_cpu_run_in_the_launcher_keeps_kinetos_lines_off_the_terminal(fast_and_slow):
+    """Issue 53: a CPU run inside the launcher (strategy=single) printed kineto's C++ lines on the terminal, `ERROR:
+    ... gpuGetDeviceCount failed with code 35` and `USDT: ... profiler_start` / `profiler_stop`, from the tensor
+    peak's profiler and profile=true's (the slow run has both); the profile and the peak are still measured."""
+    for r in fast_and_slow.values():
+        said = [line for line in r["_said"].splitlines() if any(n in line for n in KINETO_NOISE)]
+        assert not said, said
+        assert [e["tensor_peak_mib"] > 0 for e in r["ranks"]] == [True]
+    slow = fast_and_slow["slow"]
+    assert slow["profile"]["traces"] == ["traces/rank0.json"]
+    assert (Path(slow["_run_dir"]) / "traces" / "rank0.json").is_file()
 
 
 @pytest.mark.slow

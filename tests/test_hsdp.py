@@ -158,13 +158,14 @@ def test_hsdp_gathers_within_a_node_and_all_reduces_a_gradient_shard_between_nod
     - reduce_scatter of the 100 MiB of gradients there: the same
     - all_reduce of a gradient shard, 100 MiB / 2 shards = 50 MiB, in the replicate group: n = 2, one rank a node,
       2 hops (reduce-scatter, all-gather) both between nodes at 10 us, bus factor 2(n-1)/n = 1, at the slower
-      bandwidth, 10 GB/s: 2 x 10e-6 + 50 MiB / 10e9 (= 5.26 ms)
+      bandwidth, the node's 10 GB/s shared by its 2 devices (the other replicate group crosses at the same time):
+      2 x 10e-6 + 50 MiB / 5e9 (= 10.5 ms; at the node's whole 10 GB/s, 5.26 ms)
     Over the world instead, the gather would cross nodes (3 hops, two of them between nodes, bus factor 3/4 at
     10 GB/s: 7.9 ms), and the whole 100 MiB of gradients all-reduced between nodes would take twice as long."""
     traffic = FSDP2.traffic({"replicate": 2, "reshard_after_forward": False})
     gather = 2e-6 + 0.5 * 100 * MIB / 100e9
     reduce_scatter = gather
-    all_reduce = 2 * 10e-6 + 50 * MIB / 10e9
+    all_reduce = 2 * 10e-6 + 50 * MIB / 5e9
     assert [c.op for c in traffic.collectives] == ["all_gather", "reduce_scatter", "all_reduce"]
     total, exposed = comm_time(traffic, TRACE, 4, TWO_BY_TWO, compute=0.0)
     assert total == exposed == pytest.approx(gather + reduce_scatter + all_reduce)
@@ -181,14 +182,15 @@ def test_hsdp_gathers_within_a_node_and_all_reduces_a_gradient_shard_between_nod
 @pytest.mark.parametrize("nodes, per_node", [(8, 8), (2, 4)])
 def test_on_larger_presets_the_shard_group_stays_in_a_node(nodes, per_node):
     """replicate = nodes: each shard group is one node's ranks (the all-gather at the intra link alone), the
-    replicas one rank a node (every hop of their all-reduce crosses)."""
+    replicas one rank a node (every hop of their all-reduce crosses, through 1/per_node of the node's link)."""
     preset = dataclasses.replace(TWO_BY_TWO, devices_per_node=per_node, nodes=nodes)
     n = nodes * per_node
     traffic = FSDP2.traffic({"replicate": nodes, "reshard_after_forward": False})
     gather, _, all_reduce = (comm_time(dataclasses.replace(traffic, collectives=(c,)), TRACE, n, preset, 0.0)[0]
                              for c in traffic.collectives)
     assert gather == pytest.approx(collective_seconds("all_gather", 100 * MIB, per_node, 1, INTRA, INTER))
-    assert all_reduce == pytest.approx(2 * (nodes - 1) * 10e-6 + 2 * (nodes - 1) / nodes * 100 * MIB / per_node / 10e9)
+    assert all_reduce == pytest.approx(2 * (nodes - 1) * 10e-6
+                                       + 2 * (nodes - 1) / nodes * 100 * MIB / per_node / (10e9 / per_node))
 
 
 def test_the_planner_divides_memory_and_the_optimizer_step_by_the_shard_group():

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.prediction.links import Link, bus_factor, collective_seconds, fit_link, fit_links, hops
+from harness.prediction.links import (
+    Link,
+    bus_factor,
+    collective_seconds,
+    fit_link,
+    fit_links,
+    hops,
+    node_share,
+)
 
 NVLINK = Link(latency_us=2.0, bandwidth_gbps=100.0)
 
@@ -44,6 +52,23 @@ def test_with_one_rank_a_node_every_hop_crosses_and_no_more():
     ib = Link(latency_us=5.0, bandwidth_gbps=40.0)
     assert collective_seconds("all_reduce", 1.6e9, 1, 4, NVLINK, ib) == pytest.approx(6 * 5e-6 + 2 * 3 / 4 * 1.6e9 / 40e9)
     assert collective_seconds("all_gather", 1.6e9, 1, 4, NVLINK, ib) == pytest.approx(3 * 5e-6 + 3 / 4 * 1.6e9 / 40e9)
+
+
+def test_a_group_with_one_rank_a_node_crosses_through_its_share_of_the_nodes_link():
+    """FSDP x TP 8 on 16 nodes of 8: each data-parallel group holds one rank a node, and the node's 360 GB/s is
+    its 8 NICs', one a device: a group gets 45 GB/s while the other 7 groups use the rest. 101 GB of bf16
+    parameters gathered over 16 ranks: 15 hops, all crossing, at 5 us, and 15/16 of it at 45 GB/s = 2.1 s (at the
+    node's whole 360 GB/s, eight times faster: 0.26 s)."""
+    ib = Link(latency_us=5.0, bandwidth_gbps=360.0)
+    nvswitch = Link(latency_us=2.0, bandwidth_gbps=360.0)
+    seconds = collective_seconds("all_gather", 101e9, 1, 16, nvswitch, ib, node_devices=8)
+    assert seconds == pytest.approx(15 * 5e-6 + 15 / 16 * 101e9 / 45e9)
+    # a group that fills its nodes moves the whole link; one inside a node is not touched by it
+    assert collective_seconds("all_gather", 101e9, 8, 16, nvswitch, ib, node_devices=8) == pytest.approx(
+        collective_seconds("all_gather", 101e9, 8, 16, nvswitch, ib))
+    assert collective_seconds("all_gather", 1e9, 4, 1, nvswitch, ib, node_devices=8) == pytest.approx(
+        collective_seconds("all_gather", 1e9, 4, 1, nvswitch, ib))
+    assert node_share(ib, 2, 8) == Link(5.0, 90.0) and node_share(ib, 16, 8) == ib
 
 
 def test_a_per_op_link_replaces_the_preset_link_inside_a_node():

@@ -177,6 +177,7 @@ def test_bad_input_is_refused_before_anything_starts(case, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("refusals")  # one worker starts them (each worker would start them all)
 @pytest.mark.parametrize("case", THROUGH_THE_REAL_CLI)
 def test_bad_input_leaves_nothing_behind(refusals, case):
     proc, out_dir = refusals[case]
@@ -283,6 +284,7 @@ def fault_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("faults")  # one worker starts the three runs (each worker would start them all)
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_injected_fault_ends_the_run_and_keeps_what_was_measured(fault_runs, kind):
     proc, r, run_dir, exited_at = fault_runs[kind]

@@ -198,13 +198,14 @@ def test_the_planner_prices_tp_all_reduces_per_block_on_their_group_and_fsdp_acr
     calls of 128 MiB over both nodes, each 6 hops (4 of them crossing: 2 x 2 us + 4 x 10 us) plus 2(n-1)/n = 3/2 x
     128 MiB at the slower 10 GB/s. FSDP x TP on 2 x 2: the TP group is a node's 2 ranks (2 hops at 2 us, bus factor 1
     at 100 GB/s); FSDP's all-gather of each rank's TP half of the 100 MiB of parameters (50 MiB) and its
-    reduce-scatter run across the nodes, one rank of each (1 hop at 10 us, bus factor 1/2, 10 GB/s)."""
+    reduce-scatter run across the nodes, one rank of each (1 hop at 10 us, bus factor 1/2, through its half of the
+    node's 10 GB/s: the other data-parallel group crosses at the same time, links.node_share)."""
     world_call = 2 * 2e-6 + 4 * 10e-6 + 1.5 * 128 * MIB / 10e9
     assert world_call == pytest.approx(collective_seconds("all_reduce", 128 * MIB, 2, 2, INTRA, INTER))
     total, exposed = comm_time(TensorParallel.traffic({}), TRACE, 4, TWO_BY_TWO, compute=1.0, activations=BLOCK)
     assert total == exposed == pytest.approx(16 * world_call)
     node_call = 2 * 2e-6 + 128 * MIB / 100e9
-    dp_call = 10e-6 + 0.5 * 50 * MIB / 10e9
+    dp_call = 10e-6 + 0.5 * 50 * MIB / 5e9
     both = FSDP2.traffic({"tp": 2, "reshard_after_forward": False})
     total, exposed = comm_time(both, TRACE, 4, TWO_BY_TWO, compute=0.0, activations=BLOCK)
     assert total == exposed == pytest.approx(16 * node_call + 2 * dp_call)

@@ -38,17 +38,21 @@ def hops(op: str, n: int) -> int:
 
 
 def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes: int, intra: Link,
-                       inter: Link, per_op: Mapping[str, Link] | None = None, dtype: str = "float32") -> float:
+                       inter: Link, per_op: Mapping[str, Link] | None = None, dtype: str = "float32",
+                       node_devices: int = 0) -> float:
     """One collective over devices_per_node x nodes ranks (0 for one rank). `per_op`: a link fitted to each op
     apart, and for half types to each op and dtype (`all_reduce:bfloat16`; this machine's: gloo's algorithms
     differ from op to op, and it reduces half types far slower than float32), used in place of `intra` inside a
-    node."""
+    node. `node_devices`: the devices a node has, where the group holds fewer of them (0: it fills its nodes);
+    see `node_share`."""
     n = devices_per_node * nodes
     if n <= 1 or size_bytes <= 0:
         return 0.0
     if per_op and nodes == 1:
         keys = [f"{op}:bfloat16", op] if dtype in ("bfloat16", "float16") else [op]  # float16 as the other half type
         intra = next((per_op[k] for k in keys if k in per_op), intra)
+    if node_devices:
+        inter = node_share(inter, devices_per_node, node_devices)
     bandwidth = intra.bandwidth_gbps if nodes == 1 else min(intra.bandwidth_gbps, inter.bandwidth_gbps)
     total_hops = hops(op, n)
     passes = total_hops // (n - 1)  # all_reduce: two passes round the ring (reduce-scatter, all-gather)
@@ -56,6 +60,17 @@ def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes:
     crossing = 0 if nodes == 1 else min(total_hops, passes * nodes)
     latency = (total_hops - crossing) * intra.latency_us + crossing * inter.latency_us
     return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB)
+
+
+def node_share(inter: Link, group_ranks: int, node_devices: int) -> Link:
+    """The inter-node link of a group with `group_ranks` of a node's `node_devices` devices. A preset's `inter` is
+    the node's: one NIC a device (a rail each), NCCL's rings crossing through all of them at once. Groups that each
+    hold fewer of a node's ranks and cross nodes together (FSDP x TP's data-parallel groups and HSDP's replicas: one
+    rank a node each) split it: each crosses through its share, as many NICs as it has ranks there, the other
+    groups using the rest at the same time; over one port a node (an Ethernet-joined cluster) they split the port
+    the same way."""
+    share = min(1.0, group_ranks / node_devices) if node_devices > 0 else 1.0
+    return Link(inter.latency_us, inter.bandwidth_gbps * share)
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,9 @@ def boundary_bytes(cfg: RunConfig, amp_level: str, amp_dtype: str, microbatch: i
 
 def point_to_point_seconds(size: float, preset: Preset, ranks: int) -> float:
     """One send of `size` bytes to the next rank: one hop (the broadcast's between two ranks), between nodes where
-    the pipeline spans them (its slowest boundary)."""
+    the pipeline spans them (its slowest boundary). One send a boundary, nothing else of the node crossing at once:
+    it is given the node's link (over one Ethernet port, all of it; with a NIC a GPU it would get one NIC's, which
+    the presets do not tell apart: links.node_share splits the link among groups that cross together)."""
     nodes = 1 if ranks <= preset.devices_per_node else 2
     return collective_seconds("broadcast", size, 2 if nodes == 1 else 1, nodes, preset.intra, preset.inter,
                               preset.per_op)

@@ -590,7 +590,8 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     collective runs over its group (`Collective.group`): the world; or with HSDP's replicas (`Traffic.replicate`)
     one shard group, world/replicate consecutive ranks (rank i on node i // devices_per_node, as the planner labels
     devices), or the replicate group, one rank of each shard group (across nodes once shard groups fill them),
-    which exchanges 1/shard of the payload: the shard its group reduced. Tensor parallelism (`Traffic.tensor_parallel`
+    which exchanges 1/shard of the payload: the shard its group reduced; a group with fewer ranks a node than the
+    node has devices crosses nodes through its share of the node's link (links.node_share). Tensor parallelism (`Traffic.tensor_parallel`
     > 1): `tp` is a group of that many consecutive ranks, `dp` one rank of each, exchanging its TP slice of the
     parameters (1/tp of the payload); an `activations` collective is `count` calls a block of `activations`' size."""
     if n <= 1 or not traffic.collectives:
@@ -618,7 +619,8 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
             tp_calls, tp_dtype = activation_calls(collective, activations)
             group_per_node, group_nodes = layout(collective.group)
             seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
-                                             preset.per_op, tp_dtype) for c in tp_calls) * micro_batches
+                                             preset.per_op, tp_dtype, preset.devices_per_node)
+                          for c in tp_calls) * micro_batches
             total += seconds
             exposed += seconds
             continue
@@ -639,7 +641,7 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
                                      trace.param_dtype if collective.payload in ("params", "stored_params") else
                                      trace.grad_dtype)
         seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
-                                         preset.per_op, dtype) for c in calls if c > 0)
+                                         preset.per_op, dtype, preset.devices_per_node) for c in calls if c > 0)
         seconds *= micro_batches if collective.every == "micro_batch" else 1
         pieces = len(calls) if unit_calls or collective.calls == "per_param" else max(1, math.ceil(size / (25 * MIB)))
         last = seconds / pieces  # the last bucket (or the first unit, each micro-batch's) waits for its pass
