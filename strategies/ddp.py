@@ -84,11 +84,11 @@ class TorchDDP(GradientSyncControl, ProcessGroupStrategy):
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
         """Buckets all-reduced as backward fills them (overlapped); the buckets are a second copy of the
         gradients unless gradient_as_bucket_view; a compression hook adds a half copy of one bucket. Without a
-        hook, one bucket's all-reduce result is held apart from the bucket while it is written back: measured
-        on gloo with harness.core.tensor_peak.TensorPeak around two iterations of DDP(TinyCNN(10, norm="none"))
-        on 2 ranks, 10 fresh models per rank, the peak held one bucket more (+6,248 B: its 1,562 gradients) in 4
-        of 20 rank-trials, with or without gradient_as_bucket_view (2-core Xeon, torch 2.14.1); a run's peak is
-        its iterations' largest, so it is counted."""
+        hook the all-reduce works on the bucket itself: no bucket more. (One was counted while the CPU probe
+        kept blocks that gloo's threads free unseen: a bucket's all-reduce result, held in 4 of 20 rank-trials
+        of DDP(TinyCNN) on 2 ranks. Since the probe counts such a block freed once its address is handed out
+        again, resnet18's DDP and ZeRO runs measure 25 MiB, one bucket, below a prediction that kept it:
+        benchmark 13, 2026-12-06.)"""
         o = cls.options_of(options)
         hook = o["comm_hook"]
         sent = Collective("all_reduce", "powersgd", "backward", powersgd_rank=o["powersgd_rank"]) \
@@ -96,8 +96,6 @@ class TorchDDP(GradientSyncControl, ProcessGroupStrategy):
         buffers = () if o["gradient_as_bucket_view"] else (Buffer("grads"),)
         if hook in HOOK_DTYPE:
             buffers += (Buffer("bucket", dtype=HOOK_DTYPE[hook], bucket_cap_mb=o["bucket_cap_mb"]),)
-        elif hook == "none":
-            buffers += (Buffer("bucket", bucket_cap_mb=o["bucket_cap_mb"]),)
         return Traffic((sent,), buffers)
 
     def wrap(self, model: nn.Module) -> nn.Module:
