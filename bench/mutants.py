@@ -226,6 +226,14 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
     ("plan: all-reduce bus bytes halved", "harness/prediction/links.py",
      "return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB)",
      "return latency * 1e-6 + bus_factor(op, n) * size_bytes / (2 * bandwidth * GB)"),
+    ("plan: a group with one rank a node crosses at the node's whole link", "harness/prediction/links.py",
+     "share = min(1.0, group_ranks / node_devices) if node_devices > 0 else 1.0", "share = 1.0",
+     ("tests/test_tp.py", "tests/test_hsdp.py")),
+    ("DDP: one bucket more held beside the buckets", "strategies/ddp.py",
+     "            buffers += (Buffer(\"bucket\", dtype=HOOK_DTYPE[hook], bucket_cap_mb=o[\"bucket_cap_mb\"]),)\n        return",
+     "            buffers += (Buffer(\"bucket\", dtype=HOOK_DTYPE[hook], bucket_cap_mb=o[\"bucket_cap_mb\"]),)\n"
+     "        else:\n            buffers += (Buffer(\"bucket\", bucket_cap_mb=o[\"bucket_cap_mb\"]),)\n        return",
+     ("tests/test_prediction_predict.py",)),
     # the search
     ("search cost per run over the space, not the runs", "harness/search/answer.py",
      "per_run = took / record.runs", "per_run = took / record.space"),
