@@ -29,9 +29,9 @@ LINK_DTYPES = ("float32", "bfloat16")
 
 
 def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
-    """This machine's link: the collectives benchmark over `nprocs` workers (`repeats` calls a size, plan.link_repeats), fitted (harness.prediction.links) to
-    each size's mean call, not its median: a step pays every call it makes, and gloo's calls here are bimodal
-    (a 512 KiB all-reduce between two ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in
+    """This machine's link: the collectives benchmark over `nprocs` workers, `repeats` calls a size
+    (plan.link_repeats), fitted (harness.prediction.links) to each size's mean call, not its median: a step pays
+    every call it makes, and gloo's calls here are bimodal (a 512 KiB all-reduce between two ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in
     the next, the mean 1.4-2.3 ms in both); fitted to medians, every two-process case of benchmark 15 was predicted
     12-50 % fast, the more so the more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends)."""
     import tempfile

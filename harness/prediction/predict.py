@@ -591,8 +591,8 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     one shard group, world/replicate consecutive ranks (rank i on node i // devices_per_node, as the planner labels
     devices), or the replicate group, one rank of each shard group (across nodes once shard groups fill them),
     which exchanges 1/shard of the payload: the shard its group reduced; a group with fewer ranks a node than the
-    node has devices crosses nodes through its share of the node's link (links.node_share). Tensor parallelism (`Traffic.tensor_parallel`
-    > 1): `tp` is a group of that many consecutive ranks, `dp` one rank of each, exchanging its TP slice of the
+    node has devices crosses nodes through its share of the node's link (links.node_share). Tensor parallelism
+    (`Traffic.tensor_parallel` > 1): `tp` is a group of that many consecutive ranks, `dp` one rank of each, exchanging its TP slice of the
     parameters (1/tp of the payload); an `activations` collective is `count` calls a block of `activations`' size."""
     if n <= 1 or not traffic.collectives:
         return 0.0, 0.0
