@@ -164,7 +164,17 @@ def test_the_ddp_run_predicts_each_rank(shared_sweep):
     memory = results["prediction"]["memory"]
     assert [m["device"] for m in memory] == ["cpu:0", "cpu:1"] and memory[0]["comm_buffers_mib"] > 0
     assert all(r["tensor_peak_mib"] > 0 for r in results["ranks"])
-    assert abs(results["prediction_error"]["peak_mib"]) < 0.10
+    # The CPU probe is an upper bound (harness/core/tensor_peak.py): a block gloo's threads free goes unseen
+    # unless its address is handed out again. On this 0.1 MiB peak the parameters' size (1562 floats, 6 KiB) is
+    # 6 %, and such blocks (DDP's broadcast at construction, a bucket's all-reduce result) were measured above the
+    # prediction once or twice from run to run (0.1057 or 0.1117 MiB against 0.0999): two are allowed above it,
+    # beside 10 % either way (the global batch on each rank would be 60 % over; a bucket left out, 6 % under, is
+    # tests/test_prediction_predict.py's to catch).
+    error = results["prediction_error"]
+    measured = error["measured_peak_mib"]
+    predicted = measured * (1 - error["peak_mib"])  # unrounded (the per-rank rows are rounded to 0.01 MiB)
+    unseen = 2 * 1562 * 4 / 2**20
+    assert 0.9 * predicted < measured < 1.1 * predicted + unseen, (measured, predicted)
 
 
 __all__ = ["TINY"]
