@@ -33,8 +33,8 @@ def readme_commands(tool: str, files: list[Path] | None = None) -> list[list[str
     for path in documents() if files is None else files:
         for line in path.read_text().splitlines():
             match = COMMAND.match(line)
-            if match and match.group(1) == tool:
-                found.append(shlex.split(match.group(2), comments=True))
+            if match and match.group(1) == tool and (args := shlex.split(match.group(2), comments=True)) not in found:
+                found.append(args)  # a command documented in two places is checked once
     return found
 
 
