@@ -551,6 +551,42 @@ def check_ctrl_c_in_the_terminal(run: LiveRun, sweep: Path) -> None:
 CTRL_C_SWEEP = ("-m", "strategy=single,ddp", *TINY, ONE_ROUND, "iterations=100000", "log_every=20", "plan.predict=true")
 
 
+# A module whose body is interrupted, and which, like a C++ initialiser that an exception crosses (std::terminate,
+# as torch's did in CI: Ctrl-C 1 s into a sweep, during `import torch`, exit -6), aborts if one reaches it.
+ABORTS_IF_AN_EXCEPTION_CROSSES = """
+import os, signal, time
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(10)
+except BaseException:
+    os.abort()
+"""
+OUTSIDE_AN_IMPORT = """
+import os, signal, time
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(10)
+finally:
+    print("cleaned up")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["import", "outside"])
+def test_ctrl_c_inside_an_import_ends_at_once_and_elsewhere_unwinds(tmp_path, where):
+    """Inside an import the interrupt ends the process where it stands (one line, exit 130), raising nothing
+    through what called the import; elsewhere it is raised, so that `finally` blocks still clean up."""
+    (tmp_path / "initialises.py").write_text(ABORTS_IF_AN_EXCEPTION_CROSSES)
+    body = "import initialises" if where == "import" else OUTSIDE_AN_IMPORT.strip().replace("\n", "\n    ")
+    program = ("from harness.core.stops import INTERRUPTED_BEFORE_RUNS, interrupt_ends_quietly\n"
+               f"with interrupt_ends_quietly(INTERRUPTED_BEFORE_RUNS):\n    {body}\n    print('went on')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_INTERRUPTED, (done.returncode, done.stderr)
+    assert done.stderr.splitlines() == ["warning: interrupted before the first run started: nothing was run"]
+    assert done.stdout.splitlines() == ([] if where == "import" else ["cleaned up"])
+
+
 @pytest.mark.slow
 # 1 s lands in the imports; 3 and 8 s land in the phases the next test stops at by name (under -m bench)
 @pytest.mark.parametrize("after_s", [1, *(pytest.param(s, marks=pytest.mark.bench) for s in (3, 8))])

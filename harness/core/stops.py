@@ -71,14 +71,23 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     in one line and exit 130, not a traceback of wherever Python happened to be. A run stopped mid-way says
     so itself and exits 130 on its own (harness.cli.task), its results written; a second Ctrl-C while this
     process exits ends it at once, quietly too."""
+    from harness.core.errors import EXIT_INTERRUPTED  # here, not in the handler: it may land inside an import
+    from harness.core.logs import refusals
+
     received: list[int] = []
+    said_to = refusals()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
+        if importing(frame):  # raised here, it could cross a C extension's initialisation: torch's abort()s
+            end_descendants()
+            said_to.warning("%s", said)
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         raise KeyboardInterrupt
 
-    # Python's own handler, noting that it fired: a Ctrl-C that lands inside a C extension's import (numpy's)
-    # can surface as that import's ImportError instead of a KeyboardInterrupt. A handler set by what runs inside
+    # Python's own handler, noting that it fired (an interrupt that surfaces as some other exception is still
+    # one), and ending the process at once inside an import. A handler set by what runs inside
     # (a run's stop signals) replaces this one while it runs.
     mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     previous = signal.signal(signal.SIGINT, interrupt) if mine else None
@@ -93,6 +102,18 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     finally:
         if mine and signal.getsignal(signal.SIGINT) is interrupt:
             signal.signal(signal.SIGINT, previous)
+
+
+def importing(frame: FrameType | None) -> bool:
+    """Python is executing a module's body (an import, at whatever depth). A KeyboardInterrupt raised there
+    passes through whatever called that import, C++ included: torch's initialisation, meeting one, ends the
+    process with SIGABRT (exit -6 instead of 130, seen in CI during `import torch`). Ending the process at once
+    loses nothing an import could have started: a module's body writes no results."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _end_interrupted(said: str) -> None:
