@@ -29,6 +29,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 
 class RoundsSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:  # noqa: UP006
+        from harness.core.stops import ctrl_c_lost
         from harness.launch.checked import sweep_settings
         from harness.search import shortlist
         from harness.verdict.rounds import combination_names, run_rounds
@@ -46,6 +47,8 @@ class RoundsSweeper(BasicSweeper):
         def launch(jobs: List[List[str]], first: int) -> List[Any]:  # noqa: UP006, UP045
             values: List[Any] = []  # noqa: UP006, UP045
             for start in range(0, len(jobs), size or len(jobs)):
+                if ctrl_c_lost():  # no further job starts (run.py says so in one line)
+                    raise KeyboardInterrupt
                 chunk = jobs[start:start + (size or len(jobs))]
                 done = self.launcher.launch(chunk, initial_job_idx=first + start)
                 returns.append(done)

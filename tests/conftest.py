@@ -615,5 +615,9 @@ def note_process_start(what: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`.ci/run &` in a script) with Ctrl-C ignored, and every process below
+    # inherits that: the tests that press Ctrl-C at a run would wait for a run that never sees it. As a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not config.pluginmanager.is_registered(WATCH):
         config.pluginmanager.register(WATCH, "process-watch")

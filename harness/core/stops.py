@@ -74,8 +74,10 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     from harness.core.errors import EXIT_INTERRUPTED  # here, not in the handler: it may land inside an import
     from harness.core.logs import refusals
 
+    global _ctrl_c_seen
     received: list[int] = []
     said_to = refusals()
+    outer, _ctrl_c_seen = _ctrl_c_seen, received
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
@@ -86,13 +88,20 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
             os._exit(EXIT_INTERRUPTED)
         raise KeyboardInterrupt
 
+    def dropped(unraisable: Any) -> None:
+        if not (received and unraisable.exc_type is KeyboardInterrupt):
+            previous_hook(unraisable)  # "Exception ignored in ...": a traceback, unless it is a taken Ctrl-C
+
     # Python's own handler, noting that it fired (an interrupt that surfaces as some other exception is still
     # one), and ending the process at once inside an import. A handler set by what runs inside
     # (a run's stop signals) replaces this one while it runs.
     mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     previous = signal.signal(signal.SIGINT, interrupt) if mine else None
+    previous_hook, sys.unraisablehook = sys.unraisablehook, dropped
     try:
         yield
+        if received:  # raised where Python drops exceptions (ctrl_c_lost): the block ended anyway
+            _end_interrupted(said)
     except Exception:
         if not received:
             raise
@@ -100,8 +109,23 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     except KeyboardInterrupt:
         _end_interrupted(said)
     finally:
+        _ctrl_c_seen = outer
+        if sys.unraisablehook is dropped:
+            sys.unraisablehook = previous_hook
         if mine and signal.getsignal(signal.SIGINT) is interrupt:
             signal.signal(signal.SIGINT, previous)
+
+
+_ctrl_c_seen: list[int] = []  # the Ctrl-Cs the innermost interrupt_ends_quietly block's handler has taken
+
+
+def ctrl_c_lost() -> bool:
+    """A Ctrl-C was taken and yet a run is about to start: its KeyboardInterrupt was raised where Python drops
+    exceptions ("Exception ignored in ..."): a weakref callback, a __del__, run by the garbage collector at any
+    bytecode. Seen in a sweep: a Ctrl-C as one job ended was lost that way, and the next job ran to its end.
+    Asked where a job or a run starts, which then stops instead (a Ctrl-C that was heard ends the process
+    before any starts)."""
+    return bool(_ctrl_c_seen)
 
 
 def importing(frame: FrameType | None) -> bool:

@@ -44,7 +44,15 @@ from harness.core.results import (
     record_of,
     write_results,
 )
-from harness.core.stops import STOP_SIGNALS, Interrupted, StopRequest, caused_by, last_line, stopped_by
+from harness.core.stops import (
+    STOP_SIGNALS,
+    Interrupted,
+    StopRequest,
+    caused_by,
+    ctrl_c_lost,
+    last_line,
+    stopped_by,
+)
 from harness.core.timing import Window, data_wait_share, merge_ranks, steady_throughput
 from harness.launch.activity import activity_section, steady_spans
 from harness.launch.launcher import WorkerFailure, launch_workers
@@ -436,6 +444,8 @@ def _signals_as_interrupt() -> Iterator[None]:
         return
     try:
         _held.check()
+        if ctrl_c_lost():
+            raise Interrupted(stopped_by("SIGINT"))
         yield
         if fired:  # raised where something swallowed it (a library's logging): the run was still stopped
             raise Interrupted(stopped_by(fired[0]))
