@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.core.config import RunConfig
 from harness.core.results import PlanRow, PredictionRecord
-from harness.prediction.hardware import LOCAL, load_preset
+from harness.prediction.hardware import LINK_STATISTIC, LOCAL, load_preset
 from harness.prediction.links import Link, fit_links
 from harness.prediction.targets import local_target
 
@@ -26,14 +26,16 @@ PLAN_DIR = Path("runs") / "plan"
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 LINK_SIZES = ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB"]
 LINK_DTYPES = ("float32", "bfloat16")
+CALL_COLUMN = {"mean": "time_us_mean", "median": "time_us"}  # the collectives table's column for each statistic
 
 
 def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
     """This machine's link: the collectives benchmark over `nprocs` workers, `repeats` calls a size
-    (plan.link_repeats), fitted (harness.prediction.links) to each size's mean call, not its median: a step pays
-    every call it makes, and gloo's calls here are bimodal (a 512 KiB all-reduce between two ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in
-    the next, the mean 1.4-2.3 ms in both); fitted to medians, every two-process case of benchmark 15 was predicted
-    12-50 % fast, the more so the more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends)."""
+    (plan.link_repeats), fitted (harness.prediction.links) to each size's mean call (LINK_STATISTIC), not its
+    median: a step pays every call it makes, and gloo's calls here are bimodal (a 512 KiB all-reduce between two
+    ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in the next, the mean 1.4-2.3 ms in
+    both); fitted to medians, every two-process case of benchmark 15 was predicted 12-50 % fast, the more so the
+    more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends)."""
     import tempfile
 
     from harness.collectives import run_benchmark
@@ -52,7 +54,8 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
                                                          "repeats": repeats, "dtype": dtype}}, Path(folder))
             if results["status"] != "ok":
                 raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
-            samples = [(row["op"], row["size_bytes"], row["time_us_mean"] * 1e-6) for row in results["rows"]]
+            column = CALL_COLUMN[LINK_STATISTIC]  # the statistic the cache records, so changing it measures again
+            samples = [(row["op"], row["size_bytes"], row[column] * 1e-6) for row in results["rows"]]
             fit, each = fit_links(samples, results["world_size"])
             pooled = pooled or fit
             for op, one in each.items():
