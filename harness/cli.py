@@ -434,12 +434,13 @@ def task(cfg: DictConfig) -> RunRecord | None:
                                    known.config if known is not None else None)
         _remove_if_empty_run(run_dir)
         refuse(error)
-    except KeyboardInterrupt:
-        log.warning("interrupted: partial results written with status 'interrupted'")
+    except KeyboardInterrupt as stop:  # execute's names the run it stopped; a bare one came after the run ended
+        from harness.core.stops import INTERRUPTED_BETWEEN_RUNS, end_descendants
+
+        log.warning("%s", "interrupted: partial results written with status 'interrupted'" if str(stop)
+                    else INTERRUPTED_BETWEEN_RUNS)
         if in_sweep and job_of_its_own():  # the signal ended this job, not the sweep: a row like any other
             return None
-        from harness.core.stops import end_descendants
-
         end_descendants()  # the ranks are stopped: the fork server, and a rank it was still starting
         if in_sweep:  # the sweep stops here and Hydra skips on_multirun_end: report what finished now
             from harness.report.callbacks import report_sweep

@@ -542,8 +542,10 @@ def check_ctrl_c_in_the_terminal(run: LiveRun, sweep: Path) -> None:
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, run.describe()
     said = [line for line in run.stderr.splitlines() if line.startswith("warning: interrupted")]
     assert said and all(len(line) < 120 for line in said), run.describe()
-    for path in sweep.glob("*/results.json"):
-        assert json.loads(path.read_text())["status"] in ("ok", "interrupted"), path
+    statuses = [json.loads(path.read_text())["status"] for path in sweep.glob("*/results.json")]
+    assert set(statuses) <= {"ok", "interrupted"}, statuses
+    # the line saying a run's results are partial comes with that run's results, and only then
+    assert ("partial results written" in out) == ("interrupted" in statuses), (statuses, run.describe())
     assert not run.survivors(grace=10), run.survivors()
 
 
