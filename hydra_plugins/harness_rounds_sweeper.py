@@ -74,8 +74,15 @@ class RoundsSweeper(BasicSweeper):
                 search.rounds, search.runs, search.ended_by = outcome.rounds, outcome.runs, outcome.ended_by
                 search.write(sweep_dir)
 
-        run_rounds(combinations, launch, settings.repeat, budget_s, str(template), names.__getitem__,
-                   margin=settings.verdict.margin, progress=progress)
+        try:
+            run_rounds(combinations, launch, settings.repeat, budget_s, str(template), names.__getitem__,
+                       margin=settings.verdict.margin, progress=progress)
+        except KeyboardInterrupt:  # between jobs (a job stopped mid-run reports itself): report what finished
+            if next(sweep_dir.rglob("results.json"), None) is not None:
+                from harness.report.callbacks import report_sweep
+
+                report_sweep(sweep_dir, OmegaConf.select(self.config, "report.baseline"))
+            raise
         if search is not None:
             search.ended_at = time.time()
             search.write(sweep_dir)

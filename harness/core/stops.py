@@ -71,21 +71,15 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
     in one line and exit 130, not a traceback of wherever Python happened to be. A run stopped mid-way says
     so itself and exits 130 on its own (harness.cli.task), its results written; a second Ctrl-C while this
     process exits ends it at once, quietly too."""
-    from harness.core.errors import EXIT_INTERRUPTED  # here, not in the handler: it may land inside an import
-    from harness.core.logs import refusals
-
     global _ctrl_c_seen
     received: list[int] = []
-    said_to = refusals()
     outer, _ctrl_c_seen = _ctrl_c_seen, received
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         if importing(frame):  # raised here, it could cross a C extension's initialisation: torch's abort()s
-            end_descendants()
-            said_to.warning("%s", said)
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
+            signal_after_imports()
+            return
         raise KeyboardInterrupt
 
     def dropped(unraisable: Any) -> None:
@@ -131,13 +125,36 @@ def ctrl_c_lost() -> bool:
 def importing(frame: FrameType | None) -> bool:
     """Python is executing a module's body (an import, at whatever depth). A KeyboardInterrupt raised there
     passes through whatever called that import, C++ included: torch's initialisation, meeting one, ends the
-    process with SIGABRT (exit -6 instead of 130, seen in CI during `import torch`). Ending the process at once
-    loses nothing an import could have started: a module's body writes no results."""
+    process with SIGABRT (exit -6 instead of 130, seen in CI during `import torch`)."""
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
+
+
+IMPORT_POLL_S = 0.01
+_after_imports = threading.Lock()  # held while a watcher waits: one at a time
+
+
+def signal_after_imports() -> None:
+    """SIGINT to the main thread again as soon as it has left every import (polled from a thread), where the
+    handler of that moment takes it as it would have: raised outside a run, a run's stop inside one. Ending the
+    process in the import instead would skip what an interrupt does next (a sweep's report of what finished)."""
+    if not _after_imports.acquire(blocking=False):
+        return  # a watcher already waits to send one
+
+    def watch() -> None:
+        try:
+            main = threading.main_thread()
+            while main.is_alive() and importing(sys._current_frames().get(main.ident or 0)):
+                time.sleep(IMPORT_POLL_S)
+        finally:
+            _after_imports.release()
+        if main.is_alive() and main.ident is not None:
+            signal.pthread_kill(main.ident, signal.SIGINT)  # to the main thread: a wait it is in returns early
+
+    threading.Thread(target=watch, name="ctrl-c-after-imports", daemon=True).start()
 
 
 def _end_interrupted(said: str) -> None:
