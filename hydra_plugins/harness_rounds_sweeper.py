@@ -81,7 +81,7 @@ class RoundsSweeper(BasicSweeper):
             if next(sweep_dir.rglob("results.json"), None) is not None:
                 from harness.report.callbacks import report_sweep
 
-                report_sweep(sweep_dir, OmegaConf.select(self.config, "report.baseline"))
+                report_sweep(sweep_dir, settings.report.baseline)
             raise
         if search is not None:
             search.ended_at = time.time()

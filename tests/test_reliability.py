@@ -664,7 +664,7 @@ def test_a_ctrl_c_surfacing_as_an_imports_error_is_still_the_interrupt(capsys):
 def test_a_ctrl_c_that_python_drops_still_stops_the_next_run():
     """A Ctrl-C as a sweep's first job ended landed in a weakref callback (the garbage collector's), where Python
     drops the KeyboardInterrupt with an "Exception ignored" traceback: the next job ran to its end and the sweep
-    never stopped (CI timed out waiting). Now: nothing printed, the next run stops before it starts, and the block
+    never stopped (the Ctrl-C test timed out waiting). Now: nothing printed, the next run stops before it starts, and the block
     ends with the one line and exit 130 whatever swallowed it."""
     import weakref
 

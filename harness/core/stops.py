@@ -87,8 +87,8 @@ def interrupt_ends_quietly(said: str) -> Iterator[None]:
             previous_hook(unraisable)  # "Exception ignored in ...": a traceback, unless it is a taken Ctrl-C
 
     # Python's own handler, noting that it fired (an interrupt that surfaces as some other exception is still
-    # one), and ending the process at once inside an import. A handler set by what runs inside
-    # (a run's stop signals) replaces this one while it runs.
+    # one), and sending it again after an import it lands in (signal_after_imports). A handler set by what runs
+    # inside (a run's stop signals) replaces this one while it runs.
     mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     previous = signal.signal(signal.SIGINT, interrupt) if mine else None
     previous_hook, sys.unraisablehook = sys.unraisablehook, dropped
@@ -118,7 +118,7 @@ def ctrl_c_lost() -> bool:
     exceptions ("Exception ignored in ..."): a weakref callback, a __del__, run by the garbage collector at any
     bytecode. Seen in a sweep: a Ctrl-C as one job ended was lost that way, and the next job ran to its end.
     Asked where a job or a run starts, which then stops instead (a Ctrl-C that was heard ends the process
-    before any starts)."""
+    before any starts; one held back by an import is sent again as the import ends, and stops it all the same)."""
     return bool(_ctrl_c_seen)
 
 
