@@ -114,14 +114,24 @@ def check_tp_model(cfg: RunConfig, degree: int, sequence_parallel: bool, key: st
 
 
 def tp_traffic(sequence_parallel: bool) -> tuple[Collective, ...]:
-    """Per block, every micro-batch: without sequence parallelism two all-reduces of its activations in forward
-    (after the attention, after the MLP) and two in backward (their inputs' gradients); with it, an all-gather
-    before and a reduce-scatter after each, both ways. None can hide: the next layer waits for them."""
+    """Per block, every micro-batch, as torch's DTensor issues them (counted by CommDebugMode in
+    tests/test_tp.py): without sequence parallelism two all-reduces of its activations in forward (after the
+    attention, after the MLP) and two in backward (their inputs' gradients); with it, in forward an all-gather before
+    each and a reduce-scatter after, in backward an all-gather of each output's gradient and an all-reduce of each
+    input's (DTensor reduces the partial gradient whole). None can hide: the next layer waits for them. A
+    checkpointed block's recomputation runs its forward's again up to the last one backward needs: the all-reduce
+    after the attention (not the MLP's, which ends the block); with sequence parallelism both all-gathers and the
+    attention's reduce-scatter."""
+    def forward(op: str, recomputed: int) -> Collective:
+        return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2,
+                          recomputed=recomputed)
+
+    def backward(op: str) -> Collective:
+        return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2)
+
     if not sequence_parallel:
-        return tuple(Collective("all_reduce", "activations", "none", group="tp", every="micro_batch",
-                                calls="per_block", count=2) for _ in ("forward", "backward"))
-    return tuple(Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2)
-                 for _ in ("forward", "backward") for op in ("all_gather", "reduce_scatter"))
+        return forward("all_reduce", 1), backward("all_reduce")
+    return forward("all_gather", 2), forward("reduce_scatter", 1), backward("all_gather"), backward("all_reduce")
 
 
 TP_AMP_RULES = (

@@ -45,10 +45,13 @@ class ZeroDDP(TorchDDP):
 
     @classmethod
     def traffic(cls, options: Mapping[str, Any]) -> Traffic:
-        """DDP's, then after the step every rank broadcasts its updated share: together an all-gather of the
-        parameters, waited for."""
+        """DDP's, then after the step every rank broadcasts its updated share, waited for: one broadcast per
+        parameter, each paying the latency (torch's ZeroRedundancyOptimizer._broadcast_params_from_rank: "sent
+        parameter-by-parameter" unless `parameters_as_bucket_view`, then one bucket a rank, here one call)."""
         ddp = super().traffic(options)
-        return Traffic(ddp.collectives + (Collective("all_gather", "stored_params", "none"),), ddp.buffers)
+        calls = "whole" if options.get("parameters_as_bucket_view") else "per_param"
+        return Traffic(ddp.collectives + (Collective("broadcast", "stored_params", "none", calls=calls),),
+                       ddp.buffers)
 
     def build_optimizer(self, params: Iterable[nn.Parameter], optimizer: OptimizerSpec) -> torch.optim.Optimizer:
         """The configured optimizer's class and keywords, inside ZeRO: each rank builds it over its share."""

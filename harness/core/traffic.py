@@ -19,7 +19,10 @@ parameter collectives run over `dp`, the ranks holding the same slice (`activati
 
 A pipeline (strategy=pp) sends point to point (`send_recv`): each stage boundary's `stage_activations` (one
 microbatch's, micro-batch x sequence x width) forward and their gradient backward, every microbatch;
-`Traffic.microbatches` and `stages_per_rank` give its schedule's idle share (`pipeline_bubble`)."""
+`Traffic.microbatches` and `stages_per_rank` give its schedule's idle share (`pipeline_bubble`).
+
+With activation checkpointing a block's forward runs again in backward, and with it the `recomputed` of its calls;
+a head split by vocabulary adds the reductions of torch's `loss_parallel` (the planner's, from the model's plan)."""
 
 from __future__ import annotations
 
@@ -48,10 +51,15 @@ class Collective:
     group: str = "world"  # shard | replicate: within one shard group, or across them (HSDP)
     every: str = "step"  # micro_batch: again for each micro-batch of gradient accumulation
     count: int = 1  # per_block: calls in each block (tensor parallel: 2, one after the attention, one after the MLP)
+    # per_block: of those, the calls a checkpointed block's recomputation runs again in backward (torch's checkpoint
+    # stops recomputing once it has every tensor backward saved, so the block's last reduction is not re-run)
+    recomputed: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 1 or (self.payload == "activations") != (self.calls == "per_block"):
             raise ValueError(f"activations are sent per block, at least once: {self}")
+        if not 0 <= self.recomputed <= (self.count if self.calls == "per_block" else 0):
+            raise ValueError(f"only a block's own calls are recomputed, at most `count` of them: {self}")
         if self.op not in OPS or self.payload not in PAYLOADS or self.overlap not in OVERLAPS or \
                 self.calls not in CALLS or self.group not in GROUPS or self.every not in EVERY:
             raise ValueError(f"not a collective the planner knows: {self}")

@@ -228,8 +228,16 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
             compute, notes = tensor_parallel_compute(compute, notes, tp)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
             optimizer /= traffic.sharded_over(n)
+        activations = block_activations(cfg, amp, micro) if tp > 1 else None
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
-                                  block_activations(cfg, amp, micro) if tp > 1 else None)
+                                  activations)
+        if activations is not None and (activations.vocab_parallel or traffic.sequence_parallel):
+            notes += ("tensor parallelism: outside the blocks, the head's and the embeddings' collectives every "
+                      "micro-batch" + (" (a head split by vocabulary: loss_parallel's 3 all-reduces of a float a "
+                                       "token)" if activations.vocab_parallel else ""),)
+        if activations is not None and traffic.sequence_parallel:
+            notes += ("sequence parallelism: the norms' whole weights have their gradients all-reduced once a step, "
+                      "one call a norm parameter: not counted",)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
@@ -613,6 +621,7 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     if preset.accelerator == "cpu":
         hidden_budget = {k: 0.0 for k in hidden_budget}
     total = exposed = 0.0
+    tp_group = ""  # the tensor-parallel collectives' group, where there are some
     unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
     for collective in traffic.collectives:
         if collective.payload == "activations":  # tensor parallelism: per block, on the critical path
@@ -623,6 +632,7 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
                           for c in tp_calls) * micro_batches
             total += seconds
             exposed += seconds
+            tp_group = collective.group
             continue
         size = _payload_bytes(collective, trace)
         if collective.group == "dp":  # FSDP x TP: each rank's TP slice of the parameters
@@ -650,6 +660,13 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
         hidden = covered * overlap
         total += seconds
         exposed += seconds - hidden
+    if tp_group and activations is not None:  # outside the blocks: on the critical path, as the blocks' are
+        group_per_node, group_nodes = layout(tp_group)
+        seconds = sum(collective_seconds(op, size, group_per_node, group_nodes, preset.intra, preset.inter,
+                                         preset.per_op, dtype, preset.devices_per_node)
+                      for op, size, dtype in outside_blocks_calls(activations, traffic.sequence_parallel))
+        total += seconds * micro_batches
+        exposed += seconds * micro_batches
     return total, exposed
 
 
@@ -673,6 +690,7 @@ def _describe(collective: Collective) -> str:
              "tp": ", within each tensor-parallel group", "dp": ", across the tensor-parallel groups"}[collective.group]
     every = ", every micro-batch" if collective.every == "micro_batch" else ""
     every += f", {collective.count} a block" if collective.calls == "per_block" else ""
+    every += f" and {collective.recomputed} more when checkpointed" if collective.recomputed else ""
     return f"{collective.op} of {collective.payload}{dtype} ({hidden}{group}{every})"
 
 
@@ -680,11 +698,35 @@ def _describe(collective: Collective) -> str:
 
 @dataclass(frozen=True)
 class BlockActivations:
-    """One transformer block's activations in one micro-batch, what a TP collective carries: bytes, and the blocks."""
+    """One transformer block's activations in one micro-batch, what a TP collective carries: bytes, and the blocks;
+    whether the blocks are checkpointed (their forward's collectives partly run again) and the head split by
+    vocabulary (loss_parallel's reductions), with the micro-batch's tokens those carry one float each."""
 
     bytes: float
     blocks: int
     dtype: str
+    recomputing: bool = False
+    vocab_parallel: bool = False
+    tokens: int = 0
+
+
+# torch's loss_parallel (torch/distributed/tensor/parallel/loss.py): in forward an all-reduce of each token's
+# largest logit and one of its sum of exponentials (`_log_softmax`), one of its target's logit (`_nll_loss_forward`),
+# one float32 a token each; its backward is local
+LOSS_PARALLEL_REDUCTIONS = 3
+
+
+def outside_blocks_calls(activations: BlockActivations, sequence_parallel: bool) -> list[tuple[str, float, str]]:
+    """What tensor parallelism sends each micro-batch outside the blocks, (op, bytes, dtype), as DTensor issues it
+    (counted by CommDebugMode in tests/test_tp.py): where the sequence is split, the final norm's output gathered for
+    the head and the embeddings' output gradient gathered in backward; a head split by vocabulary adds its input's
+    gradient's reduction (a reduce-scatter onto the sequence's shards, else an all-reduce) and loss_parallel's."""
+    size, dtype = activations.bytes, activations.dtype
+    calls = [("all_gather", size, dtype)] * 2 if sequence_parallel else []
+    if activations.vocab_parallel:
+        calls += [("reduce_scatter" if sequence_parallel else "all_reduce", size, dtype)]
+        calls += [("all_reduce", activations.tokens * 4.0, "float32")] * LOSS_PARALLEL_REDUCTIONS
+    return calls
 
 
 def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivations | None:
@@ -694,21 +736,29 @@ def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivati
     what to add)."""
     from hydra.utils import get_object
 
-    declared = getattr(get_object(str(cfg.model["_target_"])), "tp_activations", None)
+    model = get_object(str(cfg.model["_target_"]))
+    declared = getattr(model, "tp_activations", None)
     if not callable(declared):
         return None
     own, _ = split_model_options(cfg.model)
-    width, blocks = declared({k: v for k, v in own.items() if not k.startswith("_")})
+    options = {k: v for k, v in own.items() if not k.startswith("_")}
+    width, blocks = declared(options)
     dtype = "float32" if amp.level == "O0" else amp.dtype
     tokens = micro * (inputs_here(cfg).tokens_per_sample or 1)
-    return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype)
+    sizes = getattr(model, "tp_sizes", None)
+    return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype,
+                            recomputing=mode_of("model.checkpoint", cfg.model.get("checkpoint", "none")) != "none",
+                            vocab_parallel=callable(sizes) and "model.vocab_size" in sizes(options, False),
+                            tokens=int(tokens))
 
 
 def activation_calls(collective: Collective, activations: BlockActivations | None) -> tuple[list[float], str]:
-    """Each call's bytes (`count` a block, every block) and their dtype."""
+    """Each call's bytes (`count` a block, every block, and `recomputed` more where the blocks are checkpointed) and
+    their dtype."""
     if activations is None:
         raise NotPredictable("tensor parallelism: the model does not say its blocks' activations (tp_activations)")
-    return [activations.bytes] * (collective.count * activations.blocks), activations.dtype
+    per_block = collective.count + (collective.recomputed if activations.recomputing else 0)
+    return [activations.bytes] * (per_block * activations.blocks), activations.dtype
 
 
 def tensor_parallel_ranks(group: str, n: int, tp: int) -> range | None:
