@@ -177,14 +177,17 @@ def test_on_cpu_nothing_overlaps():
     assert exposed == total == pytest.approx(2 * 100e-6 + 100 * MIB / 1e9)
 
 
+# two CPU ranks whose link takes 100 us a hop and 1 GB/s
+TWO_RANKS_100US = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0,
+                   "memory_gbps": 10.0, "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+                   "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
+                   "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
+
+
 def test_the_hand_written_all_reduce_pays_the_latency_once_per_parameter():
     """strategy=allreduce without bucket: one call per parameter (2 here, 64x27 and 10x16 of 100 MiB's
     elements); with bucket=true one call. 2 ranks: each all-reduce takes 2 hops of 100 us."""
-    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
-               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
-               "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
-               "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
-    local = load_preset("local", machine=machine)
+    local = load_preset("local", machine=TWO_RANKS_100US)
     strategy_cls = get_class("strategies.allreduce.ManualAllReduce")
     per_param, _ = comm_time(strategy_cls.traffic({}), TRACE, 2, local, compute=1.0)
     bucketed, _ = comm_time(strategy_cls.traffic({"bucket": True}), TRACE, 2, local, compute=1.0)
@@ -199,11 +202,7 @@ def test_zero_broadcasts_each_parameter_from_its_owner_after_the_step():
     waited for; with parameters_as_bucket_view one call. The all-gather of all parameters in one call that the
     planner priced before (one latency, half the bytes) missed the latencies: model=gpt's 2-process step, 4 blocks
     of some 50 parameters, was measured 17-45 % slower than predicted (benchmark 15), within 7 % after."""
-    machine = {"accelerator": "cpu", "devices_per_node": 2, "nodes": 1, "device_memory_gib": 1.0, "memory_gbps": 10.0,
-               "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
-               "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
-               "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0}}
-    local = load_preset("local", machine=machine)
+    local = load_preset("local", machine=TWO_RANKS_100US)
     zero = get_class("strategies.zero.ZeroDDP")
     gradients = 2 * 100e-6 + 100 * MIB / 1e9
     per_param, exposed = comm_time(zero.traffic({}), TRACE, 2, local, compute=0.0)
