@@ -276,9 +276,10 @@ class PlanConfig:
     enforce: bool = option(True, "skip a run predicted not to fit its device memory (false: run it anyway)")
     predict: bool = from_env("HARNESS_PLAN_PREDICT", True, help="predict every run on this machine before it starts "
                              "(false: none, and nothing skipped)")
-    link_repeats: int = from_env("HARNESS_LINK_REPEATS", 20, help="calls per message size when this machine's link "
-                                 "is measured (once, then cached): enough for the mean of gloo's bimodal calls",
-                                 ge=1, allowed="an integer >= 1")
+    link_repeats: int = from_env("HARNESS_LINK_REPEATS", 100, help="calls per message size when this machine's link "
+                                 "is measured (once, then cached): enough for the mean of gloo's bimodal calls (20 "
+                                 "left each op's fitted latency 2-3x apart from one measurement to the next on a "
+                                 "2-core VM; 100 within 20 %)", ge=1, allowed="an integer >= 1")
     calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy", help="this machine's compute, "
                                         "measured through the strategy in a process group of one (a child process), "
                                         "or `model`: the bare model, in-process")
