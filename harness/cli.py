@@ -249,7 +249,9 @@ def forks_ranks_here(composed: Sequence[tuple[list[str], Composed]], decided: Ma
 def start_fork_server() -> None:
     """The fork server the calibration child and the runs fork from, started now with Ctrl-C ignored: it and what
     it forks leave a Ctrl-C at the terminal to this process (ranks install their own handlers, StopRequest), instead
-    of each printing a traceback of the import it was in."""
+    of each printing a traceback of the import it was in. Returns once it has imported what it preloads (it forks a
+    process that does nothing, which it does only then): a calibration timed in this process meanwhile shared the
+    cores with that import (a pipeline's, timed here, came out 10-25x slow, flagged busy: 0.8-0.9 cores)."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -258,6 +260,9 @@ def start_fork_server() -> None:
     if "forkserver" in multiprocessing.get_all_start_methods():
         with sigint_ignored():
             forkserver.ensure_running()
+        ready = multiprocessing.get_context("forkserver").Process(target=int, daemon=True)  # a Ctrl-C here is taken
+        ready.start()
+        ready.join()
 
 
 def quiet_kineto(gpu: bool) -> None:
