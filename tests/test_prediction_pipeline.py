@@ -149,6 +149,40 @@ def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowe
     assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB), 1 * (2 * 30 + 9)])
 
 
+def test_the_schedules_cost_is_measured_through_the_strategy_as_a_ratio_on_each_microbatch(monkeypatch):
+    """plan.calibration=strategy: the whole model (4 blocks) as one stage through strategy=pp in a process group of
+    one, its 4 microbatches of 4 sequences (a batch of 16) in 100 ms, against the bare whole model's 20 ms a
+    microbatch: through the schedule 100 / 4 / 20 = 1.25x; the slowest stage's 10 ms becomes 12.5 (not 15: a stage
+    runs its share of the model), and 1F1B on 2 ranks takes 4 microbatches over 1 - 1/5 of the step: 5 x 12.5 ms."""
+    monkeypatch.setattr(predict_module, "trace_step", lambda model_cfg, *a, **k: trace(model_cfg["layers"]))
+
+    class Cal:
+        def __init__(self, seconds: float) -> None:
+            self.forward_backward_s, self.optimizer_s = seconds, 0.002
+
+        def as_dict(self):
+            return {"busy": None}
+
+    through: list[tuple[int, int]] = []
+
+    def fake_strategy(cfg, placement, amp, micro, tensor_parallel=1, pipeline_batch=0):
+        through.append((micro, pipeline_batch))
+        return Cal(0.1)
+
+    monkeypatch.setattr(predict_module, "calibrate_fn_default",
+                        lambda cfg, amp, micro, threads: Cal(0.01 if cfg.model["layers"] == 2 else 0.02))
+    monkeypatch.setattr(predict_module, "calibrate_strategy_default", fake_strategy)
+    cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
+                     plan={"calibration": "strategy", "predict": False},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    measured = dataclasses.replace(load_preset("h100x8"), measured=True)
+    p = predict(cfg, decided.placement, decided.amp, get_class(cfg.strategy["_target_"]), Target(measured, 1))
+    assert through == [(4, 16)]
+    assert p.compute_s == pytest.approx(5 * 0.0125)
+    assert any("through the schedule: x1.25" in a for a in p.assumptions)
+
+
 def test_fsdp_by_pp_is_two_pipelines_each_stage_halved_and_gathered_whole(monkeypatch):
     """strategy=fsdp strategy.pp=2 on 4 ranks with a global batch of 32: two pipelines of 2 ranks, each on 16
     sequences in 4 microbatches of 4, so every trace and calibration is the one strategy=pp on 2 ranks with a batch

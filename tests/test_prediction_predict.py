@@ -325,6 +325,12 @@ def test_the_strategy_calibration_runs_the_strategy_in_a_child_and_ends_it():
     accumulated = dataclasses.replace(cfg, grad_accum=2)
     two = calibrate.calibrate_strategy(accumulated, decided.placement, decided.amp, micro_batch=2)
     assert two.forward_backward_s > 0 and two.micro_batch == 2
+    # a pipeline: the whole model as one stage, its batch of 8 in 4 microbatches through strategy=pp's schedule
+    gpt = {"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 2, "width": 32, "heads": 4, "seq_len": 16}
+    piped = run_config("pp", nprocs=2, batch_size=8, model=gpt, data={"name": "synthetic"})
+    placed = place_run(piped, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    through = calibrate.calibrate_strategy(piped, placed.placement, placed.amp, micro_batch=2, pipeline_batch=8)
+    assert through.forward_backward_s > 0 and through.steps >= calibrate.MIN_STEPS and through.micro_batch == 8
     workers = [psutil.Process(p.pid) for p in calibrate._pool._processes.values()]  # the pool's own child
     assert workers and all(w.pid != psutil.Process().pid for w in workers)
     calibrate.shutdown()

@@ -203,23 +203,27 @@ def child_context() -> Any:
 
 
 def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int,
-                       tensor_parallel: int = 1) -> Calibration:
+                       tensor_parallel: int = 1, pipeline_batch: int = 0) -> Calibration:
     """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
     one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
     and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.prediction.links.
     `tensor_parallel` > 1: one rank of a tensor-parallel group of that many, in a fake process group of that size
     (torch's FakeProcessGroup: every collective returns at once, its outputs as this rank's own), so that what is
     timed is one rank's slices of the weights and DTensor's dispatch around them, not the whole model.
+    `pipeline_batch` > 0 (strategy=pp): the process's batch, which a pipeline's ranks gather whole; the model, one
+    stage, runs its `micro_batch`-sized microbatches through the strategy's schedule (PipelineSchedule), so that what
+    the schedule's own work costs is in it.
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
-                              devices=placement.devices[:1], global_batch=placement.local_batch, nodes=1,
-                              batch_group=1) \
+                              devices=placement.devices[:1], global_batch=pipeline_batch or placement.local_batch,
+                              nodes=1, batch_group=1) \
         if placement.one_process_per_device else placement
     # what the step depends on, not the run's bookkeeping (its round, iterations, folders): a sweep's later rounds
     # read the first's calibration
     key = json.dumps([dict(cfg.strategy), dict(cfg.model), dict(cfg.optim), dataclasses.asdict(cfg.data), cfg.amp_plugin,
-                      cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch, tensor_parallel],
+                      cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch, tensor_parallel,
+                      pipeline_batch],
                      sort_keys=True, default=str)
     global _pool
     if key not in _CALIBRATED:
@@ -227,7 +231,7 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
             from concurrent.futures import ProcessPoolExecutor
 
             _pool = ProcessPoolExecutor(1, mp_context=child_context())
-        _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, micro_batch,
+        _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, pipeline_batch or micro_batch,
                                                                        tensor_parallel))).result()
     return _CALIBRATED[key]
 
@@ -258,7 +262,7 @@ def _strategy_child(key: bytes) -> Calibration:
 
     from amp import build_amp
     from strategies.base import RankEnv
-    from strategies.capabilities import no_sync_for
+    from strategies.capabilities import no_sync_for, pipeline_schedule_of
 
     cfg, placement, amp, micro_batch, tensor_parallel = pickle.loads(key)
     with socket.socket() as probe:
@@ -287,7 +291,12 @@ def _strategy_child(key: bytes) -> Calibration:
 
         def sync_skipped(last: bool) -> contextlib.AbstractContextManager[Any]:
             return contextlib.nullcontext() if last else no_sync_for(strategy, model)
+        pipelined = pipeline_schedule_of(model)
+
         def forward_backward() -> None:
+            if pipelined is not None:  # the schedule runs the microbatches' forwards and backwards itself
+                pipelined.forward_backward((images, labels), plugin)
+                return
             for k, (part, part_labels) in enumerate(parts):
                 last = k == len(parts) - 1
                 # a new context for each `with`: a generator's context manager is spent once entered (entering

@@ -339,6 +339,12 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
             calibration = {"compute": cal.as_dict(), **_local_band()}
             notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a model of its own, "
                       f"{microbatch} sequences a microbatch, {target.calibration_threads} thread(s)",)
+            if cfg.plan.calibration == "strategy" and not traffic.pipeline_ranks:
+                factor = schedule_factor(cfg, placement, amp, microbatch, m, target.calibration_threads)
+                per_micro *= factor
+                calibration["schedule_factor"] = factor
+                notes += (f"through the schedule: x{factor:.2f} a microbatch (the whole model as one stage through "
+                          "strategy=pp in a process group of one, over the bare model)",)
         else:
             per_micro, optimizer, calibration, more = gpu_compute_time(slowest, amp, preset, microbatch, n)
             notes += more
@@ -578,8 +584,21 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
 
 
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int,
-                               tensor_parallel: int = 1) -> Calibration:
-    return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel)
+                               tensor_parallel: int = 1, pipeline_batch: int = 0) -> Calibration:
+    return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel, pipeline_batch)
+
+
+def schedule_factor(cfg: RunConfig, placement: Placement, amp: AmpSpec, microbatch: int, microbatches: int,
+                    threads: int) -> float:
+    """This machine: how much slower a model's microbatches run through a pipeline's schedule than bare (the stage
+    is torch.export's graph of its part of the model, and the schedule keeps its chunks and their gradients): the
+    whole model as one stage through strategy=pp in a process group of one, `microbatches` of `microbatch`, over the
+    bare model's; at least 1. A ratio, not a time a microbatch: a stage runs its share of the model (on model=gpt,
+    4 blocks, microbatches of 4 sequences, 1.2-1.5x; added as a constant 6-8 ms a microbatch instead, a 2-rank
+    pipeline was predicted 22-30 % slow; left out, 28 % fast at O0, benchmark 15)."""
+    through = calibrate_strategy_default(cfg, placement, amp, microbatch, pipeline_batch=microbatch * microbatches)
+    bare = calibrate_fn_default(cfg, amp, microbatch, threads)
+    return max(1.0, through.forward_backward_s / microbatches / max(bare.forward_backward_s, 1e-12))
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
