@@ -122,16 +122,13 @@ def tp_traffic(sequence_parallel: bool) -> tuple[Collective, ...]:
     checkpointed block's recomputation runs its forward's again up to the last one backward needs: the all-reduce
     after the attention (not the MLP's, which ends the block); with sequence parallelism both all-gathers and the
     attention's reduce-scatter."""
-    def forward(op: str, recomputed: int) -> Collective:
+    def per_block(op: str, recomputed: int = 0) -> Collective:  # recomputed: a forward's, under checkpointing
         return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2,
                           recomputed=recomputed)
 
-    def backward(op: str) -> Collective:
-        return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2)
-
     if not sequence_parallel:
-        return forward("all_reduce", 1), backward("all_reduce")
-    return forward("all_gather", 2), forward("reduce_scatter", 1), backward("all_gather"), backward("all_reduce")
+        return per_block("all_reduce", 1), per_block("all_reduce")
+    return per_block("all_gather", 2), per_block("reduce_scatter", 1), per_block("all_gather"), per_block("all_reduce")
 
 
 TP_AMP_RULES = (

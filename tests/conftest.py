@@ -412,9 +412,9 @@ MACHINE_FIGURES = {  # what harness.prediction measures of this machine, fixed f
 def no_fork_server_in_quick_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test not marked to start processes runs the command line in this process at most (a precheck, a refused
     plan or search, a sweep whose launch is stubbed): the fork server cli would start for it is an interpreter
-    importing torch, seconds of CPU that such a test never uses (multiprocessing spawns it by its own helper, which
-    ProcessWatch does not see; the process cli then forks from it to know it is ready, it does), so it is not
-    started there. A marked test, and every run.py in a subprocess, starts it as a user's command does."""
+    importing torch, seconds of CPU such a test never uses, so it is not started there (ProcessWatch cannot see the
+    server, which multiprocessing spawns by its own helper, but does see the process cli forks from it to know it
+    is ready). A marked test, and every run.py in a subprocess, starts it as a user's command does."""
     if not any(request.node.get_closest_marker(mark) for mark in PROCESS_MARKS):
         monkeypatch.setattr("harness.cli.start_fork_server", lambda: None)
 

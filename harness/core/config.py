@@ -279,7 +279,7 @@ class PlanConfig:
     link_repeats: int = from_env("HARNESS_LINK_REPEATS", 100, help="calls per message size when this machine's link "
                                  "is measured (once, then cached): enough for the mean of gloo's bimodal calls (20 "
                                  "left each op's fitted latency 2-3x apart from one measurement to the next on a "
-                                 "2-core VM; 100 within 20 %)", ge=1, allowed="an integer >= 1")
+                                 "2-core VM; 100 within 20 % of each other in two)", ge=1, allowed="an integer >= 1")
     calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy", help="this machine's compute, "
                                         "measured through the strategy in a process group of one (a child process), "
                                         "or `model`: the bare model, in-process")

@@ -232,9 +232,10 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
                                   activations)
         if activations is not None and (activations.vocab_parallel or traffic.sequence_parallel):
-            notes += ("tensor parallelism: outside the blocks, the head's and the embeddings' collectives every "
-                      "micro-batch" + (" (a head split by vocabulary: loss_parallel's 3 all-reduces of a float a "
-                                       "token)" if activations.vocab_parallel else ""),)
+            outside = (["the head's input and loss_parallel's 3 all-reduces of a float a token"]
+                       if activations.vocab_parallel else []) + \
+                (["the final norm's output and the embeddings' gradient gathered"] if traffic.sequence_parallel else [])
+            notes += ("tensor parallelism outside the blocks, every micro-batch: " + "; ".join(outside),)
         if activations is not None and traffic.sequence_parallel:
             notes += ("sequence parallelism: the norms' whole weights have their gradients all-reduced once a step, "
                       "one call a norm parameter: not counted",)
@@ -594,8 +595,8 @@ def schedule_factor(cfg: RunConfig, placement: Placement, amp: AmpSpec, microbat
     is torch.export's graph of its part of the model, and the schedule keeps its chunks and their gradients): the
     whole model as one stage through strategy=pp in a process group of one, `microbatches` of `microbatch`, over the
     bare model's; at least 1. A ratio, not a time a microbatch: a stage runs its share of the model (on model=gpt,
-    4 blocks, microbatches of 4 sequences, 1.2-1.5x; added as a constant 6-8 ms a microbatch instead, a 2-rank
-    pipeline was predicted 22-30 % slow; left out, 28 % fast at O0, benchmark 15)."""
+    4 blocks, microbatches of 4 sequences, 1.26x at O0 and 1.09x at O1 measured; added as a constant 6-8 ms a
+    microbatch instead, a 2-rank pipeline was predicted 22-30 % slow; left out, 28 % fast at O0, benchmark 15)."""
     through = calibrate_strategy_default(cfg, placement, amp, microbatch, pipeline_batch=microbatch * microbatches)
     bare = calibrate_fn_default(cfg, amp, microbatch, threads)
     return max(1.0, through.forward_backward_s / microbatches / max(bare.forward_backward_s, 1e-12))
