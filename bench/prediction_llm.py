@@ -5,7 +5,7 @@ width 64, sequences of 128, global batch 16), activation checkpointing off and o
 
 Cases: single, ddp, zero, fsdp and allreduce x O0 and O1 (bfloat16) x model.checkpoint false, true x 1 and 2
 processes (single: one); tensor parallelism (strategy=tp) and the pipeline (strategy=pp, 1F1B, 4 microbatches) on 2
-processes. Errors and goals as bench/prediction.py's.
+processes. Errors, goals and `--fresh N` as bench/prediction.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import common
-from prediction import run_cases
+from prediction import add_fresh_arg, run_cases
 
 # the language models of published runs, at their sizes on GPUs this machine does not have, are planned against
 # their published figures in benchmark 18
@@ -25,6 +25,7 @@ GPT = ["model=gpt", "model.layers=4", "model.seq_len=128", "batch_size=16", "mod
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_fresh_arg(parser)
     args = common.parse_args(parser, argv)
     settings, tables, lines = run_cases(args, {"gpt": [*GPT, "iterations=100"]},
                                         {"gpt": ["model=gpt", "iterations=40", "batch_size=8"]},

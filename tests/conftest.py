@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,13 +176,35 @@ def rank_spec(record_dir: Path, name: str = "single", **values: Any) -> Any:
 # ---- Runs watched while they go: signals, sockets, processes (tests/test_reliability.py, test_launcher.py) ----
 
 def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S,
-              quick_start: bool = True) -> subprocess.CompletedProcess[str]:
+              quick_start: bool = True, one_core: bool = False) -> subprocess.CompletedProcess[str]:
     """`python run.py -m OVERRIDES hydra.sweep.dir=<sweep_dir>` from the repository root: one round unless the
-    overrides name `repeat` (a sweep's rounds and racing are tests/test_rounds.py's); ranks as run_cli starts them."""
+    overrides name `repeat` (a sweep's rounds and racing are tests/test_rounds.py's); ranks as run_cli starts them.
+    `one_core`: the sweep and its ranks on one core (one_core_of_this_worker)."""
     rounds = [] if any(o.startswith("repeat=") for o in overrides) else [ONE_ROUND]
-    return subprocess.run([sys.executable, "run.py", "-m", *quick(overrides, quick_start), *rounds,
-                           f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    with one_core_of_this_worker() if one_core else contextlib.nullcontext():
+        return subprocess.run([sys.executable, "run.py", "-m", *quick(overrides, quick_start), *rounds,
+                               f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def one_core_of_this_worker() -> Iterator[None]:
+    """What starts inside runs on one core (pytest-xdist's worker k: core k; the calling thread's affinity, which
+    a child inherits, restored after), so a run's placement takes one thread. A one-process run otherwise takes a
+    thread per core, and while the suite's other worker keeps a core busy each of its many small kernels waits
+    for the thread not scheduled: the tiny search test took 382 s beside one busy core, 30 s on one core (31 s on
+    an idle machine). Not for every test: pinned, the suite's 4-rank runs share a core and slowed about as much as
+    this gained (whole suite 765 s with every worker pinned, 691-807 s not)."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    cores = os.sched_getaffinity(0)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    os.sched_setaffinity(0, {sorted(cores)[worker % len(cores)]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def leave_at_once() -> None:

@@ -5,6 +5,7 @@ starts; the activations' collectives are declared and sized by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,28 @@ def test_a_ranks_share_of_the_activations_by_the_count_per_block():
     assert tensor_parallel_share(2, False, "none") == pytest.approx(22 / 34)  # not 1/2: the norms' inputs stay whole
     assert (tensor_parallel_share(8, False, "full"), tensor_parallel_share(8, True, "full")) == (1.0, 1 / 8)
     assert tensor_parallel_share(1, True, "none") == 1.0
+
+
+@pytest.mark.parametrize(("overrides", "recomputing", "vocab_parallel"), [
+    ((), False, True),  # model=gpt's own head: split by vocabulary
+    (("model.checkpoint=full",), True, True),
+    (("model.checkpoint=selective", "model.tie_embeddings=true"), True, False),  # the head is the embedding
+    (("model.loss_chunks=4",), False, False),  # the fused loss writes its gradient over whole logits
+])
+def test_block_activations_reads_recomputation_and_the_vocabulary_split_from_the_config(overrides, recomputing,
+                                                                                         vocab_parallel):
+    """The flags the TP count test builds by hand, as the planner derives them from a composed run: recomputing
+    iff model.checkpoint is not none, the head split iff the model's tp_sizes names model.vocab_size; a block's
+    bytes micro-batch x sequence x width x 4 (float32 at O0), 2 at O1's bfloat16; tokens micro-batch x sequence."""
+    from harness.compose import compose_one, hydra_context
+    from harness.core.amp_levels import resolve
+    from harness.prediction.predict import block_activations
+
+    with hydra_context():
+        cfg = compose_one(["strategy=tp", "nprocs=2", "model=gpt", "model.layers=3", "model.width=32",
+                           "model.seq_len=16", *overrides]).run
+    found = block_activations(cfg, resolve(cfg.amp, "cpu"), 4)
+    assert found == BlockActivations(4 * 16 * 32 * 4, 3, "float32", recomputing=recomputing,
+                                     vocab_parallel=vocab_parallel, tokens=4 * 16)
+    half = block_activations(cfg, resolve(replace(cfg.amp, level="O1", dtype="bfloat16"), "cpu"), 4)
+    assert (half.bytes, half.dtype) == (4 * 16 * 32 * 2, "bfloat16")
