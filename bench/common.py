@@ -570,13 +570,15 @@ def bench(name: str) -> Bench:
     raise BenchError(f"no benchmark named {name!r} in BENCHES (known: {', '.join(b.name for b in BENCHES)})")
 
 
-def results_page(name: str, settings: dict[str, Any], tables: Sequence[Table], lines: Sequence[str]) -> str:
-    """The Markdown page of one benchmark's figures: heading, the command, machine and commit, settings, tables."""
+def results_page(name: str, settings: dict[str, Any], tables: Sequence[Table], lines: Sequence[str],
+                 command: str | None = None) -> str:
+    """The Markdown page of one benchmark's figures: heading, the command (by default the script's with
+    --write-results alone), machine and commit, settings, tables."""
     b = bench(name)
     number = BENCHES.index(b) + 1
     stamp = _dt.date.today().isoformat()
     parts = [f"# {number}. {b.title}", "",
-             f"`python bench/{name}.py --write-results` — measured {stamp} on {machine_line()}; harness at commit "
+             f"`{command or f'python bench/{name}.py --write-results'}` — measured {stamp} on {machine_line()}; harness at commit "
              f"{harness_commit()}.", "",
              f"Pinned: {settings_line(settings)}.", ""]
     for table in tables:

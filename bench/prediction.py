@@ -15,6 +15,7 @@ measured range, the spread one run a case would have (default 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -48,14 +49,33 @@ def main(argv: list[str] | None = None) -> int:
     settings, tables, lines = run_cases(args, models, quick, "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x "
                                         "tiny_cnn, resnet18 x 1 and 2 processes")
     if args.write_results:
-        common.write_results("prediction", common.results_page("prediction", settings, tables, lines),
-                             args.results_dir)
+        common.write_results("prediction", common.results_page("prediction", settings, tables, lines,
+                                                               command_of("prediction", args)), args.results_dir)
     return 0
 
 
 def add_fresh_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", type=int, default=1, metavar="N",
                         help="fresh processes a case (the sweep's repeat=N); its error is the medians' (default 1)")
+    parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
+                        help="run nothing: the table of the runs kept in DIR (an earlier --runs-dir's folder)")
+
+
+def command_of(name: str, args: argparse.Namespace) -> str:
+    """The command line that measured a results page's figures."""
+    fresh = f" --fresh {args.fresh}" if args.fresh != 1 else ""
+    return f"python bench/{name}.py{fresh} --write-results"
+
+
+def kept_runs_line(results: list[dict], fresh: int) -> str:
+    """A table made from kept runs: when they ran, and the CPU others took during their timed windows."""
+    timed = [r for r in results if r.get("started_at") and r.get("finished_at")]  # a skipped case ran nothing
+    start, end = min(r["started_at"] for r in timed), max(r["finished_at"] for r in timed)
+    machine = [r["machine"] for r in results if r.get("machine") and r["machine"].get("windows_s")]
+    others = sum(m["others_cpu_s"] or 0.0 for m in machine) / max(sum(m["windows_s"] for m in machine), 1e-9)
+    return (f"- {len(by_case(results))} cases, {len(results)} runs ({fresh} fresh processes a case, its medians "
+            f"judged) in {(end - start) / 60:.1f} min, tabled from the kept runs; other processes took "
+            f"{others:.2f} cores during the timed windows.")
 
 
 def by_case(results: list[dict]) -> dict[tuple, list[dict]]:
@@ -102,14 +122,17 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
                          ["case", "procs", "peak MiB pred", "peak MiB meas", "memory error",
                           "ms/it pred", "ms/it meas", "ms/it meas range", "time error", "within goals"])
     started = time.perf_counter()
-    with common.runs_dir(args, "prediction") as runs, common.measure_load() as load:
+    kept = getattr(args, "from_runs", None)
+    with common.runs_dir(args, "prediction") if kept is None else contextlib.nullcontext(kept) as runs, \
+            common.measure_load() as load:
         multi = "ddp,zero,fsdp,allreduce"
-        for name, model in models.items():
-            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single")
+        for name, model in models.items() if kept is None else ():
+            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single", timeout_s=900 * fresh)
             if not args.quick:
-                common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi")
+                common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi",
+                             timeout_s=900 * fresh)
                 for k, extra in enumerate(more):
-                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}")
+                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}", timeout_s=900 * fresh)
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
     for runs_of_case in by_case(results).values():
@@ -139,7 +162,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
 
     each = "one fresh process a case" if fresh == 1 else f"{fresh} fresh processes a case, its medians judged"
     lines = [f"- {len(by_case(results))} cases, {len(results)} runs ({each}) in {took / 60:.1f} min; background "
-             f"load {load.background:.2f} cores.",
+             f"load {load.background:.2f} cores." if kept is None else kept_runs_line(results, fresh),
              f"- |memory error|: {summary(memory_errors)} (goal 10 % per case); |time error|: "
              f"{summary(time_errors)} (goal 15 % per case).",
              f"- Beyond a goal: {', '.join(beyond) if beyond else 'none'}."]

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import common
-from prediction import add_fresh_arg, run_cases
+from prediction import add_fresh_arg, command_of, run_cases
 
 # the language models of published runs, at their sizes on GPUs this machine does not have, are planned against
 # their published figures in benchmark 18
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                                         (["strategy=tp,pp", "nprocs=2"],))
     lines = [*lines, PUBLISHED]
     if args.write_results:
-        common.write_results("prediction_llm", common.results_page("prediction_llm", settings, tables, lines),
+        common.write_results("prediction_llm", common.results_page("prediction_llm", settings, tables, lines,
+                                                                   command_of("prediction_llm", args)),
                              args.results_dir)
     return 0
 

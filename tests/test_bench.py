@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_every_bench_script_has_its_entry_and_its_page():
     assert (common.RESULTS_DIR / "README.md").read_text() == common.index_page()
     for n, b in enumerate(common.BENCHES, 1):
         page = (common.RESULTS_DIR / f"{b.name}.md").read_text()
-        assert page.startswith(f"# {n}. {b.title}\n\n`python bench/{b.name}.py --write-results` — measured ")
+        assert re.match(rf"# {n}\. {re.escape(b.title)}\n\n`python bench/{b.name}\.py( --[a-z-]+ \S+)* "
+                        "--write-results` — measured ", page), page[:300]  # with the options it ran with
         assert f'common.write_results("{b.name}", ' in (BENCH / f"{b.name}.py").read_text()
 
 
@@ -182,3 +184,23 @@ def test_search_bench_runs_the_exhaustive_sweep_between_the_searches():
                                            "batch-search3", "batch-search4"]
     assert dict(order)["batch-exhaustive"] == ["repeat=8"] and dict(order)["batch-search4"] == ["search=true"]
     assert [name for name, _ in search_bench.ordered("clear", 1, [], [])] == ["clear-exhaustive", "clear-search0"]
+
+
+def test_a_case_of_fresh_processes_is_judged_by_its_medians():
+    """Benchmarks 13 and 15 with --fresh 3: a case's three runs (100, 110 and 160 ms/it measured, one predicted
+    100 ms/it) are one row at the median, 110 (not the mean, 123.3), its range 100-160; a run that failed counts
+    in neither, and a case none of whose runs measured is no figure."""
+    import prediction
+
+    def run(ms: float | None, amp: str = "O0", status: str = "ok") -> dict:
+        measured = None if ms is None else {"measured_s_per_iteration": ms / 1000, "measured_peak_mib": 20.0}
+        return {"model": "gpt", "strategy": "tp", "world_size": 2, "amp": amp, "variant": "", "status": status,
+                "config": {"model": {"checkpoint": False}}, "prediction_error": measured,
+                "prediction": {"s_per_iteration": 0.100, "peak_mib": 19.0}}
+
+    cases = prediction.by_case([run(160), run(100, "O1", "failed"), run(100), run(110), run(None, "O1")])
+    assert [len(runs) for runs in cases.values()] == [3, 2]
+    figures = [prediction.case_figures(runs) for runs in cases.values()]
+    assert figures[0] == {"peak_pred": 19.0, "peak_meas": 20.0, "s_pred": 0.1, "s_meas": 0.11, "s_low": 0.1,
+                          "s_high": 0.16, "runs": 3}
+    assert figures[1] is None
