@@ -80,7 +80,7 @@ BENCHES = (
           "band holds ≥ 80 %; loaded within 10 %"),
     Bench("prediction_llm", "How right the predictions are for a language model",
           "bench/prediction.py's cases on a GPT-shaped model, activation checkpointing off and on",
-          "memory within 10 %, time within 15 %, per case"),
+          "memory within 10 %, time within 15 %, per case (`--fresh 3`: the medians of three fresh processes)"),
     Bench("search", "How good the search is",
           "`-m search=true` against the exhaustive sweep of the same space: three spaces (a clear winner, a tie at "
           "the top, the largest batch not the fastest), five searches each; what pruning threw away",
