@@ -80,12 +80,13 @@ def kept_runs_line(results: list[dict], fresh: int) -> str:
 
 def by_case(results: list[dict]) -> dict[tuple, list[dict]]:
     """The runs of each case (its fresh processes), in the table's order: model, strategy, processes, amp, ..."""
+    def case(r: dict) -> tuple:
+        return (r["model"], r["strategy"], r["world_size"] or 0, r["amp"], r["variant"],
+                json.dumps(r["config"]["model"], sort_keys=True))
+
     grouped: dict[tuple, list[dict]] = {}
-    for r in sorted(results, key=lambda r: (r["model"], r["strategy"], r["world_size"] or 0, r["amp"], r["variant"],
-                                            json.dumps(r["config"]["model"], sort_keys=True))):
-        key = (r["model"], r["strategy"], r["world_size"], r["amp"], r["variant"],
-               json.dumps(r["config"]["model"], sort_keys=True))
-        grouped.setdefault(key, []).append(r)
+    for r in sorted(results, key=case):
+        grouped.setdefault(case(r), []).append(r)
     return grouped
 
 
@@ -109,7 +110,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
     """Every case of `models` (each a model's overrides) predicted, then run and measured, and each sweep of
     `more` on every model (strategies that need their own process counts); --quick: `quick`'s, one process, O0.
     The settings, the table and the summary lines of a results page."""
-    fresh = getattr(args, "fresh", 1)
+    fresh = args.fresh
     common_overrides = [f"repeat={fresh}", "amp=O0,O1", "amp.dtype=bfloat16", "plan.predict=true"]
     if args.quick:  # seconds: the tiny model, two cases
         models = quick  # and no multi-process sweep
@@ -122,7 +123,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
                          ["case", "procs", "peak MiB pred", "peak MiB meas", "memory error",
                           "ms/it pred", "ms/it meas", "ms/it meas range", "time error", "within goals"])
     started = time.perf_counter()
-    kept = getattr(args, "from_runs", None)
+    kept = args.from_runs
     with common.runs_dir(args, "prediction") if kept is None else contextlib.nullcontext(kept) as runs, \
             common.measure_load() as load:
         multi = "ddp,zero,fsdp,allreduce"
