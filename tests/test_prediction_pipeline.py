@@ -149,28 +149,36 @@ def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowe
     assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB), 1 * (2 * 30 + 9)])
 
 
-def test_the_schedules_cost_is_measured_through_the_strategy_as_a_ratio_on_each_microbatch(monkeypatch):
-    """plan.calibration=strategy: the whole model (4 blocks) as one stage through strategy=pp in a process group of
-    one, its 4 microbatches of 4 sequences (a batch of 16) in 100 ms, against the bare whole model's 20 ms a
-    microbatch: through the schedule 100 / 4 / 20 = 1.25x; the slowest stage's 10 ms becomes 12.5 (not 15: a stage
-    runs its share of the model), and 1F1B on 2 ranks takes 4 microbatches over 1 - 1/5 of the step: 5 x 12.5 ms."""
+def test_the_slowest_stage_is_timed_through_the_schedule_itself(monkeypatch):
+    """plan.calibration=strategy: the slowest stage (2 of 4 blocks) as a model of its own through strategy=pp in a
+    process group of one, its 4 microbatches of 4 sequences (the pipeline's batch of 16) in 60 ms: 15 ms a
+    microbatch, and 1F1B on 2 ranks takes 4 microbatches over 1 - 1/5 of the step: 5 x 15 ms. Not the whole model's
+    (100 ms: 5 x 25), not the bare stage's (10 ms: 5 x 10), not the bare stage times the whole model's ratio through
+    the schedule (100 / 4 / 20 = 1.25x: 5 x 12.5, two noisy timings more, which moved the prediction by 12 %)."""
     monkeypatch.setattr(predict_module, "trace_step", lambda model_cfg, *a, **k: trace(model_cfg["layers"]))
 
     class Cal:
+        threads = 1
+
         def __init__(self, seconds: float) -> None:
             self.forward_backward_s, self.optimizer_s = seconds, 0.002
 
         def as_dict(self):
             return {"busy": None}
 
-    through: list[tuple[int, int]] = []
+    through: list[tuple[int, int, int]] = []
 
     def fake_strategy(cfg, placement, amp, micro, tensor_parallel=1, pipeline_batch=0):
-        through.append((micro, pipeline_batch))
-        return Cal(0.1)
+        through.append((cfg.model["layers"], micro, pipeline_batch))
+        return Cal(0.06 if cfg.model["layers"] == 2 else 0.1)
 
-    monkeypatch.setattr(predict_module, "calibrate_fn_default",
-                        lambda cfg, amp, micro, threads: Cal(0.01 if cfg.model["layers"] == 2 else 0.02))
+    bare: list[int] = []
+
+    def fake_bare(cfg, amp, micro, threads):
+        bare.append(cfg.model["layers"])
+        return Cal(0.01 if cfg.model["layers"] == 2 else 0.02)
+
+    monkeypatch.setattr(predict_module, "calibrate_fn_default", fake_bare)
     monkeypatch.setattr(predict_module, "calibrate_strategy_default", fake_strategy)
     cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
                      plan={"calibration": "strategy", "predict": False},
@@ -178,9 +186,10 @@ def test_the_schedules_cost_is_measured_through_the_strategy_as_a_ratio_on_each_
     decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
     measured = dataclasses.replace(load_preset("h100x8"), measured=True)
     p = predict(cfg, decided.placement, decided.amp, get_class(cfg.strategy["_target_"]), Target(measured, 1))
-    assert through == [(4, 16)]
-    assert p.compute_s == pytest.approx(5 * 0.0125)
-    assert any("through the schedule: x1.25" in a for a in p.assumptions)
+    assert through == [(2, 4, 16)] and bare == []
+    assert p.compute_s == pytest.approx(5 * 0.015) and p.optimizer_s == 0.002
+    assert any("through strategy=pp in a process group of one, 4 microbatches of 4 sequences" in a
+               for a in p.assumptions)
 
 
 def test_fsdp_by_pp_is_two_pipelines_each_stage_halved_and_gathered_whole(monkeypatch):

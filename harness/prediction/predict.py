@@ -334,18 +334,23 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
         notes += ("time not predicted: the combination would not fit",)
     else:
         slowest = pipeline.stage_config(cfg, max(blocks))
-        if preset.measured:  # the stage's bare model here, at a rank's threads (the schedule's own work not in it)
+        if preset.measured and cfg.plan.calibration == "strategy" and not traffic.pipeline_ranks:
+            # the slowest stage as a model of its own through strategy=pp in a process group of one: its
+            # microbatches through the schedule (torch.export's graph of the stage, the chunks and their gradients
+            # it keeps), timed as one
+            cal = calibrate_strategy_default(slowest, placement, amp, microbatch, pipeline_batch=microbatch * m)
+            per_micro, optimizer = cal.forward_backward_s / m, cal.optimizer_s
+            calibration = {"compute": cal.as_dict(), "through_schedule": True, **_local_band()}
+            notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a model of its own "
+                      f"through strategy=pp in a process group of one, {m} microbatches of {microbatch} sequences, "
+                      f"{cal.threads} thread(s)",)
+        elif preset.measured:  # the stage's bare model here, at a rank's threads (the schedule's own work not in it)
             cal = calibrate_fn_default(slowest, amp, microbatch, target.calibration_threads)
             per_micro, optimizer = cal.forward_backward_s, cal.optimizer_s
             calibration = {"compute": cal.as_dict(), **_local_band()}
-            notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a model of its own, "
-                      f"{microbatch} sequences a microbatch, {target.calibration_threads} thread(s)",)
-            if cfg.plan.calibration == "strategy" and not traffic.pipeline_ranks:
-                factor = schedule_factor(cfg, placement, amp, microbatch, m, target.calibration_threads)
-                per_micro *= factor
-                calibration["schedule_factor"] = factor
-                notes += (f"through the schedule: x{factor:.2f} a microbatch (the whole model as one stage through "
-                          "strategy=pp in a process group of one, over the bare model)",)
+            notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a bare model of its own, "
+                      f"{microbatch} sequences a microbatch, {target.calibration_threads} thread(s): the schedule's "
+                      "own work is not in it",)
         else:
             per_micro, optimizer, calibration, more = gpu_compute_time(slowest, amp, preset, microbatch, n)
             notes += more
@@ -587,19 +592,6 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int,
                                tensor_parallel: int = 1, pipeline_batch: int = 0) -> Calibration:
     return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel, pipeline_batch)
-
-
-def schedule_factor(cfg: RunConfig, placement: Placement, amp: AmpSpec, microbatch: int, microbatches: int,
-                    threads: int) -> float:
-    """This machine: how much slower a model's microbatches run through a pipeline's schedule than bare (the stage
-    is torch.export's graph of its part of the model, and the schedule keeps its chunks and their gradients): the
-    whole model as one stage through strategy=pp in a process group of one, `microbatches` of `microbatch`, over the
-    bare model's; at least 1. A ratio, not a time a microbatch: a stage runs its share of the model (on model=gpt,
-    4 blocks, microbatches of 4 sequences, 1.26x at O0 and 1.09x at O1 measured; added as a constant 6-8 ms a
-    microbatch instead, a 2-rank pipeline was predicted 22-30 % slow; left out, 28 % fast at O0, benchmark 15)."""
-    through = calibrate_strategy_default(cfg, placement, amp, microbatch, pipeline_batch=microbatch * microbatches)
-    bare = calibrate_fn_default(cfg, amp, microbatch, threads)
-    return max(1.0, through.forward_backward_s / microbatches / max(bare.forward_backward_s, 1e-12))
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
