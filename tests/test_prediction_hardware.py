@@ -74,6 +74,7 @@ def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_rea
     from harness.prediction.links import Link
 
     monkeypatch.setenv("HARNESS_MACHINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(hardware, "cpu_speed", lambda: 0.1)  # the CPU as fast as when the link was measured
     rates = {"cpu:1": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}}
     hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0},
                             "link": {"latency_us": 100.0, "bandwidth_gbps": 2.0}, "per_op": {}})
@@ -88,6 +89,41 @@ def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_rea
     assert len(calls) == 1
     assert first["intra"] == again["intra"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}
     assert hardware.read_machine()["link_statistic"] == "mean"
+
+
+@pytest.mark.parametrize("recorded", ["with the link", "a cache from before: the speed cached beside it"])
+def test_a_link_measured_when_the_cpu_ran_faster_is_taken_at_its_speed_now(tmp_path, monkeypatch, recorded):
+    """gloo's calls are the CPU's work: a link measured when one thread's matrix products ran at 0.2 TFLOP/s, read
+    when they run at 0.16, is 0.8x as fast: 400 us / 0.8 = 500 us of latency, 1.5 GB/s x 0.8 = 1.2, each collective's
+    own fit alike (390 us -> 487.5, 1.7 GB/s -> 1.36). A link measured in the same call is taken as measured."""
+    from harness.prediction import hardware, targets
+    from harness.prediction.links import Link
+
+    monkeypatch.setenv("HARNESS_MACHINE_CACHE", str(tmp_path))
+    speed = [0.16]
+    monkeypatch.setattr(hardware, "cpu_speed", lambda: speed[0])
+    rates = {"cpu:1": {"float32": 0.2, "bfloat16": 0.4, "float16": 0.02}}
+    then = {"link_cpu_tflops": 0.2} if recorded == "with the link" else {}
+    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0}, "link_statistic": "mean",
+                            "link": {"latency_us": 400.0, "bandwidth_gbps": 1.5},
+                            "per_op": {"all_reduce": {"latency_us": 390.0, "bandwidth_gbps": 1.7}}, **then})
+    machine = hardware.measure_machine(1, "cpu", 2, None, 24.0)
+    assert machine["link_scale"] == pytest.approx(0.8)
+    assert machine["intra"] == machine["inter"] == {"latency_us": pytest.approx(500.0),
+                                                    "bandwidth_gbps": pytest.approx(1.2)}
+    assert machine["per_op"]["all_reduce"] == {"latency_us": pytest.approx(487.5), "bandwidth_gbps": pytest.approx(1.36)}
+    assert hardware.read_machine()["link"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}  # the cache as measured
+    target = targets.local_target("cpu", 2, 1)
+    assert target.link_scale == pytest.approx(0.8) and "0.80x its speed when the link was measured" in \
+        target.link_notes(2)[0]
+
+    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0}})  # no link: measured now, at 0.16
+    machine = hardware.measure_machine(1, "cpu", 2, lambda: (Link(400.0, 1.5), {}), 24.0)
+    assert machine["link_scale"] == 1.0 and machine["intra"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}
+    assert hardware.read_machine()["link_cpu_tflops"] == 0.16
+    speed[0] = 0.32  # twice as fast later: half the latency, twice the bandwidth
+    assert hardware.measure_machine(1, "cpu", 2, None, 24.0)["intra"] == {"latency_us": pytest.approx(200.0),
+                                                                           "bandwidth_gbps": pytest.approx(3.0)}
 
 
 def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):

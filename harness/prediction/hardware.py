@@ -303,18 +303,39 @@ def measure_machine(threads: int, accelerator: str, devices: int,
     bandwidths = dict(cached.get("memory_gbps", {}))
     if key not in bandwidths:  # a GPU's own is its datasheet's business: the planner times CPUs only
         bandwidths[key] = copy_gbps(threads)
-    link, per_op = cached.get("link"), cached.get("per_op")
-    statistic = cached.get("link_statistic")
+    link, per_op, statistic = cached.get("link"), cached.get("per_op"), cached.get("link_statistic")
+    # a CPU's speed when its link was measured (a cache from before this was recorded: the speed cached beside it)
+    link_speed = cached.get("link_cpu_tflops") or rates.get("cpu:1", {}).get("float32") \
+        if accelerator == "cpu" else None
     # a link fitted to another statistic of the calls (the median, before) is measured again where it can be
     if (link is None or statistic != LINK_STATISTIC) and measure_link is not None and devices > 1:
         pooled, each = measure_link()
         link, per_op = asdict(pooled), {op: asdict(fit) for op, fit in each.items()}
         statistic = LINK_STATISTIC
+        link_speed = None
+    now = cpu_speed() if link and accelerator == "cpu" else None
+    link_speed = link_speed or now  # measured just now: at this speed
     data = {**cached, "rates": rates, "memory_gbps": bandwidths, "link": link, "per_op": per_op,
-            "link_statistic": statistic}
+            "link_statistic": statistic, **({"link_cpu_tflops": link_speed} if link_speed else {})}
     if data != cached:
         write_machine(data)
+    scale = now / link_speed if now and link_speed else 1.0
     return {"accelerator": accelerator, "devices_per_node": devices, "nodes": 1, "device_memory_gib": memory_gib,
-            "memory_gbps": bandwidths[key], "peak_tflops": rates[key], "link_measured": link is not None, "per_op": per_op,
-            "intra": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9},  # one device: never used
-            "inter": link or {"latency_us": 0.0, "bandwidth_gbps": 1e9}}
+            "memory_gbps": bandwidths[key], "peak_tflops": rates[key], "link_measured": link is not None,
+            "per_op": {op: at_speed(fit, scale) for op, fit in (per_op or {}).items()}, "link_scale": scale,
+            "intra": at_speed(link, scale) if link else {"latency_us": 0.0, "bandwidth_gbps": 1e9},  # one device:
+            "inter": at_speed(link, scale) if link else {"latency_us": 0.0, "bandwidth_gbps": 1e9}}  # never used
+
+
+def cpu_speed() -> float:
+    """How fast this CPU runs now: one thread's float32 matrix products, TFLOP/s (a few ms)."""
+    return gemm_tflops(torch.float32, 1)
+
+
+def at_speed(link: Mapping[str, float], scale: float) -> dict[str, float]:
+    """A CPU link (gloo: copies, reductions and loopback sockets, all work of the CPU) measured when the CPU ran
+    at one speed, at `scale` times that speed: its latency divided and its bandwidth multiplied by it. A VM's
+    host varies by tens of percent between hours (2026-12-07, this Intel VM: one thread's matrix products at 0.80x
+    their speed of the morning, gloo's all-reduce of 128 KiB and 2 MiB 1.41x and 1.31x as long), and the compute is
+    calibrated anew for each prediction while the link is measured once."""
+    return {"latency_us": link["latency_us"] / scale, "bandwidth_gbps": link["bandwidth_gbps"] * scale}

@@ -184,6 +184,14 @@ class Target:
     preset: Preset
     calibration_threads: int
     link_measured: bool = True  # False: this machine's link was never measured (communication left out)
+    link_scale: float = 1.0  # this machine's CPU now, over its speed when the link was measured (hardware.at_speed)
+
+    def link_notes(self, ranks: int) -> tuple[str, ...]:
+        """What the predictions say of this machine's link."""
+        if ranks <= 1 or not self.link_measured or abs(self.link_scale - 1) < 0.005:
+            return ()
+        return (f"this machine's CPU runs at {self.link_scale:.2f}x its speed when the link was measured (one "
+                "thread's matrix products): the link's latency and bandwidth taken at that speed",)
 
 
 def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: Any, target: Target) -> Prediction:
@@ -249,6 +257,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         comm = exposed = 0.0
         assumptions += ("this machine's link was never measured (`python run.py plan=true` with as many ranks measures it): "
                         "communication left out",)
+    assumptions += target.link_notes(n)
     if preset.accelerator == "cpu" and n > 1:
         assumptions += ("CPU: communication runs on the cores that compute, so it overlaps nothing here",)
     band = tuple(calibration.get("band", (1.0, 1.0)))
@@ -367,6 +376,7 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
         comm = exposed = 0.0
         assumptions += ("this machine's link was never measured (`python run.py plan=true` with as many ranks "
                         "measures it): communication left out",)
+    assumptions += target.link_notes(world)
     band = tuple(calibration.get("band", (1.0, 1.0)))
     busy = (calibration.get("compute") or {}).get("busy")
     return Prediction(hardware=preset.name, world_size=world, ranks=tuple(ranks), device_memory_mib=device_memory,

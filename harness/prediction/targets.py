@@ -43,7 +43,8 @@ def local_target(accelerator: str, devices: int, threads: int,
     from the cache, or measured by `measure_link` when given."""
     machine = measure_machine(threads, accelerator, devices, measure_link, local_memory_gib(accelerator))
     preset = load_preset(LOCAL, machine=machine)
-    return Target(preset, threads, link_measured=devices <= 1 or machine["link_measured"])
+    return Target(preset, threads, link_measured=devices <= 1 or machine["link_measured"],
+                  link_scale=machine["link_scale"])
 
 
 def preset_target(name: str, threads: int, nodes: int = 0) -> Target:
