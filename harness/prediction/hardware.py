@@ -335,7 +335,7 @@ def cpu_speed() -> float:
 def at_speed(link: Mapping[str, float], scale: float) -> dict[str, float]:
     """A CPU link (gloo: copies, reductions and loopback sockets, all work of the CPU) measured when the CPU ran
     at one speed, at `scale` times that speed: its latency divided and its bandwidth multiplied by it. A VM's
-    host varies by tens of percent between hours (2026-12-07, this Intel VM: one thread's matrix products at 0.80x
-    their speed of the morning, gloo's all-reduce of 128 KiB and 2 MiB 1.41x and 1.31x as long), and the compute is
-    calibrated anew for each prediction while the link is measured once."""
+    host varies by tens of percent between hours (2026-12-07, an Intel VM: one thread's matrix products at 0.80x
+    their speed of two hours before, gloo's all-reduce of 128 KiB and 2 MiB 1.41x and 1.31x as long), and the
+    compute is calibrated anew for each prediction while the link is measured once."""
     return {"latency_us": link["latency_us"] / scale, "bandwidth_gbps": link["bandwidth_gbps"] * scale}
