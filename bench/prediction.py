@@ -41,7 +41,7 @@ def pct(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_fresh_arg(parser)
+    add_case_args(parser)
     args = common.parse_args(parser, argv)
     # iterations per model: enough steady windows (20 iterations each) that a case's time is not one window's
     models = {"tiny_cnn": ["model=tiny_cnn", "iterations=400"], "resnet18": ["model=resnet18", "iterations=100"]}
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def add_fresh_arg(parser: argparse.ArgumentParser) -> None:
+def add_case_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", type=int, default=1, metavar="N",
                         help="fresh processes a case (the sweep's repeat=N); its error is the medians' (default 1)")
     parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
@@ -123,17 +123,18 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
                          ["case", "procs", "peak MiB pred", "peak MiB meas", "memory error",
                           "ms/it pred", "ms/it meas", "ms/it meas range", "time error", "within goals"])
     started = time.perf_counter()
+    timeout_s = 900 * fresh  # a sweep's limit, each case run `fresh` times
     kept = args.from_runs
     with common.runs_dir(args, "prediction") if kept is None else contextlib.nullcontext(kept) as runs, \
             common.measure_load() as load:
         multi = "ddp,zero,fsdp,allreduce"
         for name, model in models.items() if kept is None else ():
-            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single", timeout_s=900 * fresh)
+            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single", timeout_s=timeout_s)
             if not args.quick:
                 common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi",
-                             timeout_s=900 * fresh)
+                             timeout_s=timeout_s)
                 for k, extra in enumerate(more):
-                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}", timeout_s=900 * fresh)
+                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}", timeout_s=timeout_s)
         results = cases(runs)
     memory_errors, time_errors, beyond = [], [], []
     for runs_of_case in by_case(results).values():

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import common
-from prediction import add_fresh_arg, command_of, run_cases
+from prediction import add_case_args, command_of, run_cases
 
 # the language models of published runs, at their sizes on GPUs this machine does not have, are planned against
 # their published figures in benchmark 18
@@ -25,7 +25,7 @@ GPT = ["model=gpt", "model.layers=4", "model.seq_len=128", "batch_size=16", "mod
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_fresh_arg(parser)
+    add_case_args(parser)
     args = common.parse_args(parser, argv)
     settings, tables, lines = run_cases(args, {"gpt": [*GPT, "iterations=100"]},
                                         {"gpt": ["model=gpt", "iterations=40", "batch_size=8"]},

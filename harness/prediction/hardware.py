@@ -304,19 +304,20 @@ def measure_machine(threads: int, accelerator: str, devices: int,
     if key not in bandwidths:  # a GPU's own is its datasheet's business: the planner times CPUs only
         bandwidths[key] = copy_gbps(threads)
     link, per_op, statistic = cached.get("link"), cached.get("per_op"), cached.get("link_statistic")
-    # a CPU's speed when its link was measured (a cache from before this was recorded: the speed cached beside it)
-    link_speed = cached.get("link_cpu_tflops") or rates.get("cpu:1", {}).get("float32") \
-        if accelerator == "cpu" else None
+    recorded = cached.get("link_cpu_tflops")  # a CPU's speed when its link was measured
     # a link fitted to another statistic of the calls (the median, before) is measured again where it can be
-    if (link is None or statistic != LINK_STATISTIC) and measure_link is not None and devices > 1:
+    measured = (link is None or statistic != LINK_STATISTIC) and measure_link is not None and devices > 1
+    if measured:
         pooled, each = measure_link()
         link, per_op = asdict(pooled), {op: asdict(fit) for op, fit in each.items()}
         statistic = LINK_STATISTIC
-        link_speed = None
     now = cpu_speed() if link and accelerator == "cpu" else None
-    link_speed = link_speed or now  # measured just now: at this speed
+    if measured:
+        recorded = now  # None on a GPU machine: its link is read as measured
+    # a cache from before the speed was recorded: the speed cached beside the link
+    link_speed = recorded or (rates.get("cpu:1", {}).get("float32") if accelerator == "cpu" else None)
     data = {**cached, "rates": rates, "memory_gbps": bandwidths, "link": link, "per_op": per_op,
-            "link_statistic": statistic, **({"link_cpu_tflops": link_speed} if link_speed else {})}
+            "link_statistic": statistic, **({"link_cpu_tflops": recorded} if recorded else {})}
     if data != cached:
         write_machine(data)
     scale = now / link_speed if now and link_speed else 1.0
