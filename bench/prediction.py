@@ -9,17 +9,22 @@ the predicted peak. Time: the steady windows' seconds per iteration against the 
 cases are predicted from a 1-process calibration plus this machine's fitted link. Error = (measured - predicted)
 / measured. Goals: memory within 10 %, time within 15 %, per case. `--fresh N`: every case run in N fresh processes
 (the sweep's `repeat=N`, rounds in shuffled order); a case's error is its medians', and the table shows the
-measured range, the spread one run a case would have (default 1).
+measured range, the spread one run a case would have (default 1). Each case is a sweep of its own, predicted just
+before its runs (a sweep predicts all its cases before its first run, and this VM's host drifts by tens of percent
+in the minutes a long sweep takes); one thread's matrix rate is timed before and after each case's runs, and the
+table shows after / before, the host's drift the case's error may carry.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import common
@@ -27,12 +32,50 @@ import common
 MEMORY_GOAL, TIME_GOAL = 0.10, 0.15
 
 
+SPEED_FILE = "cpu_speed.json"  # in a case's folder: one thread's matrix rate before and after its runs
+
+
 def cases(folder: Path) -> list[dict]:
+    """Every run kept under `folder`, each with its case's CPU drift (after / before its runs) where recorded."""
     found = []
     for path in sorted(folder.rglob("results.json")):
         r = json.loads(path.read_text())
+        speed = next((p / SPEED_FILE for p in path.parents if (p / SPEED_FILE).exists()), None)
+        if speed is not None and speed.is_relative_to(folder):
+            rates = json.loads(speed.read_text())
+            r["cpu_drift"] = rates["after_tflops"] / rates["before_tflops"]
         found.append(r)
     return found
+
+
+def each_case(overrides: Sequence[str]) -> list[list[str]]:
+    """A sweep's overrides as its cases, in the sweep's order: each comma-separated choice (outside brackets)
+    one case's own, so each case can be a sweep of its own, predicted next to its runs."""
+    choices = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        values, depth, start = [], 0, 0
+        for i, char in enumerate(value):
+            depth += (char in "[(") - (char in "])")
+            if char == "," and depth == 0:
+                values.append(value[start:i])
+                start = i + 1
+        values.append(value[start:])
+        choices.append([f"{key}{sep}{v}" for v in values] if sep else [override])
+    return [list(case) for case in itertools.product(*choices)]
+
+
+def cpu_speed() -> float:
+    """One thread's float32 matrix rate now, TFLOP/s: the best of three timings (harness.prediction.hardware's)."""
+    from harness.prediction.hardware import cpu_speed as timed
+    return max(timed() for _ in range(3))
+
+
+def sweep_case(case: list[str], folder: Path, timeout_s: float) -> None:
+    """One case's sweep (predicted, then its fresh processes run), the CPU's speed timed either side."""
+    before = cpu_speed()
+    common.sweep(case, folder, timeout_s=timeout_s)
+    (folder / SPEED_FILE).write_text(json.dumps({"before_tflops": before, "after_tflops": cpu_speed()}))
 
 
 def pct(value: float | None) -> str:
@@ -121,29 +164,30 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
     common.print_settings("Predictions against measurements", settings)
     table = common.Table("predicted against measured, per case",
                          ["case", "procs", "peak MiB pred", "peak MiB meas", "memory error",
-                          "ms/it pred", "ms/it meas", "ms/it meas range", "time error", "within goals"])
+                          "ms/it pred", "ms/it meas", "ms/it meas range", "time error", "CPU after/before",
+                          "within goals"])
     started = time.perf_counter()
-    timeout_s = 900 * fresh  # a sweep's limit, each case run `fresh` times
+    timeout_s = 300 * fresh  # a case's sweep's limit, the case run `fresh` times
     kept = args.from_runs
     with common.runs_dir(args, "prediction") if kept is None else contextlib.nullcontext(kept) as runs, \
             common.measure_load() as load:
         multi = "ddp,zero,fsdp,allreduce"
         for name, model in models.items() if kept is None else ():
-            common.sweep(["strategy=single", *model, *common_overrides], runs / f"{name}-single", timeout_s=timeout_s)
+            sweeps = [["strategy=single", *model, *common_overrides]]
             if not args.quick:
-                common.sweep([f"strategy={multi}", "nprocs=1,2", *model, *common_overrides], runs / f"{name}-multi",
-                             timeout_s=timeout_s)
-                for k, extra in enumerate(more):
-                    common.sweep([*extra, *model, *common_overrides], runs / f"{name}-more{k}", timeout_s=timeout_s)
+                sweeps += [[f"strategy={multi}", "nprocs=1,2", *model, *common_overrides],
+                           *([*extra, *model, *common_overrides] for extra in more)]
+            for k, case in enumerate(c for overrides in sweeps for c in each_case(overrides)):
+                sweep_case(case, runs / f"{name}-{k:02d}", timeout_s)
         results = cases(runs)
-    memory_errors, time_errors, beyond = [], [], []
+    memory_errors, time_errors, beyond, drifts = [], [], [], []
     for runs_of_case in by_case(results).values():
         r = runs_of_case[0]
         checkpoint = " checkpoint" if r["config"]["model"].get("checkpoint") else ""
         label = f"{r['model']} {r['strategy']} {r['amp']}{checkpoint}"
         f = case_figures(runs_of_case)
         if f is None:
-            table.add(label, r.get("world_size") or "-", *["-"] * 7, f"{r['status']}: {r.get('error')}")
+            table.add(label, r.get("world_size") or "-", *["-"] * 8, f"{r['status']}: {r.get('error')}")
             continue
         memory = (f["peak_meas"] - f["peak_pred"]) / f["peak_meas"]
         seconds = (f["s_meas"] - f["s_pred"]) / f["s_meas"]
@@ -153,9 +197,12 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
         if not ok:
             beyond.append(label + f" ({r['world_size']} proc)")
         spread = f"{1000 * f['s_low']:.1f}-{1000 * f['s_high']:.1f}" if f["runs"] > 1 else "-"
+        drift = r.get("cpu_drift")
+        if drift is not None:
+            drifts.append(drift)
         table.add(label, r["world_size"], f"{f['peak_pred']:.1f}", f"{f['peak_meas']:.1f}", pct(memory),
                   f"{1000 * f['s_pred']:.1f}", f"{1000 * f['s_meas']:.1f}", spread, pct(seconds),
-                  "yes" if ok else "NO")
+                  "-" if drift is None else f"{drift:.2f}x", "yes" if ok else "NO")
     table.print()
     took = time.perf_counter() - started
 
@@ -167,7 +214,10 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
              f"load {load.background:.2f} cores." if kept is None else kept_runs_line(results, fresh),
              f"- |memory error|: {summary(memory_errors)} (goal 10 % per case); |time error|: "
              f"{summary(time_errors)} (goal 15 % per case).",
-             f"- Beyond a goal: {', '.join(beyond) if beyond else 'none'}."]
+             f"- Beyond a goal: {', '.join(beyond) if beyond else 'none'}.",
+             "- The CPU's speed after a case's runs over before them (one thread's matrix rate): "
+             + (f"{min(drifts):.2f}x to {max(drifts):.2f}x, median {statistics.median(drifts):.2f}x." if drifts
+                else "not recorded (runs of one sweep for many cases, predicted before the first).")]
     print("\n".join(lines), flush=True)
     return settings, [table], lines
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -204,3 +205,25 @@ def test_a_case_of_fresh_processes_is_judged_by_its_medians():
     assert figures[0] == {"peak_pred": 19.0, "peak_meas": 20.0, "s_pred": 0.1, "s_meas": 0.11, "s_low": 0.1,
                           "s_high": 0.16, "runs": 3}
     assert figures[1] is None
+
+
+def test_each_case_of_benchmarks_13_and_15_is_a_sweep_of_its_own_with_the_cpus_drift(tmp_path):
+    """A sweep's comma lists become its cases in the sweep's order (a list in brackets stays one value), and a
+    case's runs carry its folder's CPU drift, after / before (0.18 / 0.20 = 0.90x, not 1.11x); runs of a folder
+    without the record carry none."""
+    import prediction
+
+    assert prediction.each_case(["strategy=ddp,zero", "nprocs=1,2", "gpus=[0,1]", "repeat=3"]) == [
+        ["strategy=ddp", "nprocs=1", "gpus=[0,1]", "repeat=3"], ["strategy=ddp", "nprocs=2", "gpus=[0,1]", "repeat=3"],
+        ["strategy=zero", "nprocs=1", "gpus=[0,1]", "repeat=3"], ["strategy=zero", "nprocs=2", "gpus=[0,1]", "repeat=3"]]
+    assert prediction.each_case(["model.checkpoint=false,true"]) == [["model.checkpoint=false"],
+                                                                     ["model.checkpoint=true"]]
+    for folder, rates in (("gpt-00", {"before_tflops": 0.20, "after_tflops": 0.18}), ("gpt-01", None)):
+        for job in ("0", "1"):
+            (tmp_path / folder / job).mkdir(parents=True)
+            (tmp_path / folder / job / "results.json").write_text(json.dumps({"case": folder}))
+        if rates:
+            (tmp_path / folder / prediction.SPEED_FILE).write_text(json.dumps(rates))
+    drifts = sorted((r["case"], r.get("cpu_drift")) for r in prediction.cases(tmp_path))
+    assert drifts == [("gpt-00", pytest.approx(0.9)), ("gpt-00", pytest.approx(0.9)), ("gpt-01", None),
+                      ("gpt-01", None)]
