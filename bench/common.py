@@ -138,6 +138,14 @@ class BenchError(RuntimeError):
     """A run the benchmark depends on failed: the message holds its command and the tail of its output."""
 
 
+class Refused(BenchError):
+    """The harness refused a command line as bad input (exit 2, before any worker started): `reason` is its line."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 # ---- the machine and the settings that are pinned ----
 
 def cores() -> int:
@@ -419,6 +427,9 @@ def sweep(overrides: Sequence[str], folder: Path, timeout_s: float = 900) -> Pat
     """`run.py -m OVERRIDES` into `folder`, as a user types it (threads pinned); BenchError when it fails."""
     proc = run_command([python(), "run.py", "-m", *overrides, f"hydra.sweep.dir={folder}"], pinned_env(cores()),
                        timeout_s=timeout_s)
+    if proc.returncode == 2:  # bad input: its one line, "error: ..."
+        reason = next((text for _, text in reversed(proc.lines) if text.startswith("error:")), proc.tail(1))
+        raise Refused(f"run.py -m {' '.join(overrides)} refused: {reason}", reason.removeprefix("error:").strip())
     if proc.returncode != 0:
         raise BenchError(f"run.py -m {' '.join(overrides)} exited {proc.returncode}\n{proc.tail()}")
     return folder

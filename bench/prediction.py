@@ -33,6 +33,7 @@ MEMORY_GOAL, TIME_GOAL = 0.10, 0.15
 
 
 SPEED_FILE = "cpu_speed.json"  # in a case's folder: one thread's matrix rate before and after its runs
+REFUSED_FILE = "refused.json"  # in a case's folder: its overrides and the harness's reason for refusing them
 
 
 def cases(folder: Path) -> list[dict]:
@@ -72,10 +73,27 @@ def cpu_speed() -> float:
 
 
 def sweep_case(case: list[str], folder: Path, timeout_s: float) -> None:
-    """One case's sweep (predicted, then its fresh processes run), the CPU's speed timed either side."""
+    """One case's sweep (predicted, then its fresh processes run), the CPU's speed timed either side; a case the
+    harness refuses (a sweep of many would have made it a skipped row) is kept as refused, with its reason."""
     before = cpu_speed()
-    common.sweep(case, folder, timeout_s=timeout_s)
+    try:
+        common.sweep(case, folder, timeout_s=timeout_s)
+    except common.Refused as refused:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / REFUSED_FILE).write_text(json.dumps({"overrides": case, "reason": refused.reason}))
+        return
     (folder / SPEED_FILE).write_text(json.dumps({"before_tflops": before, "after_tflops": cpu_speed()}))
+
+
+def refused_cases(folder: Path) -> list[tuple[str, str]]:
+    """(label, reason) of each case kept under `folder` that the harness refused before running it."""
+    found = []
+    for path in sorted(folder.rglob(REFUSED_FILE)):
+        record = json.loads(path.read_text())
+        given = dict(o.split("=", 1) for o in record["overrides"])
+        checkpoint = " checkpoint" if given.get("model.checkpoint", "false") not in ("false", "none") else ""
+        found.append((f"{given['model']} {given['strategy']} {given['amp']}{checkpoint}", record["reason"]))
+    return found
 
 
 def pct(value: float | None) -> str:
@@ -179,7 +197,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
                            *([*extra, *model, *common_overrides] for extra in more)]
             for k, case in enumerate(c for overrides in sweeps for c in each_case(overrides)):
                 sweep_case(case, runs / f"{name}-{k:02d}", timeout_s)
-        results = cases(runs)
+        results, refused = cases(runs), refused_cases(runs)
     memory_errors, time_errors, beyond, drifts = [], [], [], []
     for runs_of_case in by_case(results).values():
         r = runs_of_case[0]
@@ -203,6 +221,8 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
         table.add(label, r["world_size"], f"{f['peak_pred']:.1f}", f"{f['peak_meas']:.1f}", pct(memory),
                   f"{1000 * f['s_pred']:.1f}", f"{1000 * f['s_meas']:.1f}", spread, pct(seconds),
                   "-" if drift is None else f"{drift:.2f}x", "yes" if ok else "NO")
+    for label, reason in refused:
+        table.add(label, "-", *["-"] * 8, f"refused: {reason}")
     table.print()
     took = time.perf_counter() - started
 

@@ -210,7 +210,7 @@ def test_a_case_of_fresh_processes_is_judged_by_its_medians():
 def test_each_case_of_benchmarks_13_and_15_is_a_sweep_of_its_own_with_the_cpus_drift(tmp_path):
     """A sweep's comma lists become its cases in the sweep's order (a list in brackets stays one value), and a
     case's runs carry its folder's CPU drift, after / before (0.18 / 0.20 = 0.90x, not 1.11x); runs of a folder
-    without the record carry none."""
+    without the record carry none; a refused case is a row with its reason, not a run."""
     import prediction
 
     assert prediction.each_case(["strategy=ddp,zero", "nprocs=1,2", "gpus=[0,1]", "repeat=3"]) == [
@@ -227,3 +227,9 @@ def test_each_case_of_benchmarks_13_and_15_is_a_sweep_of_its_own_with_the_cpus_d
     drifts = sorted((r["case"], r.get("cpu_drift")) for r in prediction.cases(tmp_path))
     assert drifts == [("gpt-00", pytest.approx(0.9)), ("gpt-00", pytest.approx(0.9)), ("gpt-01", None),
                       ("gpt-01", None)]
+    # a case the harness refused (exit 2) is kept as refused, labelled as the table labels a run, with its reason
+    (tmp_path / "gpt-02").mkdir()
+    (tmp_path / "gpt-02" / prediction.REFUSED_FILE).write_text(json.dumps({
+        "overrides": ["strategy=pp", "model=gpt", "model.checkpoint=true", "amp=O1"], "reason": "not with pp"}))
+    assert prediction.refused_cases(tmp_path) == [("gpt pp O1 checkpoint", "not with pp")]
+    assert len(prediction.cases(tmp_path)) == 4
