@@ -24,9 +24,9 @@ from harness.prediction.targets import local_target
 log = logging.getLogger(__name__)
 PLAN_DIR = Path("runs") / "plan"
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-LINK_SIZES = ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB"]
+LINK_SIZES = ["4KiB", "16KiB", "64KiB", "256KiB", "512KiB", "1MiB", "4MiB", "16MiB"]
 LINK_DTYPES = ("float32", "bfloat16")
-CALL_COLUMN = {"mean": "time_us_mean", "median": "time_us"}  # the collectives table's column for each statistic
+CALL_COLUMN = {"mean by size": "time_us_mean", "mean": "time_us_mean", "median": "time_us"}  # the collectives table's column for each statistic
 
 
 def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
@@ -35,7 +35,8 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
     median: a step pays every call it makes, and gloo's calls here are bimodal (a 512 KiB all-reduce between two
     ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in the next, the mean 1.4-2.3 ms in
     both); fitted to medians, every two-process case of benchmark 15 was predicted 12-50 % fast, the more so the
-    more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends)."""
+    more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends). Each op's link keeps its sizes' means too,
+    which price the calls between them (Link.measured_seconds)."""
     import tempfile
 
     from harness.collectives import run_benchmark
@@ -61,11 +62,23 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
             for op, one in each.items():
                 log.info("plan: %s in %s fitted: %.1f us per hop, %.2f GB/s bus bandwidth (R^2 %.3f over %d sizes)",
                          op, dtype, one.link.latency_us, one.link.bandwidth_gbps, one.r_squared, one.points)
-                links[op if dtype == "float32" else f"{op}:{dtype}"] = one.link
+                sizes = monotone(sorted((size, seconds) for name, size, seconds in samples if name == op))
+                links[op if dtype == "float32" else f"{op}:{dtype}"] = replace(one.link, sizes=sizes,
+                                                                               ranks=results["world_size"])
     finally:
         quiet.setLevel(level)
     assert pooled is not None
     return pooled.link, links
+
+
+def monotone(sizes: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Each size's mean call, ascending in size, made no shorter than a smaller size's (isotonic regression: where
+    the noise of a hundred bimodal calls put a larger size below a smaller one, the two are pooled to their mean):
+    a larger message does not cost less, and the table prices calls between its sizes."""
+    from scipy.optimize import isotonic_regression  # a link measurement only
+
+    pooled = isotonic_regression([seconds for _, seconds in sizes]).x
+    return tuple((size, float(seconds)) for (size, _), seconds in zip(sizes, pooled, strict=True))
 
 
 @contextlib.contextmanager

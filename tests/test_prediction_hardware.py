@@ -67,9 +67,10 @@ def test_local_takes_the_measured_fields():
     assert local.per_op["broadcast"].bandwidth_gbps == 4.0
 
 
-def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_read(tmp_path, monkeypatch):
-    """The cached link says what it was fitted to; one from before (the median of each size's calls) is measured
-    again, once, and one fitted to the mean is read as it is."""
+@pytest.mark.parametrize("before", [None, "median", "mean"])
+def test_a_cached_link_of_another_statistic_is_measured_again_and_one_by_size_is_read(tmp_path, monkeypatch, before):
+    """The cached link says what it was fitted to; one from before (the median of each size's calls, or their mean
+    with no sizes kept) is measured again, once, and one kept by size is read as it is."""
     from harness.prediction import hardware
     from harness.prediction.links import Link
 
@@ -77,7 +78,8 @@ def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_rea
     monkeypatch.setattr(hardware, "cpu_speed", lambda: 0.1)  # the CPU as fast as when the link was measured
     rates = {"cpu:1": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}}
     hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0},
-                            "link": {"latency_us": 100.0, "bandwidth_gbps": 2.0}, "per_op": {}})
+                            "link": {"latency_us": 100.0, "bandwidth_gbps": 2.0}, "per_op": {},
+                            **({"link_statistic": before} if before else {})})
     calls = []
 
     def measure() -> tuple[Link, dict[str, Link]]:
@@ -88,7 +90,7 @@ def test_a_cached_link_fitted_to_medians_is_measured_again_and_a_mean_one_is_rea
     again = hardware.measure_machine(1, "cpu", 2, measure, 24.0)
     assert len(calls) == 1
     assert first["intra"] == again["intra"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}
-    assert hardware.read_machine()["link_statistic"] == "mean"
+    assert hardware.read_machine()["link_statistic"] == "mean by size"
 
 
 @pytest.mark.parametrize("recorded", ["with the link", "a cache from before: the speed cached beside it"])
@@ -104,14 +106,18 @@ def test_a_link_measured_when_the_cpu_ran_faster_is_taken_at_its_speed_now(tmp_p
     monkeypatch.setattr(hardware, "cpu_speed", lambda: speed[0])
     rates = {"cpu:1": {"float32": 0.2, "bfloat16": 0.4, "float16": 0.02}}
     then = {"link_cpu_tflops": 0.2} if recorded == "with the link" else {}
-    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0}, "link_statistic": "mean",
+    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0}, "link_statistic": "mean by size",
                             "link": {"latency_us": 400.0, "bandwidth_gbps": 1.5},
-                            "per_op": {"all_reduce": {"latency_us": 390.0, "bandwidth_gbps": 1.7}}, **then})
+                            "per_op": {"all_reduce": {"latency_us": 390.0, "bandwidth_gbps": 1.7,
+                                                      "sizes": [[4096, 0.0004], [65536, 0.0008]], "ranks": 2}},
+                            **then})
     machine = hardware.measure_machine(1, "cpu", 2, None, 24.0)
     assert machine["link_scale"] == pytest.approx(0.8)
     assert machine["intra"] == machine["inter"] == {"latency_us": pytest.approx(500.0),
                                                     "bandwidth_gbps": pytest.approx(1.2)}
-    assert machine["per_op"]["all_reduce"] == {"latency_us": pytest.approx(487.5), "bandwidth_gbps": pytest.approx(1.36)}
+    assert machine["per_op"]["all_reduce"] == {"latency_us": pytest.approx(487.5), "bandwidth_gbps": pytest.approx(1.36),
+                                               "sizes": [[4096, pytest.approx(0.0005)], [65536, pytest.approx(0.001)]],
+                                               "ranks": 2}  # each size's mean call as long as the latency
     assert hardware.read_machine()["link"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}  # the cache as measured
     target = targets.local_target("cpu", 2, 1)
     assert target.link_scale == pytest.approx(0.8) and "0.80x its speed when the link was measured" in \
@@ -135,6 +141,8 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
     def benchmark(cfg, folder):
         rows = [{"op": op, "size_bytes": size, "time_us": 1000.0, "time_us_mean": 3000.0 + size / 1e3}
                 for op in cfg["collectives"]["ops"] for size in (65536, 262144, 1048576, 4194304, 16777216)]
+        if cfg["collectives"]["dtype"] == "float32":  # noise put 256 KiB's mean below 64 KiB's
+            rows[1]["time_us_mean"] = 2065.536
         return {"status": "ok", "rows": rows, "world_size": 2}
 
     monkeypatch.setattr(collectives, "run_benchmark", benchmark)
@@ -142,6 +150,12 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
     link = each["all_reduce:bfloat16"]  # 2 hops of 1.5 ms and 1 GB/s, from the means (medians: 2 x 0.5 ms, no bytes)
     assert (link.latency_us, link.bandwidth_gbps) == (pytest.approx(1500.0), pytest.approx(1.0))
     assert collective_seconds("all_reduce", 1048576, 2, 1, link, link) == pytest.approx((3000 + 1048576 / 1e3) * 1e-6)
+    # each size's mean kept beside the line, on the ranks it was measured over, ascending
+    assert link.ranks == 2 and link.sizes[0] == (65536, pytest.approx((3000 + 65.536) * 1e-6)) and len(link.sizes) == 5
+    assert [size for size, _ in link.sizes] == sorted(size for size, _ in link.sizes)
+    # a larger size measured shorter than a smaller one: the two pooled to their mean, (3065.536 + 2065.536) / 2 us
+    first = each["all_reduce"].sizes
+    assert first[0][1] == first[1][1] == pytest.approx(2565.536e-6) and first[2][1] == pytest.approx(4048.576e-6)
 
 
 def test_unknown_preset_names_the_closest_one():

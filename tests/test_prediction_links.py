@@ -87,6 +87,29 @@ def test_a_half_type_takes_its_own_fitted_link_where_there_is_one():
     assert collective_seconds("all_reduce", 1e6, 2, 1, NVLINK, NVLINK, only_fp32, "bfloat16") == pytest.approx(fp32)
 
 
+def test_a_call_among_the_measured_sizes_is_priced_by_them_not_by_the_line():
+    """gloo's mean calls on 2 ranks, 0.72 ms at 64 KiB, 0.86 at 256 KiB, 1.72 at 512 KiB, 12.8 at 16 MiB: a 512 KiB
+    call costs 1.72 ms (the line through them, 2 x 350 us + 512 KiB at 1.39 GB/s, 1.08 ms); 384 KiB halfway
+    between 256 and 512 KiB, 1.29 ms (not the line's nor either neighbour's); 4 KiB the smallest's 0.72 ms (a
+    call's latency); 32 MiB, 4 ranks, or across nodes: the line."""
+    sizes = ((65536, 0.72e-3), (262144, 0.86e-3), (524288, 1.72e-3), (16777216, 12.8e-3))
+    gloo = Link(350.0, 1.39, sizes, ranks=2)
+    per_op = {"all_reduce": gloo}
+
+    def call(size: float, ranks: int = 2, nodes: int = 1) -> float:
+        return collective_seconds("all_reduce", size, ranks // nodes, nodes, NVLINK, NVLINK, per_op)
+
+    assert call(524288) == pytest.approx(1.72e-3)
+    assert call(393216) == pytest.approx(1.29e-3)
+    assert call(4096) == pytest.approx(0.72e-3)
+    line = 2 * 350e-6 + 32 * 2**20 / 1.39e9
+    assert call(32 * 2**20) == pytest.approx(line)
+    assert call(524288, ranks=4) == pytest.approx(6 * 350e-6 + 1.5 * 524288 / 1.39e9)
+    assert call(524288, ranks=4, nodes=2) == collective_seconds("all_reduce", 524288, 2, 2, NVLINK, NVLINK)
+    assert Link(**{"latency_us": 350.0, "bandwidth_gbps": 1.39, "sizes": [[65536, 0.72e-3]], "ranks": 2}) == \
+        Link(350.0, 1.39, ((65536.0, 0.72e-3),), 2)  # as the cache's JSON gives it
+
+
 def test_the_fit_recovers_a_link_known_by_construction():
     truth = Link(latency_us=150.0, bandwidth_gbps=1.5)
     samples = [(op, size, collective_seconds(op, size, 2, 1, truth, truth))

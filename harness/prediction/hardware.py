@@ -214,7 +214,9 @@ def gpu_names() -> list[str]:
         pynvml.nvmlShutdown()
 
 
-LINK_STATISTIC = "mean"  # what the cached link is fitted to, per size (harness.planning.measure_link)
+# what the cached link is fitted to, per size (harness.planning.measure_link); a cache of another is measured
+# again: "mean" alone had no sizes kept beside its fit, nor 4, 16 and 512 KiB among them
+LINK_STATISTIC = "mean by size"
 
 
 def cache_path() -> Path:
@@ -333,10 +335,13 @@ def cpu_speed() -> float:
     return gemm_tflops(torch.float32, 1)
 
 
-def at_speed(link: Mapping[str, float], scale: float) -> dict[str, float]:
+def at_speed(link: Mapping[str, Any], scale: float) -> dict[str, Any]:
     """A CPU link (gloo: copies, reductions and loopback sockets, all work of the CPU) measured when the CPU ran
     at one speed, at `scale` times that speed: its latency divided and its bandwidth multiplied by it. A VM's
     host varies by tens of percent between hours (2026-12-07, an Intel VM: one thread's matrix products at 0.80x
     their speed of two hours before, gloo's all-reduce of 128 KiB and 2 MiB 1.41x and 1.31x as long), and the
     compute is calibrated anew for each prediction while the link is measured once."""
-    return {"latency_us": link["latency_us"] / scale, "bandwidth_gbps": link["bandwidth_gbps"] * scale}
+    scaled = {"latency_us": link["latency_us"] / scale, "bandwidth_gbps": link["bandwidth_gbps"] * scale}
+    if link.get("sizes"):  # each measured size's mean call, as long as the latency is
+        scaled.update(sizes=[[size, seconds / scale] for size, seconds in link["sizes"]], ranks=link["ranks"])
+    return scaled
