@@ -237,11 +237,13 @@ def _mib(value: float) -> str:
 
 
 def ensure_link(ranks: int, gpus: bool, repeats: int) -> None:
-    """Before runs whose predictions need this machine's link: measure it once (cached by harness.prediction.hardware).
-    A failed measurement leaves the predictions without communication, saying so; it never stops the runs."""
+    """Before runs whose predictions need this machine's link: measure it once (cached by harness.prediction.hardware),
+    and again where the cached one was taken another way (LINK_STATISTIC). A failed measurement leaves the
+    predictions without communication, saying so; it never stops the runs."""
     from harness.prediction.hardware import read_machine
 
-    if ranks < 2 or read_machine().get("link") is not None:
+    cached = read_machine()
+    if ranks < 2 or (cached.get("link") is not None and cached.get("link_statistic") == LINK_STATISTIC):
         return
     from harness.core.logs import setup_cli
 

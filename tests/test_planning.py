@@ -121,6 +121,27 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
     assert "measuring this machine's link" in proc.stdout
 
 
+@pytest.mark.parametrize(("cached", "measured"), [(None, True), ("median", True), ("mean", True),
+                                                  ("mean by size", False)])
+def test_a_sweep_measures_the_link_again_where_the_cached_one_was_taken_another_way(tmp_path, monkeypatch, cached,
+                                                                                     measured):
+    """Before a sweep's predictions (plan.predict): no link, or one of another statistic (the median before
+    2026-12-05, the mean without its sizes before 2026-12-07) is measured; one as the planner takes it now is
+    read. (A sweep once read any cached link: benchmark 15 ran an hour on a link with no sizes.)"""
+    from harness import planning
+    from harness.prediction import hardware
+
+    monkeypatch.setenv("HARNESS_MACHINE_CACHE", str(tmp_path))
+    if cached:
+        hardware.write_machine({"link": {"latency_us": 400.0, "bandwidth_gbps": 1.5}, "link_statistic": cached})
+    calls = []
+    monkeypatch.setattr(planning, "local_target", lambda *args: calls.append(args))
+    planning.ensure_link(2, False, 100)
+    assert bool(calls) == measured
+    planning.ensure_link(1, False, 100)  # one rank links nothing
+    assert len(calls) == int(measured)
+
+
 @pytest.mark.slow
 def test_a_run_predicted_not_to_fit_is_skipped_with_the_reason(tmp_path):
     from conftest import run_cli
