@@ -23,7 +23,7 @@ class Link:
     it was measured over (`sizes`: (bytes, seconds), ascending; `ranks`), which price a call of those ranks
     between the smallest and the largest size: gloo's mean call is no straight line in its size (2 ranks on a
     2-core VM, 2026-12-07: 0.72 ms at 64 KiB, 0.86 at 256 KiB, 1.72 at 512 KiB, 2.18 at 1 MiB, 12.8 at 16 MiB,
-    the line fitted to them 1.13 ms at 512 KiB: where tensor parallelism's calls are, and FSDP's)."""
+    the line fitted to them 1.33 ms at 512 KiB: where tensor parallelism's calls are, and FSDP's)."""
 
     latency_us: float  # one hop
     bandwidth_gbps: float  # bus bandwidth, GB/s (1e9 bytes/s)
