@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import statistics
 import sys
@@ -50,20 +49,18 @@ def cases(folder: Path) -> list[dict]:
 
 
 def each_case(overrides: Sequence[str]) -> list[list[str]]:
-    """A sweep's overrides as its cases, in the sweep's order: each comma-separated choice (outside brackets)
-    one case's own, so each case can be a sweep of its own, predicted next to its runs."""
-    choices = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        values, depth, start = [], 0, 0
-        for i, char in enumerate(value):
-            depth += (char in "[(") - (char in "])")
-            if char == "," and depth == 0:
-                values.append(value[start:i])
-                start = i + 1
-        values.append(value[start:])
-        choices.append([f"{key}{sep}{v}" for v in values] if sep else [override])
-    return [list(case) for case in itertools.product(*choices)]
+    """A sweep's overrides as its cases, each one run of `run.py -m OVERRIDES`, in the sweep's order (the harness's
+    own expansion, harness.compose.combinations), so that each case can be a sweep of its own, predicted next to
+    its runs."""
+    from harness.compose import combinations, hydra_context
+
+    with hydra_context():
+        return combinations(overrides, multirun=True)
+
+
+def case_label(model: str, strategy: str, amp: str, checkpoint: bool) -> str:
+    """A case as the table names it."""
+    return f"{model} {strategy} {amp}{' checkpoint' if checkpoint else ''}"
 
 
 def cpu_speed() -> float:
@@ -91,8 +88,8 @@ def refused_cases(folder: Path) -> list[tuple[str, str]]:
     for path in sorted(folder.rglob(REFUSED_FILE)):
         record = json.loads(path.read_text())
         given = dict(o.split("=", 1) for o in record["overrides"])
-        checkpoint = " checkpoint" if given.get("model.checkpoint", "false") not in ("false", "none") else ""
-        found.append((f"{given['model']} {given['strategy']} {given['amp']}{checkpoint}", record["reason"]))
+        checkpoint = given.get("model.checkpoint", "false").lower() not in ("false", "none")
+        found.append((case_label(given["model"], given["strategy"], given["amp"], checkpoint), record["reason"]))
     return found
 
 
@@ -201,8 +198,7 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
     memory_errors, time_errors, beyond, drifts = [], [], [], []
     for runs_of_case in by_case(results).values():
         r = runs_of_case[0]
-        checkpoint = " checkpoint" if r["config"]["model"].get("checkpoint") else ""
-        label = f"{r['model']} {r['strategy']} {r['amp']}{checkpoint}"
+        label = case_label(r["model"], r["strategy"], r["amp"], bool(r["config"]["model"].get("checkpoint")))
         f = case_figures(runs_of_case)
         if f is None:
             table.add(label, r.get("world_size") or "-", *["-"] * 8, f"{r['status']}: {r.get('error')}")

@@ -208,16 +208,19 @@ def test_a_case_of_fresh_processes_is_judged_by_its_medians():
 
 
 def test_each_case_of_benchmarks_13_and_15_is_a_sweep_of_its_own_with_the_cpus_drift(tmp_path):
-    """A sweep's comma lists become its cases in the sweep's order (a list in brackets stays one value), and a
-    case's runs carry its folder's CPU drift, after / before (0.18 / 0.20 = 0.90x, not 1.11x); runs of a folder
-    without the record carry none; a refused case is a row with its reason, not a run."""
+    """A sweep's comma lists become its cases in the sweep's order, as run.py -m runs them (a list in brackets
+    stays one value; Hydra writes booleans True/False), and a case's runs carry its folder's CPU drift, after /
+    before (0.18 / 0.20 = 0.90x, not 1.11x); runs of a folder without the record carry none; a refused case is a
+    row with its reason, not a run."""
     import prediction
 
-    assert prediction.each_case(["strategy=ddp,zero", "nprocs=1,2", "gpus=[0,1]", "repeat=3"]) == [
-        ["strategy=ddp", "nprocs=1", "gpus=[0,1]", "repeat=3"], ["strategy=ddp", "nprocs=2", "gpus=[0,1]", "repeat=3"],
-        ["strategy=zero", "nprocs=1", "gpus=[0,1]", "repeat=3"], ["strategy=zero", "nprocs=2", "gpus=[0,1]", "repeat=3"]]
-    assert prediction.each_case(["model.checkpoint=false,true"]) == [["model.checkpoint=false"],
-                                                                     ["model.checkpoint=true"]]
+    assert prediction.each_case(["strategy=ddp,zero", "amp=O0", "nprocs=1,2", "gpus=[0,1]", "repeat=3"]) == [
+        ["strategy=ddp", "amp=O0", "nprocs=1", "gpus=[0,1]", "repeat=3"],
+        ["strategy=ddp", "amp=O0", "nprocs=2", "gpus=[0,1]", "repeat=3"],
+        ["strategy=zero", "amp=O0", "nprocs=1", "gpus=[0,1]", "repeat=3"],
+        ["strategy=zero", "amp=O0", "nprocs=2", "gpus=[0,1]", "repeat=3"]]
+    assert prediction.each_case(["strategy=single", "amp=O0", "model.checkpoint=false,true"]) == [
+        ["strategy=single", "amp=O0", "model.checkpoint=False"], ["strategy=single", "amp=O0", "model.checkpoint=True"]]
     for folder, rates in (("gpt-00", {"before_tflops": 0.20, "after_tflops": 0.18}), ("gpt-01", None)):
         for job in ("0", "1"):
             (tmp_path / folder / job).mkdir(parents=True)
@@ -230,6 +233,9 @@ def test_each_case_of_benchmarks_13_and_15_is_a_sweep_of_its_own_with_the_cpus_d
     # a case the harness refused (exit 2) is kept as refused, labelled as the table labels a run, with its reason
     (tmp_path / "gpt-02").mkdir()
     (tmp_path / "gpt-02" / prediction.REFUSED_FILE).write_text(json.dumps({
-        "overrides": ["strategy=pp", "model=gpt", "model.checkpoint=true", "amp=O1"], "reason": "not with pp"}))
-    assert prediction.refused_cases(tmp_path) == [("gpt pp O1 checkpoint", "not with pp")]
+        "overrides": ["strategy=pp", "amp=O1", "model=gpt", "model.checkpoint=True"], "reason": "not with pp"}))
+    (tmp_path / "gpt-03").mkdir()  # as a sweep writes it: False, not false
+    (tmp_path / "gpt-03" / prediction.REFUSED_FILE).write_text(json.dumps({
+        "overrides": ["strategy=pp", "amp=O1", "model=gpt", "model.checkpoint=False"], "reason": "not with pp"}))
+    assert prediction.refused_cases(tmp_path) == [("gpt pp O1 checkpoint", "not with pp"), ("gpt pp O1", "not with pp")]
     assert len(prediction.cases(tmp_path)) == 4
