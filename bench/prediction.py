@@ -58,9 +58,9 @@ def each_case(overrides: Sequence[str]) -> list[list[str]]:
         return combinations(overrides, multirun=True)
 
 
-def case_label(model: str, strategy: str, amp: str, checkpoint: bool) -> str:
-    """A case as the table names it."""
-    return f"{model} {strategy} {amp}{' checkpoint' if checkpoint else ''}"
+def case_label(model: str, strategy: str, amp: str, checkpoint: bool, variant: str = "") -> str:
+    """A case as the table names it (a strategy's variant, e.g. sequence_parallel, as the report labels it)."""
+    return f"{model} {strategy} {amp}{f' {variant}' if variant else ''}{' checkpoint' if checkpoint else ''}"
 
 
 def cpu_speed() -> float:
@@ -198,7 +198,8 @@ def run_cases(args: argparse.Namespace, models: dict[str, list[str]], quick: dic
     memory_errors, time_errors, beyond, drifts = [], [], [], []
     for runs_of_case in by_case(results).values():
         r = runs_of_case[0]
-        label = case_label(r["model"], r["strategy"], r["amp"], bool(r["config"]["model"].get("checkpoint")))
+        label = case_label(r["model"], r["strategy"], r["amp"], bool(r["config"]["model"].get("checkpoint")),
+                           r.get("variant") or "")
         f = case_figures(runs_of_case)
         if f is None:
             table.add(label, r.get("world_size") or "-", *["-"] * 8, f"{r['status']}: {r.get('error')}")

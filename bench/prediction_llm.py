@@ -4,8 +4,8 @@ width 64, sequences of 128, global batch 16), activation checkpointing off and o
     python bench/prediction_llm.py [--write-results]
 
 Cases: single, ddp, zero, fsdp and allreduce x O0 and O1 (bfloat16) x model.checkpoint false, true x 1 and 2
-processes (single: one); tensor parallelism (strategy=tp) and the pipeline (strategy=pp, 1F1B, 4 microbatches) on 2
-processes. Errors, goals and `--fresh N` as bench/prediction.py's.
+processes (single: one); tensor parallelism (strategy=tp, without and with sequence parallelism) and the pipeline
+(strategy=pp, 1F1B, 4 microbatches) on 2 processes. Errors, goals and `--fresh N` as bench/prediction.py's.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     settings, tables, lines = run_cases(args, {"gpt": [*GPT, "iterations=100"]},
                                         {"gpt": ["model=gpt", "iterations=40", "batch_size=8"]},
                                         "single, ddp, zero, fsdp, allreduce x O0, O1 bf16 x gpt with checkpointing "
-                                        "off and on x 1 and 2 processes; tp and pp on 2 processes",
-                                        (["strategy=tp,pp", "nprocs=2"],))
+                                        "off and on x 1 and 2 processes; tp (sequence parallel or not) and pp on 2 "
+                                        "processes",
+                                        (["strategy=tp,pp", "nprocs=2"],
+                                         ["strategy=tp", "strategy.sequence_parallel=true", "nprocs=2"]))
     lines = [*lines, PUBLISHED]
     if args.write_results:
         common.write_results("prediction_llm", common.results_page("prediction_llm", settings, tables, lines,

@@ -121,14 +121,17 @@ def tp_traffic(sequence_parallel: bool) -> tuple[Collective, ...]:
     input's (DTensor reduces the partial gradient whole). None can hide: the next layer waits for them. A
     checkpointed block's recomputation runs its forward's again up to the last one backward needs: the all-reduce
     after the attention (not the MLP's, which ends the block); with sequence parallelism both all-gathers and the
-    attention's reduce-scatter."""
+    attention's reduce-scatter. Sequence parallelism also leaves the norms' parameters whole on every rank, each
+    gradient a partial sum over the sequence's shards: one all-reduce a parameter, once a step (in the optimizer's
+    step; under FSDP x TP in FSDP's reduction)."""
     def per_block(op: str, recomputed: int = 0) -> Collective:  # recomputed: a forward's, under checkpointing
         return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2,
                           recomputed=recomputed)
 
     if not sequence_parallel:
         return per_block("all_reduce", 1), per_block("all_reduce")
-    return per_block("all_gather", 2), per_block("reduce_scatter", 1), per_block("all_gather"), per_block("all_reduce")
+    return (per_block("all_gather", 2), per_block("reduce_scatter", 1), per_block("all_gather"),
+            per_block("all_reduce"), Collective("all_reduce", "whole_grads", "none", group="tp", calls="per_param"))
 
 
 TP_AMP_RULES = (

@@ -5,6 +5,7 @@ starts; the activations' collectives are declared and sized by hand."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -151,12 +152,15 @@ def test_the_activations_collectives_per_block_sized_by_hand():
         [("all_reduce", "activations", "tp", "per_block", 2, "micro_batch")] * 2
     assert [activation_bytes(c, 8 * 16, 32, 4, 2) for c in plain.collectives] == [65536, 65536]
     sequence = TensorParallel.traffic({"sequence_parallel": True})
-    assert [c.op for c in sequence.collectives] == ["all_gather", "reduce_scatter", "all_gather", "all_reduce"]
+    assert [(c.op, c.payload) for c in sequence.collectives] == [
+        ("all_gather", "activations"), ("reduce_scatter", "activations"), ("all_gather", "activations"),
+        ("all_reduce", "activations"), ("all_reduce", "whole_grads")]  # the last: the norms' gradients, in the step
+    per_block = sequence.collectives[:4]
     assert [c.recomputed for c in plain.collectives] == [1, 0]
-    assert [c.recomputed for c in sequence.collectives] == [2, 1, 0, 0]
+    assert [c.recomputed for c in per_block] == [2, 1, 0, 0]
     with pytest.raises(ValueError, match="recomputed"):
         Collective("all_reduce", "activations", "none", calls="per_block", count=2, recomputed=3)
-    assert sum(activation_bytes(c, 8 * 16, 32, 4, 2) for c in sequence.collectives) == 4 * 65536
+    assert sum(activation_bytes(c, 8 * 16, 32, 4, 2) for c in per_block) == 4 * 65536
     with pytest.raises(ValueError, match="per block"):
         Collective("all_reduce", "activations", "none")
     both = FSDP2.traffic({"tp": 2})
@@ -218,8 +222,29 @@ def test_the_planner_prices_tp_all_reduces_per_block_on_their_group_and_fsdp_acr
     assert total == exposed == pytest.approx(16 * node_call + 2 * dp_call)
 
 
-# one rank of a TP group of 2 in torch's fake process group: model=gpt's collectives in a forward and backward,
-# counted by DTensor's CommDebugMode, for each pairing of sequence parallelism, checkpointing and the head
+def test_sequence_parallelisms_whole_parameters_are_all_reduced_once_a_step_one_call_each():
+    """With sequence parallelism a block's 2 all-gathers and 2 reduce-scatters forward, 2 all-gathers and 2
+    all-reduces backward (each 128 MiB, 4 blocks: 32 calls, every micro-batch; outside them the final norm's output
+    and the embeddings' gradient gathered: 2 more), and the norms' 9 whole parameters of
+    4096 float32 (16 KiB) all-reduced once a step, one call each, over the TP group. On 2 x 2 with TP over a node's 2
+    ranks (FSDP x TP's, its FSDP traffic left out; nothing hides) and 2 micro-batches: 2 x 34 activation calls and
+    9 whole ones, not 18 (they are reduced in the step, not every micro-batch) and not 0 (left out)."""
+    block = replace(BLOCK, whole=(4096,) * 9)
+    traffic = FSDP2.traffic({"tp": 2, "sequence_parallel": True, "reshard_after_forward": False})
+    tp_only = replace(traffic, collectives=tuple(c for c in traffic.collectives if c.group == "tp"))
+    assert [c.payload for c in tp_only.collectives].count("whole_grads") == 1
+    call = functools.partial(collective_seconds, devices_per_node=2, nodes=1, intra=INTRA, inter=INTER)
+    activation_ops = ["all_gather"] * 4 + ["reduce_scatter"] * 2 + ["all_reduce"] * 2
+    per_micro_batch = 4 * sum(call(op, 128 * MIB) for op in activation_ops) + 2 * call("all_gather", 128 * MIB)
+    whole = 9 * call("all_reduce", 16 * 1024)
+    assert whole == pytest.approx(9 * (2 * 2e-6 + 16 * 1024 / 100e9))
+    total, exposed = comm_time(tp_only, TRACE, 4, TWO_BY_TWO, compute=0.0, micro_batches=2, activations=block)
+    assert total == exposed == pytest.approx(2 * per_micro_batch + whole)
+
+
+# one rank of a TP group of 2 in torch's fake process group: model=gpt's collectives in a forward, backward and
+# optimizer step, counted by DTensor's CommDebugMode, for each pairing of sequence parallelism, checkpointing and the
+# head, and the Llama shape
 COUNT_COLLECTIVES = """
 import contextlib, json, sys
 import torch
@@ -233,15 +258,17 @@ from strategies.tp import parallelize
 fake_process_group(2)
 mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
 counted = []
-for sequence, mode, tie in json.loads(sys.argv[1]):
+for sequence, mode, tie, shape in json.loads(sys.argv[1]):
     torch.manual_seed(0)
-    model = checkpoint_blocks(GPT(layers=2, width=32, heads=4, vocab_size=64, seq_len=16, tie_embeddings=tie), mode,
-                              "harness.rank.gpt.GPT")
+    model = checkpoint_blocks(GPT(layers=2, width=32, heads=4, vocab_size=64, seq_len=16, tie_embeddings=tie,
+                                  shape=shape), mode, "harness.rank.gpt.GPT")
     with contextlib.ExitStack() as held:
         model = parallelize(model, mesh, sequence, held)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         tokens = torch.randint(0, 64, (4, 16))
         with CommDebugMode() as comm:
             model.loss(model(tokens), tokens).backward()
+            optimizer.step()
     counted.append({str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()})
 print(json.dumps(counted))
 """
@@ -253,31 +280,37 @@ TORCH_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor
 def test_the_planners_tp_collectives_are_those_dtensor_issues():
     """What the planner prices for strategy=tp (the strategy's per-block declarations, with their recomputation under
     checkpointing, and outside_blocks_calls: the head's and the embeddings'), call by call and kind by kind, against
-    the collectives torch issues on a 2-block model=gpt (a subprocess in a fake process group). Without sequence
-    parallelism 4 a block and 4 outside (the head's input gradient and loss_parallel's 3) = 12, 14 checkpointed
-    (the block's last all-reduce is not recomputed); 8 with a tied head. Counting every forward collective again
-    under checkpointing, or leaving the head out, fails."""
+    the collectives torch issues on a 2-block model=gpt in a forward, backward and optimizer step (a subprocess in a
+    fake process group). Without sequence parallelism 4 a block and 4 outside (the head's input gradient and
+    loss_parallel's 3) = 12, 14 checkpointed (the block's last all-reduce is not recomputed); 8 with a tied head.
+    With it, the whole parameters' all-reduces in the step: GPT-2's 2 norms a block and the final one, weight and
+    bias, 10 of 32 elements; the Llama shape's RMSNorms have weights only, 5. Counting every forward collective
+    again under checkpointing, leaving the head out, or the whole parameters, fails."""
     import json
     import subprocess
     import sys
 
     from harness.prediction.predict import activation_calls, outside_blocks_calls
 
-    cases = [(sequence, mode, tie) for sequence in (False, True) for mode in ("none", "full", "selective")
-             for tie in (False, True)]
+    cases = [(sequence, mode, tie, "gpt2") for sequence in (False, True) for mode in ("none", "full", "selective")
+             for tie in (False, True)] + [(True, "none", False, "llama"), (True, "full", True, "llama")]
+    # the norms' parameters: 2 a block and the final one's, which a tied head leaves whole (it reads all the
+    # sequence): not sequence-parallel
+    whole = {("gpt2", False): (32,) * 10, ("gpt2", True): (32,) * 8, ("llama", False): (32,) * 5,
+             ("llama", True): (32,) * 4}
     done = subprocess.run([sys.executable, "-c", COUNT_COLLECTIVES, json.dumps(cases)], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).parents[1], check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    for (sequence, mode, tie), torch_counts in zip(cases, json.loads(done.stdout), strict=True):
+    for (sequence, mode, tie, shape), torch_counts in zip(cases, json.loads(done.stdout), strict=True):
         block = BlockActivations(4 * 16 * 32 * 4, 2, "float32", recomputing=mode != "none", vocab_parallel=not tie,
-                                 tokens=4 * 16)
+                                 tokens=4 * 16, whole=whole[shape, tie] if sequence else ())
         planned: dict[str, int] = {}
         for collective in TensorParallel.traffic({"sequence_parallel": sequence}).collectives:
             name = TORCH_NAMES[collective.op]
             planned[name] = planned.get(name, 0) + len(activation_calls(collective, block)[0])
         for op, _, _ in outside_blocks_calls(block, sequence):
             planned[TORCH_NAMES[op]] = planned.get(TORCH_NAMES[op], 0) + 1
-        assert planned == torch_counts, (sequence, mode, tie)
+        assert planned == torch_counts, (sequence, mode, tie, shape)
     assert json.loads(done.stdout)[:4] == [{"all_reduce": 12}, {"all_reduce": 8}, {"all_reduce": 14},
                                            {"all_reduce": 10}]
 
@@ -318,3 +351,7 @@ def test_block_activations_reads_recomputation_and_the_vocabulary_split_from_the
                                      vocab_parallel=vocab_parallel, tokens=4 * 16)
     half = block_activations(cfg, resolve(replace(cfg.amp, level="O1", dtype="bfloat16"), "cpu"), 4)
     assert (half.bytes, half.dtype) == (4 * 16 * 32 * 2, "bfloat16")
+    # sequence parallelism's whole parameters, from the model's plan: 3 blocks' 2 LayerNorms, and the final one
+    # where the head is split (the sequence's shards reach it), weight and bias of 32 each (none asked: none)
+    found = block_activations(cfg, resolve(cfg.amp, "cpu"), 4, sequence_parallel=True)
+    assert found.whole == (32,) * (14 if vocab_parallel else 12)

@@ -22,14 +22,17 @@ microbatch's, micro-batch x sequence x width) forward and their gradient backwar
 `Traffic.microbatches` and `stages_per_rank` give its schedule's idle share (`pipeline_bubble`).
 
 With activation checkpointing a block's forward runs again in backward, and with it the `recomputed` of its calls;
-a head split by vocabulary adds the reductions of torch's `loss_parallel` (the planner's, from the model's plan)."""
+a head split by vocabulary adds the reductions of torch's `loss_parallel` (the planner's, from the model's plan).
+Sequence parallelism leaves the parameters of the modules its plan gives torch's `SequenceParallel` (the norms) whole
+on every rank, their gradients partial sums over the sequence's shards: `whole_grads`, one all-reduce a parameter
+(`calls="per_param"`) over the `tp` group."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
-PAYLOADS = ("grads", "params", "stored_params", "powersgd", "activations", "stage_activations")
+PAYLOADS = ("grads", "params", "stored_params", "powersgd", "activations", "stage_activations", "whole_grads")
 OVERLAPS = ("backward", "forward", "none")  # what the collective can hide under; none: it is waited for
 CALLS = ("whole", "per_param", "per_block")  # one call for the payload (or its buckets and units), one per
 # parameter, or (activations) `count` calls in each transformer block

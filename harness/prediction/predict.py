@@ -11,6 +11,7 @@ piece. Each figure carries a 90 % band and says where it comes from."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import math
 from collections import Counter
@@ -29,7 +30,15 @@ from harness.prediction.calibrate import Calibration, calibrate, calibrate_strat
 from harness.prediction.gpu_model import BAND_Z, GpuFactors, load_factors, step_time, straggle
 from harness.prediction.hardware import GIB, Preset
 from harness.prediction.links import collective_seconds
-from harness.prediction.trace import PhasePeak, StepTrace, trace_ops, trace_step
+from harness.prediction.trace import (
+    PhasePeak,
+    StepTrace,
+    hashable,
+    hashable_builder,
+    on_meta,
+    trace_ops,
+    trace_step,
+)
 from strategies.capabilities import ShardedParameters
 
 MIB = 2**20
@@ -236,7 +245,7 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
             compute, notes = tensor_parallel_compute(compute, notes, tp)
         if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
             optimizer /= traffic.sharded_over(n)
-        activations = block_activations(cfg, amp, micro) if tp > 1 else None
+        activations = block_activations(cfg, amp, micro, traffic.sequence_parallel) if tp > 1 else None
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
                                   activations)
         if activations is not None and (activations.vocab_parallel or traffic.sequence_parallel):
@@ -245,8 +254,8 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
                 (["the final norm's output and the embeddings' gradient gathered"] if traffic.sequence_parallel else [])
             notes += ("tensor parallelism outside the blocks, every micro-batch: " + "; ".join(outside),)
         if activations is not None and traffic.sequence_parallel:
-            notes += ("sequence parallelism: the norms' whole weights have their gradients all-reduced once a step, "
-                      "one call a norm parameter: not counted",)
+            notes += (f"sequence parallelism: the {len(activations.whole)} parameters its plan leaves whole on every "
+                      "rank (the norms') have their gradients all-reduced once a step, one call each",)
     if cfg.compile:
         notes += ("compile=true: predicted as eager (torch.compile's fusions are not modelled)",)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, kernels, trace),
@@ -646,12 +655,12 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     tp_group = ""  # the tensor-parallel collectives' group, where there are some
     unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
     for collective in traffic.collectives:
-        if collective.payload == "activations":  # tensor parallelism: per block, on the critical path
-            tp_calls, tp_dtype = activation_calls(collective, activations)
+        if collective.payload in ("activations", "whole_grads"):  # tensor parallelism: on the critical path
+            tp_calls, tp_dtype = activation_calls(collective, activations, trace.grad_dtype)
             group_per_node, group_nodes = layout(collective.group)
             seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
                                              preset.per_op, tp_dtype, preset.devices_per_node)
-                          for c in tp_calls) * micro_batches
+                          for c in tp_calls) * (micro_batches if collective.every == "micro_batch" else 1)
             total += seconds
             exposed += seconds
             tp_group = collective.group
@@ -712,6 +721,7 @@ def _describe(collective: Collective) -> str:
              "tp": ", within each tensor-parallel group", "dp": ", across the tensor-parallel groups"}[collective.group]
     every = ", every micro-batch" if collective.every == "micro_batch" else ""
     every += f", {collective.count} a block" if collective.calls == "per_block" else ""
+    every += ", one call a parameter" if collective.calls == "per_param" else ""
     every += f" and {collective.recomputed} more when checkpointed" if collective.recomputed else ""
     return f"{collective.op} of {collective.payload}{dtype} ({hidden}{group}{every})"
 
@@ -730,6 +740,7 @@ class BlockActivations:
     recomputing: bool = False
     vocab_parallel: bool = False
     tokens: int = 0
+    whole: tuple[int, ...] = ()  # sequence parallelism: the elements of each parameter its plan leaves whole
 
 
 # torch's loss_parallel (torch/distributed/tensor/parallel/loss.py): in forward an all-reduce of each token's
@@ -751,11 +762,12 @@ def outside_blocks_calls(activations: BlockActivations, sequence_parallel: bool)
     return calls
 
 
-def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivations | None:
+def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
+                      sequence_parallel: bool = False) -> BlockActivations | None:
     """micro-batch x sequence x width, in the forward's dtype (the amp level's half type from O1 on: autocast's
     projections end in it), from the model's own `tp_activations(options)` (width, blocks), given the options its
     factory takes (not the harness's `checkpoint`); None for a model that declares none (activation_calls says
-    what to add)."""
+    what to add). With `sequence_parallel`, the parameters its plan leaves whole (`whole_parameters`)."""
     from hydra.utils import get_object
 
     model = get_object(str(cfg.model["_target_"]))
@@ -771,14 +783,40 @@ def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int) -> BlockActivati
     return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype,
                             recomputing=mode_of("model.checkpoint", cfg.model.get("checkpoint", "none")) != "none",
                             vocab_parallel=callable(sizes) and "model.vocab_size" in sizes(options, False),
-                            tokens=int(tokens))
+                            tokens=int(tokens), whole=whole_parameters(cfg) if sequence_parallel else ())
 
 
-def activation_calls(collective: Collective, activations: BlockActivations | None) -> tuple[list[float], str]:
+def whole_parameters(cfg: RunConfig) -> tuple[int, ...]:
+    """The elements of each parameter the model's sequence-parallel plan (`tp_plan(True)`) leaves whole on every
+    rank: those of the modules it gives torch's SequenceParallel (the norms), which replicates them while their
+    inputs are split along the sequence, so that each gradient is a partial sum DTensor all-reduces (counted by
+    CommDebugMode in tests/test_tp.py: in the optimizer's step, or under FSDP x TP in FSDP's reduction). The
+    model is built on the meta device; its names are matched atom by atom, as parallelize_module matches them."""
+    return _whole_parameters(hashable(cfg.model), inputs_here(cfg))
+
+
+@functools.lru_cache(maxsize=32)
+def _whole_parameters(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs) -> tuple[int, ...]:
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    model = on_meta(hashable_builder(model_cfg, inputs))
+    patterns = [name.split(".") for name, style in model.tp_plan(True).items() if isinstance(style, SequenceParallel)]
+    whole: dict[str, int] = {}
+    for name, module in model.named_modules():
+        atoms = name.split(".")
+        if any(len(p) == len(atoms) and all(map(fnmatch.fnmatchcase, atoms, p)) for p in patterns):
+            whole.update((f"{name}.{key}", param.numel()) for key, param in module.named_parameters())
+    return tuple(whole.values())
+
+
+def activation_calls(collective: Collective, activations: BlockActivations | None,
+                     grad_dtype: str = "float32") -> tuple[list[float], str]:
     """Each call's bytes (`count` a block, every block, and `recomputed` more where the blocks are checkpointed) and
-    their dtype."""
+    their dtype; for `whole_grads`, one call a whole parameter's gradient, in `grad_dtype`."""
     if activations is None:
         raise NotPredictable("tensor parallelism: the model does not say its blocks' activations (tp_activations)")
+    if collective.payload == "whole_grads":
+        return [float(n * ELEMENT_BYTES[grad_dtype]) for n in activations.whole], grad_dtype
     per_block = collective.count + (collective.recomputed if activations.recomputing else 0)
     return [activations.bytes] * (per_block * activations.blocks), activations.dtype
 

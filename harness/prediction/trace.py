@@ -151,7 +151,8 @@ def _registered_on_meta() -> Iterator[None]:
         nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer  # type: ignore[method-assign]
 
 
-def _instantiate(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs) -> Callable[[], torch.nn.Module]:
+def hashable_builder(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs) -> Callable[[], torch.nn.Module]:
+    """model_builder of a configuration made hashable (`hashable`), for what caches by it."""
     return model_builder({k: list(v) if isinstance(v, tuple) else v for k, v in model_cfg}, inputs)
 
 
@@ -271,7 +272,7 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device, AllocationRecorder() as allocations, fused_attention(device_type):
         torch.manual_seed(0)
-        model = _built(_instantiate(model_cfg, inputs), device)
+        model = _built(hashable_builder(model_cfg, inputs), device)
         allocations.track(list(model.parameters()), list(model.buffers()))  # where built on meta, then given storage
         plugin = NativeAmp(spec, torch.device("cpu"))
         model = plugin.cast_module(model)
@@ -358,7 +359,7 @@ def _trace_ops(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpS
     def batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.example(micro_batch * grad_accum, device)
 
-    return workload_ops(_instantiate(model_cfg, inputs), batch, None, amp, OptimizerSpec.from_config(dict(optim)),
+    return workload_ops(hashable_builder(model_cfg, inputs), batch, None, amp, OptimizerSpec.from_config(dict(optim)),
                         grad_accum, micro_batch * grad_accum)
 
 
