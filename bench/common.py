@@ -95,6 +95,9 @@ BENCHES = (
           "rows held out",
           "every run predicted to fit; tokens/s within 15 % (median ≤ 10 %), the band holding it; torchtitan's "
           "within 20 %"),
+    Bench("link_after_compute", "What a call costs where a step makes it",
+          "one collective on two gloo workers after a barrier (the planner's link), after 2 and 4 ms of compute, "
+          "and back to back", "reported"),
 )
 INDEX_INTRO = """\
 # Benchmarks of the harness itself

@@ -26,7 +26,10 @@ PLAN_DIR = Path("runs") / "plan"
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 LINK_SIZES = ["4KiB", "16KiB", "64KiB", "256KiB", "512KiB", "1MiB", "4MiB", "16MiB"]
 LINK_DTYPES = ("float32", "bfloat16")
-CALL_COLUMN = {"mean by size": "time_us_mean", "median": "time_us"}  # the collectives table's column for a statistic
+# the collectives table's column for a statistic
+CALL_COLUMN = {"mean by size, after compute": "time_us_mean", "mean by size": "time_us_mean", "median": "time_us"}
+AFTER_COMPUTE_MS = [1, 2, 4, 8]  # the compute before a call, as a step's calls have between them here
+AFTER_COMPUTE_SIZE = "64KiB"  # what a call adds after compute does not depend on its size (link_after_compute.md)
 
 
 def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
@@ -36,7 +39,8 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
     ranks took 0.25 ms or 3.5-4 ms, the median 0.25 in one round of 60 and 3.5 in the next, the mean 1.4-2.3 ms in
     both); fitted to medians, every two-process case of benchmark 15 was predicted 12-50 % fast, the more so the
     more calls its step makes (FSDP, ZeRO, TP, the pipeline's sends). Each op's link keeps its sizes' means too,
-    which price the calls between them (Link.measured_seconds)."""
+    which price the calls between them (Link.measured_seconds), and what a call adds right after compute
+    (`after_compute_costs`)."""
     import tempfile
 
     from harness.collectives import run_benchmark
@@ -65,13 +69,45 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
                 sizes = monotone(sorted((size, seconds) for name, size, seconds in samples if name == op))
                 links[op if dtype == "float32" else f"{op}:{dtype}"] = replace(one.link, sizes=sizes,
                                                                                ranks=results["world_size"])
+        costs = after_compute_costs(nprocs, repeats)
     finally:
         quiet.setLevel(level)
     assert pooled is not None
-    return pooled.link, links
+    return pooled.link, {key: replace(link, after_compute=costs.get(key.split(":")[0], ()))
+                         for key, link in links.items()}
 
 
-def monotone(sizes: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+def after_compute_costs(nprocs: int, repeats: int) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each op's added seconds for a call made after 1-8 ms of compute (AFTER_COMPUTE_MS), at one size: its mean
+    over the ranks after compute (collectives.after_compute_ms) less the slowest rank's mean after a barrier, as
+    the size table measures it; none below nothing, no less after a longer gap (isotonic). On this VM a call after
+    2 ms of compute took 0.2-0.7 ms more, after 4 ms 0.6-1.0 ms, back to back none more, whatever the op and size
+    (benchmarks/link_after_compute.md): gloo's calls in a step cost more than the same calls timed after a barrier,
+    and FSDP's and TP's steps make 15-60 of them."""
+    import statistics
+    import tempfile
+
+    from harness.collectives import run_benchmark
+
+    with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
+        results = run_benchmark({"nprocs": nprocs, "gpus": None, "dist": {"timeout_s": 60, "start_timeout_s": 120},
+                                 "collectives": {"ops": list(LINK_OPS), "sizes": [AFTER_COMPUTE_SIZE], "warmup": 3,
+                                                 "repeats": repeats, "dtype": "float32",
+                                                 "after_compute_ms": AFTER_COMPUTE_MS}}, Path(folder))
+    if results["status"] != "ok":
+        raise RuntimeError(f"the collectives benchmark after compute failed: {results['error']}")
+    costs = {}
+    for row in results["raw"]:
+        barrier = statistics.fmean(row["seconds"])
+        gaps = sorted((float(gap) * 1e-3, max(0.0, statistics.fmean(times) - barrier))
+                      for gap, times in row["after_compute"].items())
+        costs[row["op"]] = monotone(gaps)
+        log.info("plan: %s after compute adds %s", row["op"],
+                 ", ".join(f"{added * 1e3:.2f} ms after {gap * 1e3:g} ms" for gap, added in costs[row["op"]]))
+    return costs
+
+
+def monotone(sizes: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
     """Each size's mean call, ascending in size, made no shorter than a smaller size's (isotonic regression: where
     the noise of a hundred bimodal calls put a larger size below a smaller one, the two are pooled to their mean):
     a larger message does not cost less, and the table prices calls between its sizes."""

@@ -426,7 +426,7 @@ MACHINE_FIGURES = {  # what harness.prediction measures of this machine, fixed f
     # measures them for real once): rates in TFLOP/s per thread count, this machine's link per collective
     "rates": {f"{accelerator}:{threads}": {"float32": 0.1, "bfloat16": 0.2, "float16": 0.01}
               for accelerator in ("cpu", "cuda") for threads in range(1, 65)},
-    "link": {"latency_us": 500.0, "bandwidth_gbps": 1.0}, "link_statistic": "mean by size",
+    "link": {"latency_us": 500.0, "bandwidth_gbps": 1.0}, "link_statistic": "mean by size, after compute",
     "per_op": {f"{op}{dtype}": {"latency_us": 500.0, "bandwidth_gbps": 1.0}
                for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast") for dtype in ("", ":bfloat16")}}
 

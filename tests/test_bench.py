@@ -37,6 +37,7 @@ SCRIPTS = {
                       "== the same prediction, quiet and loaded"],
     "mutants.py": ["== mutants: the tests that cover each, run against it =="],
     "published_llm.py": ["== each published run, planned", "== errors by group"],
+    "link_after_compute.py": ["== one call on two gloo workers, ms"],
 }
 
 

@@ -28,10 +28,15 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
     try:
         cfg = CollectivesConfig.from_dict({"ops": list(OPS), "sizes": [4096], "warmup": 1, "repeats": 2})
         measured, unsupported = measure(cfg, group, rank=0, n=1)
+        # after compute: each gap's calls beside the barrier's, by the gap in ms (sorted, as JSON keys)
+        after = CollectivesConfig.from_dict({"ops": ["all_reduce"], "sizes": [4096], "repeats": 3,
+                                             "after_compute_ms": [2, 0.5]})
+        (row,), _ = measure(after, group, rank=0, n=1)
     finally:
         group.teardown()
     assert [m["op"] for m in measured] == [op for op in OPS if op != "sendrecv"]
-    assert all(len(m["seconds"]) == 2 and m["size_bytes"] == 4096 for m in measured)
+    assert all(len(m["seconds"]) == 2 and m["size_bytes"] == 4096 and "after_compute" not in m for m in measured)
+    assert list(row["after_compute"]) == ["0.5", "2"] and all(len(t) == 3 for t in row["after_compute"].values())
     assert list(unsupported) == ["sendrecv"] and "at least 2 ranks" in unsupported["sendrecv"]
 
 

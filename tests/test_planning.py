@@ -122,12 +122,13 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
 
 
 @pytest.mark.parametrize(("cached", "measured"), [(None, True), ("median", True), ("mean", True),
-                                                  ("mean by size", False)])
+                                                  ("mean by size", True), ("mean by size, after compute", False)])
 def test_a_sweep_measures_the_link_again_where_the_cached_one_was_taken_another_way(tmp_path, monkeypatch, cached,
                                                                                      measured):
     """Before a sweep's predictions (plan.predict): no link, or one of another statistic (the median before
-    2026-12-05, the mean without its sizes before 2026-12-07) is measured; one as the planner takes it now is
-    read. (A sweep once read any cached link: benchmark 15 ran an hour on a link with no sizes.)"""
+    2026-12-05, the mean without its sizes before 2026-12-07, by size without what a call adds after compute) is
+    measured; one as the planner takes it now is read. (A sweep once read any cached link: benchmark 15 ran an hour
+    on a link with no sizes.)"""
     from harness import planning
     from harness.prediction import hardware
 

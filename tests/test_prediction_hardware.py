@@ -67,10 +67,11 @@ def test_local_takes_the_measured_fields():
     assert local.per_op["broadcast"].bandwidth_gbps == 4.0
 
 
-@pytest.mark.parametrize("before", [None, "median", "mean"])
+@pytest.mark.parametrize("before", [None, "median", "mean", "mean by size"])
 def test_a_cached_link_of_another_statistic_is_measured_again_and_one_by_size_is_read(tmp_path, monkeypatch, before):
-    """The cached link says what it was fitted to; one from before (the median of each size's calls, or their mean
-    with no sizes kept) is measured again, once, and one kept by size is read as it is."""
+    """The cached link says what it was fitted to; one from before (the median of each size's calls, their mean
+    with no sizes kept, or by size without what a call adds after compute) is measured again, once, and the one
+    measured then is read as it is."""
     from harness.prediction import hardware
     from harness.prediction.links import Link
 
@@ -90,7 +91,7 @@ def test_a_cached_link_of_another_statistic_is_measured_again_and_one_by_size_is
     again = hardware.measure_machine(1, "cpu", 2, measure, 24.0)
     assert len(calls) == 1
     assert first["intra"] == again["intra"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}
-    assert hardware.read_machine()["link_statistic"] == "mean by size"
+    assert hardware.read_machine()["link_statistic"] == "mean by size, after compute"
 
 
 @pytest.mark.parametrize("recorded", ["with the link", "a cache from before: the speed cached beside it"])
@@ -106,10 +107,12 @@ def test_a_link_measured_when_the_cpu_ran_faster_is_taken_at_its_speed_now(tmp_p
     monkeypatch.setattr(hardware, "cpu_speed", lambda: speed[0])
     rates = {"cpu:1": {"float32": 0.2, "bfloat16": 0.4, "float16": 0.02}}
     then = {"link_cpu_tflops": 0.2} if recorded == "with the link" else {}
-    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0}, "link_statistic": "mean by size",
+    hardware.write_machine({"rates": rates, "memory_gbps": {"cpu:1": 9.0},
+                            "link_statistic": "mean by size, after compute",
                             "link": {"latency_us": 400.0, "bandwidth_gbps": 1.5},
                             "per_op": {"all_reduce": {"latency_us": 390.0, "bandwidth_gbps": 1.7,
-                                                      "sizes": [[4096, 0.0004], [65536, 0.0008]], "ranks": 2}},
+                                                      "sizes": [[4096, 0.0004], [65536, 0.0008]], "ranks": 2,
+                                                      "after_compute": [[0.002, 0.0005]]}},
                             **then})
     machine = hardware.measure_machine(1, "cpu", 2, None, 24.0)
     assert machine["link_scale"] == pytest.approx(0.8)
@@ -117,7 +120,8 @@ def test_a_link_measured_when_the_cpu_ran_faster_is_taken_at_its_speed_now(tmp_p
                                                     "bandwidth_gbps": pytest.approx(1.2)}
     assert machine["per_op"]["all_reduce"] == {"latency_us": pytest.approx(487.5), "bandwidth_gbps": pytest.approx(1.36),
                                                "sizes": [[4096, pytest.approx(0.0005)], [65536, pytest.approx(0.001)]],
-                                               "ranks": 2}  # each size's mean call as long as the latency
+                                               "ranks": 2, "after_compute": [[0.002, pytest.approx(0.000625)]]}
+    # each size's mean call, and what a call adds after compute, as long as the latency
     assert hardware.read_machine()["link"] == {"latency_us": 400.0, "bandwidth_gbps": 1.5}  # the cache as measured
     target = targets.local_target("cpu", 2, 1)
     assert target.link_scale == pytest.approx(0.8) and "0.80x its speed when the link was measured" in \
@@ -139,6 +143,10 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
     from harness.prediction.links import collective_seconds
 
     def benchmark(cfg, folder):
+        if cfg["collectives"].get("after_compute_ms"):  # after a barrier 1 and 3 ms: 2 on average; after compute
+            return {"status": "ok", "raw": [{"op": op, "seconds": [0.001, 0.003], "after_compute": {
+                "1": [0.0015, 0.0015], "2": [0.0035, 0.0035], "4": [0.0030, 0.0030], "8": [0.0045, 0.0045]}}
+                for op in cfg["collectives"]["ops"]]}
         rows = [{"op": op, "size_bytes": size, "time_us": 1000.0, "time_us_mean": 3000.0 + size / 1e3}
                 for op in cfg["collectives"]["ops"] for size in (65536, 262144, 1048576, 4194304, 16777216)]
         if cfg["collectives"]["dtype"] == "float32":  # noise put 256 KiB's mean below 64 KiB's
@@ -156,6 +164,11 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
     # a larger size measured shorter than a smaller one: the two pooled to their mean, (3065.536 + 2065.536) / 2 us
     first = each["all_reduce"].sizes
     assert first[0][1] == first[1][1] == pytest.approx(2565.536e-6) and first[2][1] == pytest.approx(4048.576e-6)
+    # what a call adds after compute, each gap's mean over the ranks less the barrier's 2 ms: -0.5 (none), 1.5, 1.0
+    # (pooled with 2 ms's: 1.25 each, no less after longer compute) and 2.5 ms; the op's, in bfloat16 too
+    assert [gap for gap, _ in each["broadcast"].after_compute] == pytest.approx([0.001, 0.002, 0.004, 0.008])
+    assert [added for _, added in each["broadcast"].after_compute] == pytest.approx([0.0, 0.00125, 0.00125, 0.0025])
+    assert link.after_compute == each["all_reduce"].after_compute
 
 
 def test_unknown_preset_names_the_closest_one():

@@ -110,6 +110,28 @@ def test_a_call_among_the_measured_sizes_is_priced_by_them_not_by_the_line():
         Link(350.0, 1.39, ((65536.0, 0.72e-3),), 2)  # as the cache's JSON gives it
 
 
+def test_a_call_after_compute_adds_what_the_link_measured_after_that_much():
+    """A link that measured 0.5 ms more after 2 ms of compute and 1.0 ms after 4 ms: after 3 ms of compute a 512 KiB
+    call adds 0.75 ms to its 1.72 ms (linear between the gaps), after 1 ms 0.25 (from nothing back to back), after
+    10 ms the longest gap's 1.0; on other ranks, across nodes, or with no compute before it, nothing."""
+    gloo = Link(350.0, 1.39, ((65536, 0.72e-3), (524288, 1.72e-3)), ranks=2,
+                after_compute=((0.002, 0.5e-3), (0.004, 1.0e-3)))
+    per_op = {"all_reduce": gloo}
+
+    def call(after_s: float, ranks: int = 2, nodes: int = 1) -> float:
+        return collective_seconds("all_reduce", 524288, ranks // nodes, nodes, NVLINK, NVLINK, per_op,
+                                  after_s=after_s)
+
+    assert call(0.003) == pytest.approx(1.72e-3 + 0.75e-3)
+    assert call(0.001) == pytest.approx(1.72e-3 + 0.25e-3)
+    assert call(0.010) == pytest.approx(1.72e-3 + 1.0e-3)
+    assert call(0.0) == pytest.approx(1.72e-3)
+    assert call(0.003, ranks=4) == pytest.approx(6 * 350e-6 + 1.5 * 524288 / 1.39e9)  # measured on 2 ranks only
+    assert call(0.003, ranks=4, nodes=2) == collective_seconds("all_reduce", 524288, 2, 2, NVLINK, NVLINK)
+    assert Link(**{"latency_us": 1.0, "bandwidth_gbps": 1.0, "after_compute": [[0.002, 5e-4]], "ranks": 2}) == \
+        Link(1.0, 1.0, ranks=2, after_compute=((0.002, 5e-4),))  # as the cache's JSON gives it
+
+
 def test_the_fit_recovers_a_link_known_by_construction():
     truth = Link(latency_us=150.0, bandwidth_gbps=1.5)
     samples = [(op, size, collective_seconds(op, size, 2, 1, truth, truth))

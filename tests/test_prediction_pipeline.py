@@ -85,6 +85,18 @@ def test_the_step_is_the_slowest_ranks_microbatches_over_the_bubble_and_two_send
     hop = preset.intra.latency_us * 1e-6 + MIB / (preset.intra.bandwidth_gbps * 1e9)
     assert pipeline.sends_seconds(MIB, preset, gpipe, 2) == pytest.approx(2 * 4 * hop)
     assert pipeline.sends_seconds(MIB, preset, gpipe, 1) == 0
+    # this machine's link, which adds 0.5 ms to a call after 2 ms of compute (1.0 after 4): each send follows a
+    # pass of the stage, half its 6 ms microbatch on average, 3 ms: 0.75 ms more each, 8 sends
+    gloo = {"latency_us": 100.0, "bandwidth_gbps": 1.0, "ranks": 2, "after_compute": [[0.002, 5e-4], [0.004, 1e-3]]}
+    local = load_preset("local", machine={"accelerator": "cpu", "devices_per_node": 2, "nodes": 1,
+                                          "device_memory_gib": 1.0, "memory_gbps": 10.0,
+                                          "peak_tflops": {"float32": 0.1, "bfloat16": 0.1, "float16": 0.1},
+                                          "intra": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
+                                          "inter": {"latency_us": 100.0, "bandwidth_gbps": 1.0},
+                                          "per_op": {"broadcast": gloo}})
+    bare = 2 * 4 * (100e-6 + MIB / 1e9)
+    assert pipeline.sends_seconds(MIB, local, gpipe, 2) == pytest.approx(bare)
+    assert pipeline.sends_seconds(MIB, local, gpipe, 2, microbatch_s=0.006) == pytest.approx(bare + 8 * 0.75e-3)
     assert pipeline.receive_buffers(MIB, 4, True, False) == 4 * MIB  # gradients from the next stage only
     assert pipeline.receive_buffers(MIB, 4, False, False) == 8 * MIB
 

@@ -212,6 +212,42 @@ def test_zero_broadcasts_each_parameter_from_its_owner_after_the_step():
     assert bucketed == pytest.approx(gradients + 100e-6 + 100 * MIB / 1e9)
 
 
+def test_each_call_that_follows_compute_pays_what_the_link_adds_after_its_share_of_the_step():
+    """Two CPU ranks whose link adds 0.5 ms to a call after 2 ms of compute, 1.0 ms after 4 ms and more (linear
+    below: 0.75 after 3 ms). The step's compute is shared among the calls that follow it: FSDP2's 12 (3 units and
+    the root, each gathered in forward and backward and reduce-scattered) after 48 ms, 4 ms each: 12 ms; DDP's 4
+    buckets of 25 MiB after 16 ms: 4 ms; the all-reduce per parameter (2 back to back: the first follows the
+    compute) after 12 ms, bucketed or not: 1 ms; TP's 4 calls a block, 2 blocks, every one of 2 micro-batches: 16
+    after 48 ms, 3 ms each: 12 ms. Counting every call of a run back to back (2 ms), DDP's buckets as one call (1
+    ms), or the micro-batches' calls once (8 after 6 ms: 8 ms), fails; with no compute, nothing is added."""
+    from harness.prediction.predict import BlockActivations
+
+    after = [[0.002, 0.5e-3], [0.004, 1.0e-3]]
+    plain = {op: {"latency_us": 100.0, "bandwidth_gbps": 1.0, "ranks": 2}
+             for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
+    timed = load_preset("local", machine={**TWO_RANKS_100US, "per_op": {
+        op: {**link, "after_compute": after} for op, link in plain.items()}})
+    untimed = load_preset("local", machine={**TWO_RANKS_100US, "per_op": plain})
+
+    def added(traffic: Traffic, compute: float, **options) -> float:
+        return comm_time(traffic, TRACE, 2, timed, compute, **options)[0] - \
+            comm_time(traffic, TRACE, 2, untimed, compute, **options)[0]
+
+    def strategy(name: str) -> type:
+        return get_class(f"strategies.{name}")
+
+    assert added(strategy("fsdp.FSDP2").traffic({}), 0.048) == pytest.approx(12 * 1.0e-3)
+    assert added(strategy("ddp.TorchDDP").traffic({}), 0.016) == pytest.approx(4 * 1.0e-3)
+    assert added(strategy("allreduce.ManualAllReduce").traffic({}), 0.012) == pytest.approx(1.0e-3)
+    assert added(strategy("allreduce.ManualAllReduce").traffic({"bucket": True}), 0.012) == pytest.approx(1.0e-3)
+    block = BlockActivations(64 * 1024, 2, "float32")
+    assert added(strategy("tp.TensorParallel").traffic({}), 0.048, micro_batches=2, activations=block) == \
+        pytest.approx(16 * 0.75e-3)
+    assert added(strategy("ddp.TorchDDP").traffic({}), 0.0) == 0.0
+    assert comm_time(strategy("ddp.TorchDDP").traffic({}), TRACE, 2, untimed, 0.016)[0] == pytest.approx(
+        2 * 100e-6 + 100 * MIB / 1e9)  # the link's own price, as before
+
+
 def test_compression_payloads_by_hand():
     half = predict_module._payload_bytes(Collective("all_reduce", "grads", "backward", "bfloat16"), TRACE)
     assert half == 50 * MIB  # fp32 gradients sent in bf16

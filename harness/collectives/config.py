@@ -67,6 +67,10 @@ class CollectivesSection:
     dtype: Dtype = option("float32", "the buffers' dtype")
     warmup: int = on_hardware(5, 2, ge=0, help="untimed calls per size")
     repeats: int = on_hardware(20, 10, ge=1, help="timed calls per size, each after a barrier; the median is reported")
+    after_compute_ms: list[float] = option([], "also time each size's calls after this long of one rank's matrix "
+                                           "products begun at the barrier (a step's compute before its calls), each "
+                                           "call's time the mean over the ranks; kept in collectives.json's raw "
+                                           "rows (the planner's link: harness.planning)")
     fault: FaultSection = option(FaultSection)
 
 
@@ -100,6 +104,7 @@ class CollectivesConfig:
     repeats: int
     fault_rank: int | None = None  # debugging aid: this rank runs out of memory at `fault_size`
     fault_size: int | None = None
+    after_compute_ms: tuple[float, ...] = ()
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> CollectivesConfig:
@@ -115,8 +120,12 @@ class CollectivesConfig:
                 raise ConfigError("collectives.max_size", raw.max_size, "at least min_size")
             sizes = size_ladder(low, high, raw.factor)
         fault_size = None if raw.fault.size is None else _size("collectives.fault.size", raw.fault.size)
+        gaps = raw.after_compute_ms if isinstance(raw.after_compute_ms, list | tuple) else [raw.after_compute_ms]
+        if any(float(g) <= 0 for g in gaps):
+            raise ConfigError("collectives.after_compute_ms", raw.after_compute_ms, "a list of milliseconds above 0")
         return cls(ops=tuple(ops), sizes=tuple(sorted(set(sizes))), dtype=raw.dtype, warmup=raw.warmup,
-                   repeats=raw.repeats, fault_rank=raw.fault.rank, fault_size=fault_size)
+                   repeats=raw.repeats, fault_rank=raw.fault.rank, fault_size=fault_size,
+                   after_compute_ms=tuple(sorted(float(g) for g in gaps)))
 
 
 def placement_for(cfg: Mapping[str, Any], hw: Hardware) -> Placement:

@@ -132,17 +132,11 @@ def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list
                 del call
                 group.barrier()
                 break
-            times = []
-            for _ in range(cfg.repeats):
-                group.barrier()
-                start = time.perf_counter()
-                call()
-                group.synchronize()
-                times.append(time.perf_counter() - start)
-            slowest = torch.tensor(times, dtype=torch.float64, device=group.device)
+            slowest = torch.tensor(timed_calls(call, group, cfg.repeats), dtype=torch.float64, device=group.device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call is over when its last rank is done
             measured.append({"op": op, "size_bytes": count * element_size, "requested_bytes": size,
-                             "count": count, "seconds": slowest.cpu().tolist()})
+                             "count": count, "seconds": slowest.cpu().tolist(),
+                             **({"after_compute": after_compute(cfg, call, group, n)} if cfg.after_compute_ms else {})})
             del call
         if rank == 0:
             done = [m for m in measured if m["op"] == op]
@@ -152,6 +146,42 @@ def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list
                 note += f"; stopped {unsupported[op]}"
             log.info("[collectives] %-14s %s", op, note)
     return measured, unsupported
+
+
+def after_compute(cfg: CollectivesConfig, call: Callable[[], None], group: Any, n: int) -> dict[str, list[float]]:
+    """`repeats` calls after each of `after_compute_ms` of matrix products begun at a barrier, as a training step
+    makes its calls; each call's time is its mean over the ranks (each rank's from the end of its own compute): the
+    step waits for the last rank and the call, and a prediction counts one rank's compute already. By the gap in
+    ms (a string: JSON's keys)."""
+    a = torch.randn(256, 256, device=group.device)
+    b = torch.randn(256, 256, device=group.device)
+    found = {}
+    for gap_ms in cfg.after_compute_ms:
+        def compute(seconds: float = gap_ms / 1e3) -> None:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                torch.mm(a, b)
+            group.synchronize()
+
+        mean = torch.tensor(timed_calls(call, group, cfg.repeats, compute), dtype=torch.float64, device=group.device)
+        dist.all_reduce(mean)
+        found[f"{gap_ms:g}"] = (mean / n).cpu().tolist()
+    return found
+
+
+def timed_calls(call: Callable[[], None], group: Any, repeats: int,
+                before: Callable[[], None] | None = None) -> list[float]:
+    """This rank's seconds for `repeats` calls, each after a barrier (and `before`, untimed), to its device sync."""
+    times = []
+    for _ in range(repeats):
+        group.barrier()
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        call()
+        group.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 class Agreement:

@@ -215,8 +215,9 @@ def gpu_names() -> list[str]:
 
 
 # what the cached link is fitted to, per size (harness.planning.measure_link); a cache of another is measured
-# again: "mean" alone had no sizes kept beside its fit, nor 4, 16 and 512 KiB among them
-LINK_STATISTIC = "mean by size"
+# again: "mean" alone had no sizes kept beside its fit, nor 4, 16 and 512 KiB among them; "mean by size" not what a
+# call adds after compute
+LINK_STATISTIC = "mean by size, after compute"
 
 
 def cache_path() -> Path:
@@ -344,4 +345,6 @@ def at_speed(link: Mapping[str, Any], scale: float) -> dict[str, Any]:
     scaled = {"latency_us": link["latency_us"] / scale, "bandwidth_gbps": link["bandwidth_gbps"] * scale}
     if link.get("sizes"):  # each measured size's mean call, as long as the latency is
         scaled.update(sizes=[[size, seconds / scale] for size, seconds in link["sizes"]], ranks=link["ranks"])
+    if link.get("after_compute"):  # what a call adds after compute, as the latency
+        scaled.update(after_compute=[[gap, seconds / scale] for gap, seconds in link["after_compute"]])
     return scaled

@@ -23,15 +23,33 @@ class Link:
     it was measured over (`sizes`: (bytes, seconds), ascending; `ranks`), which price a call of those ranks
     between the smallest and the largest size: gloo's mean call is no straight line in its size (2 ranks on a
     2-core VM, 2026-12-07: 0.72 ms at 64 KiB, 0.86 at 256 KiB, 1.72 at 512 KiB, 2.18 at 1 MiB, 12.8 at 16 MiB,
-    the line fitted to them 1.33 ms at 512 KiB: where tensor parallelism's calls are, and FSDP's)."""
+    the line fitted to them 1.33 ms at 512 KiB: where tensor parallelism's calls are, and FSDP's). It keeps too
+    what a call adds right after compute (`after_compute`: (seconds of compute, seconds added), ascending): on this
+    VM a call made after 2 ms of compute took 0.2-0.7 ms longer than after a barrier, after 4 ms 0.6-1.0 ms, whatever
+    its op or size, and back to back no longer (benchmarks/link_after_compute.md)."""
 
     latency_us: float  # one hop
     bandwidth_gbps: float  # bus bandwidth, GB/s (1e9 bytes/s)
     sizes: tuple[tuple[float, float], ...] = ()
     ranks: int = 0
+    after_compute: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:  # read from JSON: lists
         object.__setattr__(self, "sizes", tuple((float(b), float(t)) for b, t in self.sizes))
+        object.__setattr__(self, "after_compute", tuple((float(g), float(t)) for g, t in self.after_compute))
+
+    def added_after(self, compute_s: float, n: int) -> float:
+        """What a call over `n` ranks made after `compute_s` of compute adds to its measured time: linear between
+        the measured gaps, from nothing at none (a call back to back adds nothing), the longest gap's beyond it; 0
+        where none was measured, or on other ranks."""
+        if not self.after_compute or n != self.ranks or compute_s <= 0:
+            return 0.0
+        below = (0.0, 0.0)
+        for above in self.after_compute:
+            if compute_s <= above[0]:
+                return below[1] + (compute_s - below[0]) / (above[0] - below[0]) * (above[1] - below[1])
+            below = above
+        return below[1]
 
     def measured_seconds(self, size_bytes: float, n: int) -> float | None:
         """A call of `size_bytes` over `n` ranks as measured: between two measured sizes, linear in the size; at
@@ -66,12 +84,13 @@ def hops(op: str, n: int) -> int:
 
 def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes: int, intra: Link,
                        inter: Link, per_op: Mapping[str, Link] | None = None, dtype: str = "float32",
-                       node_devices: int = 0) -> float:
+                       node_devices: int = 0, after_s: float = 0.0) -> float:
     """One collective over devices_per_node x nodes ranks (0 for one rank). `per_op`: a link fitted to each op
     apart, and for half types to each op and dtype (`all_reduce:bfloat16`; this machine's: gloo's algorithms
     differ from op to op, and it reduces half types far slower than float32), used in place of `intra` inside a
     node. `node_devices`: the devices a node has, where the group holds fewer of them (0: it fills its nodes);
     see `node_share`. A link that kept its measured sizes prices a call among them by them (Link.measured_seconds).
+    `after_s`: the compute just before the call, which a link that measured it adds (Link.added_after).
     """
     n = devices_per_node * nodes
     if n <= 1 or size_bytes <= 0:
@@ -79,9 +98,10 @@ def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes:
     if per_op and nodes == 1:
         keys = [f"{op}:bfloat16", op] if dtype in ("bfloat16", "float16") else [op]  # float16 as the other half type
         intra = next((per_op[k] for k in keys if k in per_op), intra)
+    added = intra.added_after(after_s, n) if nodes == 1 else 0.0
     measured = intra.measured_seconds(size_bytes, n) if nodes == 1 else None
     if measured is not None:
-        return measured
+        return measured + added
     if node_devices:
         inter = node_share(inter, devices_per_node, node_devices)
     bandwidth = intra.bandwidth_gbps if nodes == 1 else min(intra.bandwidth_gbps, inter.bandwidth_gbps)
@@ -90,7 +110,7 @@ def collective_seconds(op: str, size_bytes: float, devices_per_node: int, nodes:
     # each pass crosses between nodes `nodes` times; with one rank a node (HSDP's replicate group) every hop does
     crossing = 0 if nodes == 1 else min(total_hops, passes * nodes)
     latency = (total_hops - crossing) * intra.latency_us + crossing * inter.latency_us
-    return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB)
+    return latency * 1e-6 + bus_factor(op, n) * size_bytes / (bandwidth * GB) + added
 
 
 def node_share(inter: Link, group_ranks: int, node_devices: int) -> Link:

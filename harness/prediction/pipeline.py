@@ -172,14 +172,15 @@ def boundary_bytes(cfg: RunConfig, amp_level: str, amp_dtype: str, microbatch: i
     return float(microbatch * tokens * width * ELEMENT_BYTES[dtype])
 
 
-def point_to_point_seconds(size: float, preset: Preset, ranks: int) -> float:
+def point_to_point_seconds(size: float, preset: Preset, ranks: int, after_s: float = 0.0) -> float:
     """One send of `size` bytes to the next rank: one hop (the broadcast's between two ranks), between nodes where
     the pipeline spans them (its slowest boundary). One send a boundary, nothing else of the node crossing at once:
     it is given the node's link (over one Ethernet port, all of it; with a NIC a GPU it would get one NIC's, which
-    the presets do not tell apart: links.node_share splits the link among groups that cross together)."""
+    the presets do not tell apart: links.node_share splits the link among groups that cross together). `after_s`:
+    the compute before it, which this machine's link adds a cost for (Link.added_after)."""
     nodes = 1 if ranks <= preset.devices_per_node else 2
     return collective_seconds("broadcast", size, 2 if nodes == 1 else 1, nodes, preset.intra, preset.inter,
-                              preset.per_op)
+                              preset.per_op, after_s=after_s)
 
 
 def sharded_stage_seconds(stage_params: float, stage_grads: float, replicas: int, gathers: int, preset: Preset) -> float:
@@ -202,12 +203,13 @@ def step_seconds(microbatch_s: float, traffic: Traffic, ranks: int) -> float:
     return microbatch_s * traffic.microbatches / (1 - pipeline_bubble(traffic, ranks))
 
 
-def sends_seconds(size: float, preset: Preset, traffic: Traffic, ranks: int) -> float:
+def sends_seconds(size: float, preset: Preset, traffic: Traffic, ranks: int, microbatch_s: float = 0.0) -> float:
     """Each microbatch's activations forward and gradient back across a boundary, waited for (a stage cannot start
-    a microbatch it has not received): two hops a microbatch on the slowest rank's path."""
+    a microbatch it has not received): two hops a microbatch on the slowest rank's path, each after a pass of the
+    stage's (half of `microbatch_s`, its forward and backward, on average)."""
     if ranks < 2:
         return 0.0
-    return 2 * traffic.microbatches * point_to_point_seconds(size, preset, ranks)
+    return 2 * traffic.microbatches * point_to_point_seconds(size, preset, ranks, after_s=microbatch_s / 2)
 
 
 def describe(traffic: Traffic, ranks: int, blocks: list[int], schedule: str) -> str:

@@ -376,7 +376,7 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
         optimizer /= replicas  # each rank steps its shard of the stage
         slowest_stage = max(stages, key=lambda b: b.params)
         gathers = m * (2 if options.get("reshard_after_forward", True) else 1)
-        comm = exposed = pipeline.sends_seconds(boundary, preset, traffic, n) + pipeline.sharded_stage_seconds(
+        comm = exposed = pipeline.sends_seconds(boundary, preset, traffic, n, per_micro) + pipeline.sharded_stage_seconds(
             slowest_stage.params, slowest_stage.grads, replicas, gathers, preset)
     assumptions = (*notes, *memory_notes(preset, cfg, amp, None, whole),
                    f"communication: each microbatch's boundary activations ({boundary / MIB:.2f} MiB) sent forward "
@@ -632,7 +632,11 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     which exchanges 1/shard of the payload: the shard its group reduced; a group with fewer ranks a node than the
     node has devices crosses nodes through its share of the node's link (links.node_share). Tensor parallelism
     (`Traffic.tensor_parallel` > 1): `tp` is a group of that many consecutive ranks, `dp` one rank of each, exchanging its TP slice of the
-    parameters (1/tp of the payload); an `activations` collective is `count` calls a block of `activations`' size."""
+    parameters (1/tp of the payload); an `activations` collective is `count` calls a block of `activations`' size.
+    Where the link measured what a call adds right after compute (this machine's: Link.added_after), each call that
+    follows compute pays it at the step's compute shared among them: each of TP's and each of FSDP's units' calls,
+    each bucket issued under backward; a call waited for after the step's compute, or of a run of calls back to back
+    (one a parameter, the whole parameters' in the step) the first."""
     if n <= 1 or not traffic.collectives:
         return 0.0, 0.0
     nodes = preset.nodes if preset.devices >= n else max(1, math.ceil(n / preset.devices_per_node))
@@ -654,16 +658,22 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
     total = exposed = 0.0
     tp_group = ""  # the tensor-parallel collectives' group, where there are some
     unit_calls = bool(trace.units) and any(b.size.startswith("unit") for b in traffic.buffers)
+    following: list[tuple[str, float, str, tuple[int, int], float]] = []  # calls after compute: (op, bytes, dtype,
+    # their group's layout, how many a step)
     for collective in traffic.collectives:
+        times = micro_batches if collective.every == "micro_batch" else 1
         if collective.payload in ("activations", "whole_grads"):  # tensor parallelism: on the critical path
             tp_calls, tp_dtype = activation_calls(collective, activations, trace.grad_dtype)
             group_per_node, group_nodes = layout(collective.group)
             seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
                                              preset.per_op, tp_dtype, preset.devices_per_node)
-                          for c in tp_calls) * (micro_batches if collective.every == "micro_batch" else 1)
+                          for c in tp_calls) * times
             total += seconds
             exposed += seconds
             tp_group = collective.group
+            if tp_calls:  # the whole parameters' in the step: back to back
+                following.append((collective.op, tp_calls[0], tp_dtype, (group_per_node, group_nodes),
+                                  (len(tp_calls) if collective.payload == "activations" else 1) * times))
             continue
         size = _payload_bytes(collective, trace)
         if collective.group == "dp":  # FSDP x TP: each rank's TP slice of the parameters
@@ -683,8 +693,14 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
                                      trace.grad_dtype)
         seconds = sum(collective_seconds(collective.op, c, group_per_node, group_nodes, preset.intra, preset.inter,
                                          preset.per_op, dtype, preset.devices_per_node) for c in calls if c > 0)
-        seconds *= micro_batches if collective.every == "micro_batch" else 1
+        seconds *= times
         pieces = len(calls) if unit_calls or collective.calls == "per_param" else max(1, math.ceil(size / (25 * MIB)))
+        if size > 0 and collective.group != "replicate":  # HSDP's replicas reduce right after the shard group
+            # each unit's call and each bucket issued under a pass follow compute; a waited-for call (or run of
+            # calls, one a parameter) follows the step's compute once
+            one = not unit_calls and (collective.calls == "per_param" or collective.overlap == "none")
+            following.append((collective.op, size / pieces, dtype, (group_per_node, group_nodes),
+                              (1 if one else pieces) * times))
         last = seconds / pieces  # the last bucket (or the first unit, each micro-batch's) waits for its pass
         covered = min(seconds - last, hidden_budget[collective.overlap])
         hidden_budget[collective.overlap] -= covered
@@ -698,6 +714,17 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
                       for op, size, dtype in outside_blocks_calls(activations, traffic.sequence_parallel))
         total += seconds * micro_batches
         exposed += seconds * micro_batches
+        following += [(op, size, dtype, (group_per_node, group_nodes), micro_batches)
+                      for op, size, dtype in outside_blocks_calls(activations, traffic.sequence_parallel)]
+    after = sum(count for *_, count in following)
+    if after and compute > 0:  # each call after its share of the step's compute
+        added = sum(count * (collective_seconds(op, size, *layout_of, preset.intra, preset.inter, preset.per_op, dtype,
+                                                preset.devices_per_node, after_s=compute / after) -
+                             collective_seconds(op, size, *layout_of, preset.intra, preset.inter, preset.per_op, dtype,
+                                                preset.devices_per_node))
+                    for op, size, dtype, layout_of, count in following)
+        total += added
+        exposed += added
     return total, exposed
 
 
