@@ -215,7 +215,7 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
      "covered = min(seconds - last, hidden_budget[collective.overlap])",
      "covered = min(seconds, hidden_budget[collective.overlap])"),
     ("plan: FSDP's gathers once a step, not every micro-batch", "harness/prediction/predict.py",
-     'seconds *= micro_batches if collective.every == "micro_batch" else 1', "seconds *= 1"),
+     'times = micro_batches if collective.every == "micro_batch" else 1', "times = 1"),
     ("plan: HSDP's state divided by the world, not the shard group", "harness/core/traffic.py",
      "return max(1, world_size // self.replicate)", "return world_size", ("tests/test_hsdp.py",)),
     ("GPU model: a preset's kernel share ignored", "harness/prediction/gpu_model.py",
