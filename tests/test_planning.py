@@ -114,6 +114,13 @@ def test_this_machine_is_measured_once_then_read(tmp_path):
     ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert set(measured["per_op"]) == ops | {f"{op}:bfloat16" for op in ops}
     assert all(link["bandwidth_gbps"] > 0 for link in measured["per_op"].values())
+    # what a call adds after 1, 2, 4 and 8 ms of compute, each op's (its bfloat16 link the same), never less after more
+    for op in ops:
+        gaps = measured["per_op"][op]["after_compute"]
+        assert [gap for gap, _ in gaps] == pytest.approx([0.001, 0.002, 0.004, 0.008])
+        added = [seconds for _, seconds in gaps]
+        assert added == sorted(added) and added[0] >= 0
+        assert measured["per_op"][f"{op}:bfloat16"]["after_compute"] == gaps
     assert measured["rates"]["cpu:1"]["float32"] > 0
     (row,) = plan_json(tmp_path)["rows"]
     assert row["prediction"]["time"]["comm_s"] > 0
