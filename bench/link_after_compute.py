@@ -29,21 +29,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness.collectives.arithmetic import element_count
+from harness.collectives.worker import collective_call
+
 OPS = ("all_reduce", "all_gather", "broadcast")
 SIZES = {"64 KiB": 64 * 1024, "256 KiB": 256 * 1024, "1 MiB": 1024 * 1024}
 MODES = ("after a barrier", "after 2 ms of compute", "after 4 ms of compute", "back to back")
 COMPUTE_MS = {"after 2 ms of compute": 2.0, "after 4 ms of compute": 4.0}
-
-
-def call_of(op: str, size: int, n: int) -> Callable[[], object]:
-    """One call of `op` on float32 buffers of `size` bytes in all (all_gather: each rank's share 1/n of them)."""
-    full = torch.ones(size // 4)
-    if op == "all_reduce":
-        return lambda: dist.all_reduce(full)
-    if op == "broadcast":
-        return lambda: dist.broadcast(full, src=0)
-    share = torch.ones(size // 4 // n)
-    return lambda: dist.all_gather_into_tensor(full, share)
 
 
 def compute_for(ms: float, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -77,7 +69,7 @@ def worker(rank: int, n: int, store: str, cases: list[tuple[str, int]], calls: i
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     rows = []
     for op, size in cases:
-        call = call_of(op, size, n)
+        call = collective_call(op, element_count(op, size, n, 4), torch.float32, torch.device("cpu"), rank, n)
         for _ in range(3):
             call()
         per_mode: dict[str, list[list[float]]] = {mode: [] for mode in MODES}
