@@ -49,16 +49,20 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
     quiet = logging.getLogger("harness.collectives.runner")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its table is the benchmark's output, not the plan's
-    pooled, links = None, {}
+    pooled, links, costs = None, {}, {}
     try:
         for dtype in LINK_DTYPES:  # float32, and bfloat16: gloo reduces half types far slower
+            # what a call adds after compute: timed in float32's launch, at one size (it depends on neither)
+            after = {"after_compute_ms": AFTER_COMPUTE_MS, "after_compute_at": AFTER_COMPUTE_SIZE} \
+                if dtype == "float32" else {}
             with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
                 results = run_benchmark({"nprocs": nprocs, "gpus": None,
                                          "dist": {"timeout_s": 60, "start_timeout_s": 120},
                                          "collectives": {"ops": list(LINK_OPS), "sizes": LINK_SIZES, "warmup": 3,
-                                                         "repeats": repeats, "dtype": dtype}}, Path(folder))
+                                                         "repeats": repeats, "dtype": dtype, **after}}, Path(folder))
             if results["status"] != "ok":
                 raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
+            costs = costs or after_compute_costs(results["raw"])
             column = CALL_COLUMN[LINK_STATISTIC]  # the statistic the cache records, so changing it measures again
             samples = [(row["op"], row["size_bytes"], row[column] * 1e-6) for row in results["rows"]]
             fit, each = fit_links(samples, results["world_size"])
@@ -69,7 +73,6 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
                 sizes = monotone(sorted((size, seconds) for name, size, seconds in samples if name == op))
                 links[op if dtype == "float32" else f"{op}:{dtype}"] = replace(one.link, sizes=sizes,
                                                                                ranks=results["world_size"])
-        costs = after_compute_costs(nprocs, repeats)
     finally:
         quiet.setLevel(level)
     assert pooled is not None
@@ -77,27 +80,18 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
                          for key, link in links.items()}
 
 
-def after_compute_costs(nprocs: int, repeats: int) -> dict[str, tuple[tuple[float, float], ...]]:
-    """Each op's added seconds for a call made after 1-8 ms of compute (AFTER_COMPUTE_MS), at one size: its mean
-    over the ranks after compute (collectives.after_compute_ms) less the slowest rank's mean after a barrier, as
-    the size table measures it; none below nothing, no less after a longer gap (isotonic). On this VM a call after
-    2 ms of compute took 0.2-0.7 ms more, after 4 ms 0.6-1.0 ms, back to back none more, whatever the op and size
-    (benchmarks/link_after_compute.md): gloo's calls in a step cost more than the same calls timed after a barrier,
-    and FSDP's and TP's steps make 15-60 of them."""
+def after_compute_costs(raw: Sequence[Mapping[str, Any]]) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each op's added seconds for a call made after 1-8 ms of compute (AFTER_COMPUTE_MS), from the collectives
+    benchmark's raw rows timed after compute too (at AFTER_COMPUTE_SIZE): its mean over the ranks after compute
+    (collectives.after_compute_ms) less the slowest rank's mean after a barrier, as the size table measures it; none
+    below nothing, no less after a longer gap (isotonic). On this VM a call after 2 ms of compute took 0.2-0.7 ms
+    more, after 4 ms 0.6-1.0 ms, back to back none more, whatever the op and size (benchmarks/
+    link_after_compute.md): gloo's calls in a step cost more than the same calls timed after a barrier, and FSDP's
+    and TP's steps make 15-60 of them."""
     import statistics
-    import tempfile
 
-    from harness.collectives import run_benchmark
-
-    with tempfile.TemporaryDirectory(prefix="harness-link-") as folder:
-        results = run_benchmark({"nprocs": nprocs, "gpus": None, "dist": {"timeout_s": 60, "start_timeout_s": 120},
-                                 "collectives": {"ops": list(LINK_OPS), "sizes": [AFTER_COMPUTE_SIZE], "warmup": 3,
-                                                 "repeats": repeats, "dtype": "float32",
-                                                 "after_compute_ms": AFTER_COMPUTE_MS}}, Path(folder))
-    if results["status"] != "ok":
-        raise RuntimeError(f"the collectives benchmark after compute failed: {results['error']}")
     costs = {}
-    for row in results["raw"]:
+    for row in (r for r in raw if "after_compute" in r):
         barrier = statistics.fmean(row["seconds"])
         gaps = sorted((float(gap) * 1e-3, max(0.0, statistics.fmean(times) - barrier))
                       for gap, times in row["after_compute"].items())

@@ -34,6 +34,8 @@ def test_config_from_ladder_and_from_list():
     ({"ops": ["all_reduce"], "warmup": -1}, "collectives.warmup"),
     ({"ops": ["all_reduce"], "typo": 1}, "collectives.typo"),
     ({"ops": ["all_reduce"], "after_compute_ms": [2, 0]}, "collectives.after_compute_ms"),
+    ({"ops": ["all_reduce"], "sizes": ["4KiB"], "after_compute_ms": [2], "after_compute_at": "8KiB"},
+     "collectives.after_compute_at"),
 ])
 def test_config_refuses(section, key):
     with pytest.raises(ConfigError) as error:

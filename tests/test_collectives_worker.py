@@ -32,11 +32,16 @@ def test_measure_in_process_records_what_cannot_run(monkeypatch):
         after = CollectivesConfig.from_dict({"ops": ["all_reduce"], "sizes": [4096], "repeats": 3,
                                              "after_compute_ms": [2, 0.5]})
         (row,), _ = measure(after, group, rank=0, n=1)
+        at = CollectivesConfig.from_dict({"ops": ["all_reduce"], "sizes": ["4KiB", "8KiB"], "repeats": 1,
+                                          "after_compute_ms": [0.5], "after_compute_at": "8KiB"})
+        only_at, _ = measure(at, group, rank=0, n=1)
     finally:
         group.teardown()
     assert [m["op"] for m in measured] == [op for op in OPS if op != "sendrecv"]
     assert all(len(m["seconds"]) == 2 and m["size_bytes"] == 4096 and "after_compute" not in m for m in measured)
     assert list(row["after_compute"]) == ["0.5", "2"] and all(len(t) == 3 for t in row["after_compute"].values())
+    # collectives.after_compute_at: that size alone also after compute
+    assert [(m["size_bytes"], list(m.get("after_compute", {}))) for m in only_at] == [(4096, []), (8192, ["0.5"])]
     assert list(unsupported) == ["sendrecv"] and "at least 2 ranks" in unsupported["sendrecv"]
 
 

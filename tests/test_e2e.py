@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import DDP_RUN, SHARED_GROUP, SINGLE_RUN, TINY, describe, run_cli
+from conftest import DDP_RUN, SHARED_GROUP, SINGLE_RUN, TINY, describe, run_cli, run_sweep
 
 pytestmark = pytest.mark.slow
 # The tiny model trains in seconds even where this CPU only emulates half precision (else: skipped, see
@@ -76,11 +77,35 @@ def check_amp_run(proc, r, strategy: str, level: str) -> None:
     assert precision["skipped_steps"] == 0
 
 
-@pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
-def test_single_amp_levels_train(cli_run, level):
-    run = SINGLE_RUN if level == "O0" else ("strategy=single", f"amp={level}", *TINY, "iterations=60",
-                                             "log_every=20", EMULATED_OK)
-    proc, r = cli_run(*run)
+def sweep_of(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str) -> dict[str, Any]:
+    """One sweep of several amp levels (one interpreter and fork server for all, where a run each cost one apiece):
+    amp level -> (the sweep's process, that combination's results)."""
+    sweep = tmp_path_factory.mktemp(name) / "sweep"
+    proc = run_sweep("strategy=single", *overrides, *TINY, "log_every=20", EMULATED_OK, sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
+    return {r["amp"]: (proc, r) for r in records}
+
+
+@pytest.fixture(scope="module")
+def amp_levels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return sweep_of(tmp_path_factory, "amp-levels", "amp=O1,O2,O3", "iterations=60")
+
+
+@pytest.fixture(scope="module")
+def float16_levels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return sweep_of(tmp_path_factory, "float16", "amp=O3,O2", "amp.dtype=float16", "amp.loss_scale=dynamic",
+                    "amp.master_weights=false", "iterations=40")
+
+
+def test_single_o0_trains(cli_run):
+    proc, r = cli_run(*SINGLE_RUN)
+    check_amp_run(proc, r, "single", "O0")
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_single_amp_levels_train(amp_levels, level):
+    proc, r = amp_levels[level]
     check_amp_run(proc, r, "single", level)
 
 
@@ -93,13 +118,11 @@ def test_ddp_amp_levels_train(cli_run, level):
     assert sorted(r["per_rank_windows"]) == ["0", "1"]
 
 
-@pytest.mark.parametrize("amp", [("amp=O3", "amp.loss_scale=dynamic"), ("amp=O2", "amp.master_weights=false")],
-                         ids=["O3-dynamic", "O2-no-masters"])
-def test_float16_weights_with_dynamic_scaling_train(cli_run, amp):
+@pytest.mark.parametrize("level", ["O3", "O2"])  # O3: its own loss scale; O2: amp.master_weights=false
+def test_float16_weights_with_dynamic_scaling_train(float16_levels, level):
     """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype).
     Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step."""
-    proc, r = cli_run("strategy=single", *amp, "amp.dtype=float16", *TINY, "iterations=40", "log_every=20",
-                      EMULATED_OK)
+    proc, r = float16_levels[level]
     assert proc.returncode == 0, describe(proc)
     assert r["status"] == "ok", r["error"]
     precision = r["precision"]

@@ -5,12 +5,13 @@ rounding); what cannot be cut or run is refused in one line before anything star
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.nn.functional as F
-from conftest import describe, refused_before_start, run_cli
+from conftest import describe, refused_before_start, run_cli, run_sweep
 from torch import nn
 
 from harness.core.traffic import pipeline_bubble
@@ -38,16 +39,28 @@ def single(runs: Path) -> dict[str, Any]:
     return results
 
 
+@pytest.fixture(scope="module")
+def schedules(runs: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Both schedules in one sweep (one interpreter and fork server): schedule -> (its job folder, its results)."""
+    sweep = runs / "schedules"
+    proc = run_sweep(*PP, "strategy.schedule=1f1b,interleaved_1f1b", *GPT, *PARITY, sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    found = {}
+    for path in sorted(sweep.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        found[results["config"]["strategy"]["schedule"]] = (path.parent, results)
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])  # gpipe: under FSDP x PP below
 def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_one_process_trains(
-        schedule: str, runs: Path, single: dict[str, Any]) -> None:
+        schedule: str, runs: Path, single: dict[str, Any], schedules: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     """Two ranks: each holds its stages' parameters (rank 0 the embeddings and half the blocks, rank 1 the rest, the
     final norm and the head: about half each, together exactly single's); every iteration's loss is single's within
     float32 rounding (the last stage's, broadcast: both ranks record it), and the report's parity verdict against
     `single O0` is that it agrees (the parameters gathered from the stages by single's names)."""
-    proc, results = run_cli(*PP, f"strategy.schedule={schedule}", *GPT, *PARITY, tmp_path=runs / schedule)
-    assert proc.returncode == 0 and results is not None, describe(proc)
+    folder, results = schedules[schedule]
     assert results["status"] == "ok" and results["world_size"] == 2
     assert results["variant"] == f"schedule={schedule} microbatches=4"
     held = [rank["params_held_mib"] for rank in results["ranks"]]
@@ -56,7 +69,7 @@ def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_
     parity = results["parity"]
     assert parity["replicas_agree"] is True and len(parity["digests"]) == 2
     assert parity["losses"] == pytest.approx(single["parity"]["losses"], rel=1e-5)
-    rows, _ = build_rows(find_results([runs / "single", runs / schedule])[0])
+    rows, _ = build_rows(find_results([runs / "single", folder])[0])
     row = next(r for r in rows if r.label.startswith("pp O0"))
     assert (row.parity.verdict, row.parity.reference) == (verdicts.AGREES, "single O0"), row.parity.note
 

@@ -142,19 +142,28 @@ def test_the_planners_link_is_fitted_to_each_sizes_mean_call(monkeypatch):
     from harness import planning
     from harness.prediction.links import collective_seconds
 
+    launches = []
+
     def benchmark(cfg, folder):
-        if cfg["collectives"].get("after_compute_ms"):  # after a barrier 1 and 3 ms: 2 on average; after compute
-            return {"status": "ok", "raw": [{"op": op, "seconds": [0.001, 0.003], "after_compute": {
-                "1": [0.0015, 0.0015], "2": [0.0035, 0.0035], "4": [0.0030, 0.0030], "8": [0.0045, 0.0045]}}
-                for op in cfg["collectives"]["ops"]]}
+        launches.append(cfg["collectives"])
         rows = [{"op": op, "size_bytes": size, "time_us": 1000.0, "time_us_mean": 3000.0 + size / 1e3}
                 for op in cfg["collectives"]["ops"] for size in (65536, 262144, 1048576, 4194304, 16777216)]
+        # a size timed after a barrier only (no after_compute: not read), and 64 KiB also after compute: after a
+        # barrier 1 and 3 ms, 2 on average
+        raw = [{"op": op, "seconds": [0.009, 0.009]} for op in cfg["collectives"]["ops"]]
+        if cfg["collectives"].get("after_compute_ms"):
+            raw += [{"op": op, "seconds": [0.001, 0.003], "after_compute": {
+                "1": [0.0015, 0.0015], "2": [0.0035, 0.0035], "4": [0.0030, 0.0030], "8": [0.0045, 0.0045]}}
+                for op in cfg["collectives"]["ops"]]
         if cfg["collectives"]["dtype"] == "float32":  # noise put 256 KiB's mean below 64 KiB's
             rows[1]["time_us_mean"] = 2065.536
-        return {"status": "ok", "rows": rows, "world_size": 2}
+        return {"status": "ok", "rows": rows, "raw": raw, "world_size": 2}
 
     monkeypatch.setattr(collectives, "run_benchmark", benchmark)
     _, each = planning.measure_link(2, 20)
+    # two launches, not three: float32's also times each op after compute, at one size
+    assert [(c["dtype"], c.get("after_compute_ms"), c.get("after_compute_at")) for c in launches] == [
+        ("float32", [1, 2, 4, 8], "64KiB"), ("bfloat16", None, None)]
     link = each["all_reduce:bfloat16"]  # 2 hops of 1.5 ms and 1 GB/s, from the means (medians: 2 x 0.5 ms, no bytes)
     assert (link.latency_us, link.bandwidth_gbps) == (pytest.approx(1500.0), pytest.approx(1.0))
     assert collective_seconds("all_reduce", 1048576, 2, 1, link, link) == pytest.approx((3000 + 1048576 / 1e3) * 1e-6)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.collectives.arithmetic import DTYPES, OPS, parse_size, size_ladder
+from harness.collectives.arithmetic import DTYPES, OPS, format_size, parse_size, size_ladder
 from harness.core.config import RUN_FIELDS, DistConfig
 from harness.core.defaults import hydra_defaults, on_hardware, option
 from harness.core.devices import Placement
@@ -71,6 +71,8 @@ class CollectivesSection:
                                            "products begun at the barrier (a step's compute before its calls), each "
                                            "call's time the mean over the ranks; kept in collectives.json's raw "
                                            "rows (the planner's link: harness.planning)")
+    after_compute_at: Size | None = option(None, "the one size timed after compute (null: every size)",
+                                           allowed="one of the sizes timed", check=_sizes)
     fault: FaultSection = option(FaultSection)
 
 
@@ -105,6 +107,11 @@ class CollectivesConfig:
     fault_rank: int | None = None  # debugging aid: this rank runs out of memory at `fault_size`
     fault_size: int | None = None
     after_compute_ms: tuple[float, ...] = ()
+    after_compute_at: int | None = None  # the size timed after compute; None: every size
+
+    def times_after_compute(self, size: int) -> bool:
+        """Whether `size` (as requested) is also timed after compute."""
+        return bool(self.after_compute_ms) and self.after_compute_at in (None, size)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> CollectivesConfig:
@@ -123,9 +130,14 @@ class CollectivesConfig:
         gaps = raw.after_compute_ms if isinstance(raw.after_compute_ms, list | tuple) else [raw.after_compute_ms]
         if any(float(g) <= 0 for g in gaps):
             raise ConfigError("collectives.after_compute_ms", raw.after_compute_ms, "a list of milliseconds above 0")
+        after_at = None if raw.after_compute_at is None else _size("collectives.after_compute_at",
+                                                                    raw.after_compute_at)
+        if after_at is not None and after_at not in sizes:
+            raise ConfigError("collectives.after_compute_at", raw.after_compute_at,
+                              "one of the sizes timed (" + ", ".join(format_size(s) for s in sorted(set(sizes))) + ")")
         return cls(ops=tuple(ops), sizes=tuple(sorted(set(sizes))), dtype=raw.dtype, warmup=raw.warmup,
                    repeats=raw.repeats, fault_rank=raw.fault.rank, fault_size=fault_size,
-                   after_compute_ms=tuple(sorted(float(g) for g in gaps)))
+                   after_compute_ms=tuple(sorted(float(g) for g in gaps)), after_compute_at=after_at)
 
 
 def placement_for(cfg: Mapping[str, Any], hw: Hardware) -> Placement:

@@ -136,7 +136,7 @@ def measure(cfg: CollectivesConfig, group: Any, rank: int, n: int) -> tuple[list
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call is over when its last rank is done
             measured.append({"op": op, "size_bytes": count * element_size, "requested_bytes": size,
                              "count": count, "seconds": slowest.cpu().tolist(),
-                             **({"after_compute": after_compute(cfg, call, group, n)} if cfg.after_compute_ms else {})})
+                             **({"after_compute": after_compute(cfg, call, group, n)} if cfg.times_after_compute(size) else {})})
             del call
         if rank == 0:
             done = [m for m in measured if m["op"] == op]
