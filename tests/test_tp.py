@@ -6,13 +6,14 @@ starts; the activations' collectives are declared and sized by hand."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import describe, refused_before_start, run_cli
+from conftest import describe, refused_before_start, run_cli, run_sweep
 
 from harness.core.traffic import Collective, activation_bytes
 from harness.parity import report as verdicts
@@ -38,37 +39,37 @@ MIB = 2**20
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`strategy=single` on the GPT-2 shape: what parity compares each tensor-parallel run with (the Llama shape's
-    section-by-section split is checked in-process below)."""
-    root = tmp_path_factory.mktemp("single")
-    proc, results = run_cli("strategy=single", *GPT_RUN, tmp_path=root / "gpt2")
-    assert proc.returncode == 0 and results is not None, describe(proc)
-    return root
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`strategy=single` on the GPT-2 shape, what parity compares each tensor-parallel run with (the Llama shape's
+    section-by-section split is checked in-process below), and `strategy=tp` on two ranks, predicted: one sweep (one
+    interpreter and fork server). Strategy -> its job folder."""
+    sweep = tmp_path_factory.mktemp("tp") / "sweep"
+    proc = run_sweep("strategy=single,tp", "nprocs=2", *GPT_RUN, "plan.predict=true", sweep_dir=sweep)
+    assert proc.returncode == 0, describe(proc)
+    return {json.loads(p.read_text())["strategy"]: p.parent for p in sweep.glob("*/results.json")}
 
 
-def _verdict(references: Path, run: Path, label: str, shape: str) -> Any:
-    rows, _ = build_rows(find_results([references / shape, run])[0])
+def _verdict(single: Path, run: Path, label: str) -> Any:
+    rows, _ = build_rows(find_results([single, run])[0])
     labels = {r.label: r for r in rows}
     assert label in labels, sorted(labels)
     return labels[label].parity
 
 
 @pytest.mark.slow
-def test_two_rank_tp_ends_ok_holds_the_blocks_split_and_agrees_with_one_device(tmp_path, references):
-    proc, results = run_cli("strategy=tp", "nprocs=2", *GPT_RUN, "plan.predict=true", tmp_path=tmp_path)
-    assert proc.returncode == 0 and results is not None, describe(proc)
+def test_two_rank_tp_ends_ok_holds_the_blocks_split_and_agrees_with_one_device(two_ranks):
+    results = json.loads((two_ranks["tp"] / "results.json").read_text())
     assert results["status"] == "ok" and results["world_size"] == 2
     assert results["prediction"] is not None, results["prediction_error"]  # calibrated in a process group of one
     held = [rank["params_held_mib"] * MIB for rank in results["ranks"]]
     assert held == [TP_BYTES, TP_BYTES], held  # not WHOLE_BYTES: the blocks' Linears are DTensor halves
     assert results["parity"]["replicas_agree"] is True
-    parity = _verdict(references, tmp_path, "tp O0", "gpt2")
+    parity = _verdict(two_ranks["single"], two_ranks["tp"], "tp O0")
     assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
 
 
 @pytest.mark.slow
-def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_with_one_device(tmp_path, references):
+def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_with_one_device(tmp_path, two_ranks):
     # with sequence parallelism (the plan strategy=tp applies too, here on the 2-D mesh's tp dim): the norms and
     # the residual stream on the sequence's shards, the head gathering them
     proc, results = run_cli("strategy=fsdp", "nprocs=4", "strategy.tp=2", "strategy.sequence_parallel=true",
@@ -79,7 +80,7 @@ def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_
     held = [rank["params_held_mib"] * MIB for rank in results["ranks"]]
     assert held == [TP_BYTES / 2] * 4, held
     assert results["parity"]["replicas_agree"] is True
-    parity = _verdict(references, tmp_path, "fsdp O0 sequence_parallel tp=2", "gpt2")
+    parity = _verdict(two_ranks["single"], tmp_path, "fsdp O0 sequence_parallel tp=2")
     assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
 
 
