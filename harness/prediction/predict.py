@@ -696,9 +696,10 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
         seconds *= times
         pieces = len(calls) if unit_calls or collective.calls == "per_param" else max(1, math.ceil(size / (25 * MIB)))
         if size > 0 and collective.group != "replicate":  # HSDP's replicas reduce right after the shard group
-            # each unit's call and each bucket issued under a pass follow compute; a waited-for call (or run of
-            # calls, one a parameter) follows the step's compute once
-            one = not unit_calls and (collective.calls == "per_param" or collective.overlap == "none")
+            # each unit's call and each bucket issued under a pass follow compute; a waited-for call, or run of
+            # calls back to back (one a parameter: ZeRO's broadcasts, the all-reduce by hand), follows the step's
+            # compute once
+            one = not unit_calls and collective.overlap == "none"
             following.append((collective.op, size / pieces, dtype, (group_per_node, group_nodes),
                               (1 if one else pieces) * times))
         last = seconds / pieces  # the last bucket (or the first unit, each micro-batch's) waits for its pass
