@@ -202,6 +202,7 @@ def fast_and_slow(tmp_path_factory):
 KINETO_NOISE = ("gpuGetDeviceCount", "USDT", "profiler_start", "profiler_stop")
 
 
+@pytest.mark.xdist_group("data_runs")  # one worker starts the two runs
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="kineto's lines about a missing GPU: a CPU-only machine's")
 def test_a_profiled_cpu_run_in_the_launcher_keeps_kinetos_lines_off_the_terminal(fast_and_slow):
@@ -217,6 +218,7 @@ def test_a_profiled_cpu_run_in_the_launcher_keeps_kinetos_lines_off_the_terminal
     assert (Path(slow["_run_dir"]) / "traces" / "rank0.json").is_file()
 
 
+@pytest.mark.xdist_group("data_runs")  # one worker starts the two runs
 @pytest.mark.slow
 def test_a_slow_dataset_raises_the_data_wait_share(fast_and_slow):
     fast, slow = fast_and_slow["fast"], fast_and_slow["slow"]

@@ -103,6 +103,7 @@ def test_single_o0_trains(cli_run):
     check_amp_run(proc, r, "single", "O0")
 
 
+@pytest.mark.xdist_group("amp_sweeps")  # one worker starts the two sweeps (each worker would start them)
 @pytest.mark.parametrize("level", ["O1", "O2", "O3"])
 def test_single_amp_levels_train(amp_levels, level):
     proc, r = amp_levels[level]
@@ -118,6 +119,7 @@ def test_ddp_amp_levels_train(cli_run, level):
     assert sorted(r["per_rank_windows"]) == ["0", "1"]
 
 
+@pytest.mark.xdist_group("amp_sweeps")  # one worker starts the two sweeps (each worker would start them)
 @pytest.mark.parametrize("level", ["O3", "O2"])  # O3: its own loss scale; O2: amp.master_weights=false
 def test_float16_weights_with_dynamic_scaling_train(float16_levels, level):
     """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype).

@@ -52,6 +52,7 @@ def schedules(runs: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     return found
 
 
+@pytest.mark.xdist_group("pp")  # one worker starts the module's runs (each worker would start them)
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])  # gpipe: under FSDP x PP below
 def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_one_process_trains(
@@ -74,6 +75,7 @@ def test_each_schedule_ends_ok_holds_half_the_parameters_a_rank_and_trains_what_
     assert (row.parity.verdict, row.parity.reference) == (verdicts.AGREES, "single O0"), row.parity.note
 
 
+@pytest.mark.xdist_group("pp")  # one worker starts the module's runs (each worker would start them)
 @pytest.mark.slow
 def test_fsdp_by_pp_on_four_ranks_shards_each_stage_over_two_pipelines_and_trains_what_one_process_trains(
         runs: Path, single: dict[str, Any]) -> None:

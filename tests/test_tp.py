@@ -56,6 +56,7 @@ def _verdict(single: Path, run: Path, label: str) -> Any:
     return labels[label].parity
 
 
+@pytest.mark.xdist_group("tp")  # one worker starts the module's runs (each worker would start them)
 @pytest.mark.slow
 def test_two_rank_tp_ends_ok_holds_the_blocks_split_and_agrees_with_one_device(two_ranks):
     results = json.loads((two_ranks["tp"] / "results.json").read_text())
@@ -68,6 +69,7 @@ def test_two_rank_tp_ends_ok_holds_the_blocks_split_and_agrees_with_one_device(t
     assert (parity.verdict, parity.reference) == (verdicts.AGREES, "single O0"), parity.note
 
 
+@pytest.mark.xdist_group("tp")  # one worker starts the module's runs (each worker would start them)
 @pytest.mark.slow
 def test_fsdp_by_tp_on_four_ranks_ends_ok_halves_the_tp_slices_again_and_agrees_with_one_device(tmp_path, two_ranks):
     # with sequence parallelism (the plan strategy=tp applies too, here on the 2-D mesh's tp dim): the norms and
