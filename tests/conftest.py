@@ -42,16 +42,18 @@ def quick(overrides: Sequence[str], wanted: bool = True) -> list[str]:
 
 
 def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S, quick_start: bool = True,
-            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+            env: dict[str, str] | None = None,
+            one_core: bool = False) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root (ranks from a fork server
-    unless `quick_start` is false: QUICK_START).
+    unless `quick_start` is false: QUICK_START; on one core with `one_core`: one_core_of_this_worker).
 
     Returns the finished process and the parsed results.json (plus `_run_dir`, the folder, for the tests),
     or None when no results file was written.
     """
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "run.py", *quick(overrides, quick_start), f"hydra.run.dir={run_dir}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    with one_core_of_this_worker() if one_core else contextlib.nullcontext():
+        proc = subprocess.run([sys.executable, "run.py", *quick(overrides, quick_start), f"hydra.run.dir={run_dir}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     path = run_dir / "results.json"
     results = {**json.loads(path.read_text()), "_run_dir": str(run_dir)} if path.exists() else None
     return proc, results

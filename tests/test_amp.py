@@ -327,6 +327,23 @@ def test_dynamic_scale_grows_after_good_steps(level):
     assert precision.state() == {"final_loss_scale": 2048.0, "skipped_steps": 1}
 
 
+@pytest.mark.parametrize(("level", "options"), [("O3", {"loss_scale": "dynamic"}), ("O2", {"master_weights": False})],
+                         ids=["O3-dynamic", "O2-no-masters"])
+def test_float16_weights_stepped_by_the_optimizer_itself_scale_dynamically(level, options):
+    """float16 weights the optimizer steps directly (no float32 masters), the loss scaled dynamically (CUDA's default
+    dtype). Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step. (The same through
+    run.py: tests/test_e2e.py, under -m bench.)"""
+    spec = spec_for(level, "float16", **options)
+    assert (spec.loss_scale, spec.master_weights) == ("dynamic", False)
+    precision, model, optimizer = prepared(spec)
+    assert torch.float16 in {p.dtype for p in model.parameters()}
+    before = snapshot(model)
+    losses = [one_step(precision, model, optimizer, seed=seed) for seed in range(3)]
+    assert all(torch.isfinite(loss) for loss in losses), losses
+    assert not any(torch.equal(b, a) for b, a in zip(before, snapshot(model), strict=True) if b.dtype == torch.float16)
+    assert precision.state() == {"final_loss_scale": 65536.0, "skipped_steps": 0}
+
+
 @pytest.mark.parametrize("dtype", HALVES)
 def test_o3_has_no_scaler(dtype):
     precision, _, _ = prepared(spec_for("O3", dtype))

@@ -222,7 +222,7 @@ def test_a_users_transformer_runs_checkpointed_end_to_end(tmp_path):
     factory."""
     proc, results = run_cli(*CUSTOM, "model.checkpoint=full", "data.sample=tokens", f"data.tokens_per_sample={SEQ_LEN}",
                             "strategy=single", "batch_size=8", "iterations=20", "log_every=10", "plan.predict=false",
-                            tmp_path=tmp_path)
+                            tmp_path=tmp_path, one_core=True)
     assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
     assert results["config"]["model"]["checkpoint"] == "full" and "tok/s" in proc.stdout
 

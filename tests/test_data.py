@@ -193,7 +193,7 @@ def fast_and_slow(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     runs = {}
     for name, extra in (("fast", ()), ("slow", (f"data.item_delay_ms={DELAY_MS}", "profile=true"))):
-        proc, r = run_cli(*SLOW, *extra, tmp_path=tmp_path_factory.mktemp(name), env=env)
+        proc, r = run_cli(*SLOW, *extra, tmp_path=tmp_path_factory.mktemp(name), env=env, one_core=True)
         assert r is not None and r["status"] == "ok", describe(proc)
         runs[name] = {**r, "_said": proc.stdout + proc.stderr}
     return runs

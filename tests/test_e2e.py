@@ -81,7 +81,8 @@ def sweep_of(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: st
     """One sweep of several amp levels (one interpreter and fork server for all, where a run each cost one apiece):
     amp level -> (the sweep's process, that combination's results)."""
     sweep = tmp_path_factory.mktemp(name) / "sweep"
-    proc = run_sweep("strategy=single", *overrides, *TINY, "log_every=20", EMULATED_OK, sweep_dir=sweep)
+    proc = run_sweep("strategy=single", *overrides, *TINY, "log_every=20", EMULATED_OK, sweep_dir=sweep,
+                     one_core=True)  # one-process runs beside the other worker's: conftest.one_core_of_this_worker
     assert proc.returncode == 0, describe(proc)
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
     return {r["amp"]: (proc, r) for r in records}
@@ -119,11 +120,12 @@ def test_ddp_amp_levels_train(cli_run, level):
     assert sorted(r["per_rank_windows"]) == ["0", "1"]
 
 
+@pytest.mark.bench  # in the default suite in-process: tests/test_amp.py, float16 weights stepped by the optimizer
 @pytest.mark.xdist_group("amp_sweeps")  # one worker starts the two sweeps (each worker would start them)
 @pytest.mark.parametrize("level", ["O3", "O2"])  # O3: its own loss scale; O2: amp.master_weights=false
 def test_float16_weights_with_dynamic_scaling_train(float16_levels, level):
-    """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype).
-    Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step."""
+    """float16 weights stepped by the optimizer itself, loss scaled dynamically (CUDA's default dtype), through
+    run.py. Before: GradScaler raised "Attempting to unscale FP16 gradients." at the first step."""
     proc, r = float16_levels[level]
     assert proc.returncode == 0, describe(proc)
     assert r["status"] == "ok", r["error"]

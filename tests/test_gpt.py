@@ -281,7 +281,8 @@ def test_model_gpt_trains_on_a_token_file_and_reports_tokens_per_second(tmp_path
     """The README's text as bytes (examples/tokens.py), read every step: the loss falls, the wait is counted."""
     write_tokens([REPO / "README.md"], tmp_path / "tokens.bin")
     proc, results = run_cli("model=gpt", "strategy=single", "batch_size=8", "model.seq_len=16", "iterations=30",
-                            "log_every=10", "data=tokens", f"data.file={tmp_path / 'tokens.bin'}", tmp_path=tmp_path)
+                            "log_every=10", "data=tokens", f"data.file={tmp_path / 'tokens.bin'}", tmp_path=tmp_path,
+                            one_core=True)
     assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
     assert results["sample"] == "tokens" and results["tokens_per_sample"] == 16
     assert results["throughput_tokens_s"] == pytest.approx(results["throughput_img_s"] * 16)  # sequences x 16

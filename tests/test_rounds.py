@@ -246,7 +246,8 @@ def test_a_real_sweep_in_rounds_ends_with_a_verdict_first(tmp_path):
     verdict and every ok row has an interval from its runs."""
     sweep = tmp_path / "sweep"
     proc = run_sweep("strategy=single", "data.image_size=8,16", *[t for t in TINY if "image_size" not in t],
-                     "iterations=40", "timing.budget_s=1", "repeat=null", "timing.busy_share=1", sweep_dir=sweep)
+                     "iterations=40", "timing.budget_s=1", "repeat=null", "timing.busy_share=1", sweep_dir=sweep,
+                     one_core=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {p.relative_to(sweep).as_posix(): json.loads(p.read_text()) for p in sweep.rglob("results.json")}
     assert sorted(results) == ["0_single_O0_data.image_size-8/results.json", "1_single_O0_data.image_size-16/results.json",

@@ -99,7 +99,7 @@ def test_a_model_or_batch_that_cannot_work_is_refused_before_anything_starts(ove
 def test_the_users_model_and_batches_run_end_to_end(tmp_path):
     """One process (FSDP2 per block is tests/test_gpt.py's, on a model that names its blocks the same way)."""
     proc, results = run_cli(*CUSTOM, "strategy=single", "batch_size=16", "iterations=40", "log_every=10",
-                            tmp_path=tmp_path)
+                            tmp_path=tmp_path, one_core=True)
     assert proc.returncode == 0 and results["status"] == "ok", describe(proc)
     assert results["sample"] == "samples" and results["image_size"] is None and "samples/s" in proc.stdout
     losses = [w["loss"] for w in results["windows"]]
