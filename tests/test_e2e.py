@@ -138,7 +138,7 @@ def test_float16_weights_with_dynamic_scaling_train(float16_levels, level):
 def test_an_inline_run_names_its_rank_and_pid_when_it_fails(tmp_path):
     """Before: "rank -1 (pid None): launcher: ..." for a failure inside the one-process run."""
     proc, r = run_cli("strategy=single", *TINY, "iterations=40", "fault.kind=raise", "fault.at_iter=25",
-                      tmp_path=tmp_path)
+                      tmp_path=tmp_path, one_core=True)
     assert proc.returncode == 1, describe(proc)
     assert r["status"] == "failed"
     assert r["error"] == f"rank 0 (pid {r['launcher_pid']}): RuntimeError: injected fault (fault.kind=raise) " \
@@ -148,7 +148,7 @@ def test_an_inline_run_names_its_rank_and_pid_when_it_fails(tmp_path):
 
 def test_every_repeat_runs_in_a_fresh_process(tmp_path):
     """A repeat inside the launcher would inherit the previous one's allocator and CUDA context."""
-    proc, _ = run_cli("strategy=single", *TINY, "iterations=40", "repeat=2", tmp_path=tmp_path)
+    proc, _ = run_cli("strategy=single", *TINY, "iterations=40", "repeat=2", tmp_path=tmp_path, one_core=True)
     assert proc.returncode == 0, describe(proc)
     runs = [json.loads((tmp_path / "run" / f"repeat-{i}" / "results.json").read_text()) for i in range(2)]
     pids = [r["ranks"][0]["pid"] for r in runs]
