@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         "- Benchmark 15's two-process cases call after compute: FSDP2 15 times a step (each unit's all-gather "
         "forward and backward, its reduce-scatter), TP 20 times (4 a block, 4 for the head); the all-reduce by hand "
         "per parameter and "
-        "ZeRO's broadcasts back to back. The planner prices each call by the link measured after a barrier "
-        "(harness.planning.measure_link); what the table adds is not priced."]
+        "ZeRO's broadcasts back to back. The planner's link measurement times each op after 1-8 ms of compute too "
+        "and prices each call that follows compute by it (harness.planning.after_compute_costs, "
+        "harness.prediction.predict.comm_time)."]
     for line in lines:
         print(line, flush=True)
     if args.write_results:

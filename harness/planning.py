@@ -62,7 +62,8 @@ def measure_link(nprocs: int, repeats: int) -> tuple[Link, dict[str, Link]]:
                                                          "repeats": repeats, "dtype": dtype, **after}}, Path(folder))
             if results["status"] != "ok":
                 raise RuntimeError(f"the collectives benchmark failed: {results['error']}")
-            costs = costs or after_compute_costs(results["raw"])
+            if after:
+                costs = after_compute_costs(results["raw"])
             column = CALL_COLUMN[LINK_STATISTIC]  # the statistic the cache records, so changing it measures again
             samples = [(row["op"], row["size_bytes"], row[column] * 1e-6) for row in results["rows"]]
             fit, each = fit_links(samples, results["world_size"])

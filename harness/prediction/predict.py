@@ -671,7 +671,7 @@ def comm_time(traffic: Traffic, trace: StepTrace, n: int, preset: Preset, comput
             total += seconds
             exposed += seconds
             tp_group = collective.group
-            if tp_calls:  # the whole parameters' in the step: back to back
+            if tp_calls:  # each activation call follows compute; the whole parameters' run back to back: once
                 following.append((collective.op, tp_calls[0], tp_dtype, (group_per_node, group_nodes),
                                   (len(tp_calls) if collective.payload == "activations" else 1) * times))
             continue
