@@ -465,3 +465,42 @@ def test_mfu_is_the_model_flops_over_every_device_s_peak():
     assert dataclasses.replace(p, world_size=1).mfu == pytest.approx(0.5)  # DataParallel: four devices, one rank
     assert dataclasses.replace(p, peak_tflops=None).mfu is None
     assert p.as_dict()["mfu"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("name", "nprocs", "options", "rank_of", "step_ms"), [
+    ("fsdp", 2, {}, 2, 4.0),  # one rank of two, timed stepping its own shard: 4 ms as measured
+    ("fsdp", 4, {"replicate": 2}, 1, 4.0 / 2),  # HSDP: in a group of one, the whole model's step halved by hand
+    ("ddp", 2, {}, 1, 4.0),  # nothing sharded: the whole model's step, in a group of one
+])
+def test_fsdp_over_the_world_is_timed_as_one_rank_of_it_and_its_step_is_not_halved_again(monkeypatch, name, nprocs,
+                                                                                          options, rank_of, step_ms):
+    """FSDP2 in a process group of one skips its copies around each unit's all-gather and reduce-scatter (torch's
+    _fsdp_param_group: `if world_size == 1`), which a rank of two does (on this machine 4 ms of a 37 ms GPT step
+    at O0): its compute is timed as one rank of the world in a fake process group, and the optimizer step measured
+    there is already its shard's (not halved a second time, the wrong-but-plausible 2 ms). HSDP and DDP keep the
+    group of one."""
+    asked: list[int] = []
+
+    class Cal:
+        threads, forward_backward_s, optimizer_s = 1, 0.030, 0.004
+
+        def as_dict(self):
+            return {"busy": None}
+
+    def fake_strategy(cfg, placement, amp, micro, tensor_parallel=1, pipeline_batch=0, data_parallel=1):
+        asked.append(data_parallel)
+        return Cal()
+
+    monkeypatch.setattr(predict_module, "trace_step", lambda *a, **k: TRACE)
+    monkeypatch.setattr(predict_module, "calibrate_strategy_default", fake_strategy)
+    cfg = run_config(name, nprocs=nprocs, batch_size=16, data={"name": "synthetic"},
+                     plan={"calibration": "strategy", "predict": False},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128},
+                     strategy={**run_config(name).strategy, **options})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=4), in_sweep=True)
+    measured = dataclasses.replace(load_preset("h100x8"), measured=True)
+    p = predict(cfg, decided.placement, decided.amp, decided.strategy_cls, Target(measured, 1))
+    assert asked == [rank_of]
+    assert p.compute_s == pytest.approx(0.030) and p.optimizer_s == pytest.approx(step_ms / 1000)
+    assert any((f"as one rank of {rank_of} (a fake process group" in a) == (rank_of > 1) for a in p.assumptions
+               if a.startswith("compute: measured here through"))

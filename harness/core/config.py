@@ -281,8 +281,9 @@ class PlanConfig:
                                  "left each op's fitted latency 2-3x apart from one measurement to the next on a "
                                  "2-core VM; 100 within 20 % of each other in two)", ge=1, allowed="an integer >= 1")
     calibration: Calibration = from_env("HARNESS_PLAN_CALIBRATION", "strategy", help="this machine's compute, "
-                                        "measured through the strategy in a process group of one (a child process), "
-                                        "or `model`: the bare model, in-process")
+                                        "measured through the strategy in a process group of one (a child process; "
+                                        "FSDP2 over the whole world as one rank of it, in a fake process group: "
+                                        "docs/plan.md), or `model`: the bare model, in-process")
 
 
 @dataclass(frozen=True)

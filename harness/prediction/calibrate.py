@@ -203,7 +203,7 @@ def child_context() -> Any:
 
 
 def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro_batch: int,
-                       tensor_parallel: int = 1, pipeline_batch: int = 0) -> Calibration:
+                       tensor_parallel: int = 1, pipeline_batch: int = 0, data_parallel: int = 1) -> Calibration:
     """The run's own strategy, amp plugin and optimizer set up by the strategy's own phases in a process group of
     one (gloo on CPU, nccl on a GPU), timed as `calibrate` times the bare model: DDP's buckets and hooks, ZeRO's
     and FSDP2's bookkeeping are in it; what crosses a link between ranks is left to harness.prediction.links.
@@ -213,6 +213,9 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     `pipeline_batch` > 0 (strategy=pp): the process's batch, which a pipeline's ranks gather whole; the model, one
     stage, runs its `micro_batch`-sized microbatches through the strategy's schedule (PipelineSchedule), so that what
     the schedule's own work costs is in it.
+    `data_parallel` > 1 (FSDP2 over the whole world): one rank of that many in a fake process group, so that what
+    FSDP2 does around each unit's gather and reduce-scatter at a world of more than one (its copies in and out,
+    which it skips in a group of one) is timed, and its optimizer steps one rank's shard.
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
@@ -223,7 +226,7 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     # read the first's calibration
     key = json.dumps([dict(cfg.strategy), dict(cfg.model), dict(cfg.optim), dataclasses.asdict(cfg.data), cfg.amp_plugin,
                       cfg.grad_accum, cfg.seed, one.as_dict(), amp.as_dict(), micro_batch, tensor_parallel,
-                      pipeline_batch],
+                      pipeline_batch, data_parallel],
                      sort_keys=True, default=str)
     global _pool
     if key not in _CALIBRATED:
@@ -232,7 +235,7 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
 
             _pool = ProcessPoolExecutor(1, mp_context=child_context())
         _CALIBRATED[key] = _pool.submit(_strategy_child, pickle.dumps((cfg, one, amp, pipeline_batch or micro_batch,
-                                                                       tensor_parallel))).result()
+                                                                       tensor_parallel, data_parallel))).result()
     return _CALIBRATED[key]
 
 
@@ -264,7 +267,7 @@ def _strategy_child(key: bytes) -> Calibration:
     from strategies.base import RankEnv
     from strategies.capabilities import no_sync_for, pipeline_schedule_of
 
-    cfg, placement, amp, micro_batch, tensor_parallel = pickle.loads(key)
+    cfg, placement, amp, micro_batch, tensor_parallel, data_parallel = pickle.loads(key)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -275,8 +278,8 @@ def _strategy_child(key: bytes) -> Calibration:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     strategy = instantiate(cfg.strategy)
-    if tensor_parallel > 1:
-        fake_process_group(tensor_parallel)
+    if tensor_parallel * data_parallel > 1:
+        fake_process_group(tensor_parallel * data_parallel)
     try:
         strategy.setup(RankEnv(0, 0, 1, placement, cfg.dist.timeout_s, cfg.grad_accum))
         torch.manual_seed(cfg.seed)

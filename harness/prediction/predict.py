@@ -240,11 +240,13 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         calibration: dict[str, Any] = {}
         notes = ("time not predicted: the combination would not fit",)
     else:
-        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement, tp)
+        # FSDP2 over the whole world: timed as one rank of it (its copies around each unit's collectives)
+        sharded = n if strategy_cls.shards[0] and tp == 1 and traffic.sharded_over(n) == n else 1
+        compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement, tp, sharded)
         if not calibration.get("one_tensor_parallel_rank"):
             compute, notes = tensor_parallel_compute(compute, notes, tp)
-        if any(strategy_cls.shards[2:]):  # each rank steps its share of the parameters (HSDP: of its shard group's)
-            optimizer /= traffic.sharded_over(n)
+        if any(strategy_cls.shards[2:]) and not calibration.get("one_sharded_rank"):  # each rank steps its share
+            optimizer /= traffic.sharded_over(n)  # of the parameters (HSDP: of its shard group's)
         activations = block_activations(cfg, amp, micro, traffic.sequence_parallel) if tp > 1 else None
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
                                   activations)
@@ -538,17 +540,21 @@ def memory_notes(preset: Preset, cfg: RunConfig, amp: AmpSpec, kernels: str | No
 
 
 def compute_time(cfg: RunConfig, amp: AmpSpec, target: Target, micro: int, placement: Placement | None = None,
-                 tensor_parallel: int = 1) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
+                 tensor_parallel: int = 1, sharded: int = 1) -> tuple[float, float, dict[str, Any], tuple[str, ...]]:
     """One rank's forward and backward, and optimizer step. `tensor_parallel` > 1: here, one rank of such a group
-    is measured on its own slices (the calibration says `one_tensor_parallel_rank`); elsewhere the whole model's."""
+    is measured on its own slices (the calibration says `one_tensor_parallel_rank`); elsewhere the whole model's.
+    `sharded` > 1: here, one rank of FSDP2 over that many, its optimizer on its shard (`one_sharded_rank`)."""
     preset = target.preset
     if preset.measured and placement is not None and cfg.plan.calibration == "strategy":
-        cal = calibrate_strategy_default(cfg, placement, amp, micro, tensor_parallel)
+        cal = calibrate_strategy_default(cfg, placement, amp, micro, tensor_parallel, data_parallel=sharded)
         group = (f"as one rank of a tensor-parallel group of {tensor_parallel} (a fake process group: its slices of "
                  "the weights, their collectives left to the collectives model)" if tensor_parallel > 1
-                 else "in a process group of one")
+                 else f"as one rank of {sharded} (a fake process group: the copies around each unit's gather and "
+                 "reduce-scatter, the optimizer on its shard; the collectives left to the collectives model)"
+                 if sharded > 1 else "in a process group of one")
         return cal.forward_backward_s, cal.optimizer_s, {"compute": cal.as_dict(), **_local_band(),
-                                                         "one_tensor_parallel_rank": tensor_parallel > 1}, (
+                                                         "one_tensor_parallel_rank": tensor_parallel > 1,
+                                                         "one_sharded_rank": sharded > 1}, (
             f"compute: measured here through strategy={cfg.strategy_name} {group}, {micro} images "
             f"per micro-batch, {cal.threads} thread(s) (its wrapper and hooks included; what crosses a link is the "
             "collectives model's)",)
@@ -609,8 +615,9 @@ def gpu_compute_time(cfg: RunConfig, amp: AmpSpec, preset: Preset, micro: int, r
 
 
 def calibrate_strategy_default(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro: int,
-                               tensor_parallel: int = 1, pipeline_batch: int = 0) -> Calibration:
-    return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel, pipeline_batch)
+                               tensor_parallel: int = 1, pipeline_batch: int = 0,
+                               data_parallel: int = 1) -> Calibration:
+    return calibrate_strategy(cfg, placement, amp, micro, tensor_parallel, pipeline_batch, data_parallel)
 
 
 def calibrate_fn_default(cfg: RunConfig, amp: AmpSpec, micro: int, threads: int) -> Calibration:
