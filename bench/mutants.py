@@ -198,6 +198,12 @@ MUTANTS: list[Mutant] = [Mutant(*entry) for entry in (  # type: ignore[arg-type]
     # the planner
     ("ZeRO/FSDP optimizer time not divided by the ranks", "harness/prediction/predict.py",
      "            optimizer /= traffic.sharded_over(n)\n", "            pass\n"),
+    ("plan: FSDP over the world timed in a group of one", "harness/prediction/predict.py",
+     "sharded = n if strategy_cls.shards[0] and tp == 1", "sharded = 1 if strategy_cls.shards[0] and tp == 1",
+     ("tests/test_prediction_predict.py",)),
+    ("plan: a shard's measured step halved again", "harness/prediction/predict.py",
+     'if any(strategy_cls.shards[2:]) and not calibration.get("one_sharded_rank"):',
+     "if any(strategy_cls.shards[2:]):", ("tests/test_prediction_predict.py",)),
     ("plan: ZeRO's optimizer state not sharded", "harness/prediction/predict.py",
      "state = peak.optimizer_state / over if state_sharded else", "state = peak.optimizer_state if state_sharded else"),
     ("plan: inputs of the global batch on every rank", "harness/prediction/predict.py",

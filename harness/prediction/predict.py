@@ -245,8 +245,9 @@ def predict(cfg: RunConfig, placement: Placement, amp: AmpSpec, strategy_cls: An
         compute, optimizer, calibration, notes = compute_time(cfg, amp, target, micro, placement, tp, sharded)
         if not calibration.get("one_tensor_parallel_rank"):
             compute, notes = tensor_parallel_compute(compute, notes, tp)
-        if any(strategy_cls.shards[2:]) and not calibration.get("one_sharded_rank"):  # each rank steps its share
-            optimizer /= traffic.sharded_over(n)  # of the parameters (HSDP: of its shard group's)
+        # each rank steps its share of the parameters (HSDP: of its shard group's), unless timed as one already
+        if any(strategy_cls.shards[2:]) and not calibration.get("one_sharded_rank"):
+            optimizer /= traffic.sharded_over(n)
         activations = block_activations(cfg, amp, micro, traffic.sequence_parallel) if tp > 1 else None
         comm, exposed = comm_time(traffic, trace, n, preset, compute, cfg.grad_accum, load_factors().overlap,
                                   activations)
