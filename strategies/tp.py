@@ -124,14 +124,17 @@ def tp_traffic(sequence_parallel: bool) -> tuple[Collective, ...]:
     attention's reduce-scatter. Sequence parallelism also leaves the norms' parameters whole on every rank, each
     gradient a partial sum over the sequence's shards: one all-reduce a parameter, once a step (in the optimizer's
     step; under FSDP x TP in FSDP's reduction)."""
-    def per_block(op: str, recomputed: int = 0) -> Collective:  # recomputed: a forward's, under checkpointing
+    def per_block(op: str, recomputed: int = 0, residual: bool = False) -> Collective:  # recomputed: a forward's,
+        # under checkpointing; residual: on the residual stream, in the model's dtype (the norms' outputs gathered,
+        # the blocks' inputs' gradients reduced), not the projections' (their outputs, their outputs' gradients)
         return Collective(op, "activations", "none", group="tp", every="micro_batch", calls="per_block", count=2,
-                          recomputed=recomputed)
+                          recomputed=recomputed, residual=residual)
 
     if not sequence_parallel:
-        return per_block("all_reduce", 1), per_block("all_reduce")
-    return (per_block("all_gather", 2), per_block("reduce_scatter", 1), per_block("all_gather"),
-            per_block("all_reduce"), Collective("all_reduce", "whole_grads", "none", group="tp", calls="per_param"))
+        return per_block("all_reduce", 1), per_block("all_reduce", residual=True)
+    return (per_block("all_gather", 2, residual=True), per_block("reduce_scatter", 1), per_block("all_gather"),
+            per_block("all_reduce", residual=True),
+            Collective("all_reduce", "whole_grads", "none", group="tp", calls="per_param"))
 
 
 TP_AMP_RULES = (

@@ -57,6 +57,9 @@ class Collective:
     # per_block: of those, the calls a checkpointed block's recomputation runs again in backward (torch's checkpoint
     # stops recomputing once it has every tensor backward saved, so the block's last reduction is not re-run)
     recomputed: int = 0
+    # per_block: a call on the residual stream (a norm's output, a block input's gradient), in the model's own dtype
+    # (float32 under autocast, O1), not in the projections' half type (their outputs and those outputs' gradients)
+    residual: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 1 or (self.payload == "activations") != (self.calls == "per_block"):

@@ -777,6 +777,12 @@ class BlockActivations:
     vocab_parallel: bool = False
     tokens: int = 0
     whole: tuple[int, ...] = ()  # sequence parallelism: the elements of each parameter its plan leaves whole
+    residual_dtype: str = ""  # the residual stream's (the model's own: float32 under autocast); "": `dtype`
+
+    def of(self, residual: bool) -> tuple[float, str]:
+        """A call's bytes and dtype: the projections' (`dtype`), or the residual stream's (Collective.residual)."""
+        dtype = (self.residual_dtype or self.dtype) if residual else self.dtype
+        return self.bytes / ELEMENT_BYTES[self.dtype] * ELEMENT_BYTES[dtype], dtype
 
 
 # torch's loss_parallel (torch/distributed/tensor/parallel/loss.py): in forward an all-reduce of each token's
@@ -790,8 +796,8 @@ def outside_blocks_calls(activations: BlockActivations, sequence_parallel: bool)
     (counted by CommDebugMode in tests/test_tp.py): where the sequence is split, the final norm's output gathered for
     the head and the embeddings' output gradient gathered in backward; a head split by vocabulary adds its input's
     gradient's reduction (a reduce-scatter onto the sequence's shards, else an all-reduce) and loss_parallel's."""
-    size, dtype = activations.bytes, activations.dtype
-    calls = [("all_gather", size, dtype)] * 2 if sequence_parallel else []
+    size, dtype = activations.of(residual=True)  # the final norm's output, the embeddings' and the head's
+    calls = [("all_gather", size, dtype)] * 2 if sequence_parallel else []  # input's gradients
     if activations.vocab_parallel:
         calls += [("reduce_scatter" if sequence_parallel else "all_reduce", size, dtype)]
         calls += [("all_reduce", activations.tokens * 4.0, "float32")] * LOSS_PARALLEL_REDUCTIONS
@@ -801,7 +807,7 @@ def outside_blocks_calls(activations: BlockActivations, sequence_parallel: bool)
 def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
                       sequence_parallel: bool = False) -> BlockActivations | None:
     """micro-batch x sequence x width, in the forward's dtype (the amp level's half type from O1 on: autocast's
-    projections end in it), from the model's own `tp_activations(options)` (width, blocks), given the options its
+    projections end in it; the residual stream's calls in the model's own, float32 at O1: Collective.residual), from the model's own `tp_activations(options)` (width, blocks), given the options its
     factory takes (not the harness's `checkpoint`); None for a model that declares none (activation_calls says
     what to add). With `sequence_parallel`, the parameters its plan leaves whole (`whole_parameters`)."""
     from hydra.utils import get_object
@@ -819,7 +825,8 @@ def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
     return BlockActivations(float(tokens * width * ELEMENT_BYTES[dtype]), int(blocks), dtype,
                             recomputing=mode_of("model.checkpoint", cfg.model.get("checkpoint", "none")) != "none",
                             vocab_parallel=callable(sizes) and "model.vocab_size" in sizes(options, False),
-                            tokens=int(tokens), whole=whole_parameters(cfg) if sequence_parallel else ())
+                            tokens=int(tokens), whole=whole_parameters(cfg) if sequence_parallel else (),
+                            residual_dtype="float32" if amp.level in ("O0", "O1") else amp.dtype)
 
 
 def whole_parameters(cfg: RunConfig) -> tuple[int, ...]:
@@ -854,7 +861,8 @@ def activation_calls(collective: Collective, activations: BlockActivations | Non
     if collective.payload == "whole_grads":
         return [float(n * ELEMENT_BYTES[grad_dtype]) for n in activations.whole], grad_dtype
     per_block = collective.count + (collective.recomputed if activations.recomputing else 0)
-    return [activations.bytes] * (per_block * activations.blocks), activations.dtype
+    size, dtype = activations.of(collective.residual)
+    return [size] * (per_block * activations.blocks), dtype
 
 
 def tensor_parallel_ranks(group: str, n: int, tp: int) -> range | None:
