@@ -474,8 +474,8 @@ def test_mfu_is_the_model_flops_over_every_device_s_peak():
 ])
 def test_fsdp_over_the_world_is_timed_as_one_rank_of_it_and_its_step_is_not_halved_again(monkeypatch, name, nprocs,
                                                                                           options, rank_of, step_ms):
-    """FSDP2 in a process group of one skips its copies around each unit's all-gather and reduce-scatter (torch's
-    _fsdp_param_group: `if world_size == 1`), which a rank of two does (on this machine 4 ms of a 37 ms GPT step
+    """FSDP2 in a process group of one skips each unit's all-gather with its copy-in, and its reduce-scatter's call
+    (torch's _fsdp_param_group: `if world_size == 1`), which a rank of two does (on this machine 4 ms of a 37 ms GPT step
     at O0): its compute is timed as one rank of the world in a fake process group, and the optimizer step measured
     there is already its shard's (not halved a second time, the wrong-but-plausible 2 ms). HSDP and DDP keep the
     group of one."""

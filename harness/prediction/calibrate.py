@@ -214,8 +214,8 @@ def calibrate_strategy(cfg: RunConfig, placement: Placement, amp: AmpSpec, micro
     stage, runs its `micro_batch`-sized microbatches through the strategy's schedule (PipelineSchedule), so that what
     the schedule's own work costs is in it.
     `data_parallel` > 1 (FSDP2 over the whole world): one rank of that many in a fake process group, so that what
-    FSDP2 does around each unit's gather and reduce-scatter at a world of more than one (its copies in and out,
-    which it skips in a group of one) is timed, and its optimizer steps one rank's shard.
+    FSDP2 does around each unit's gather and reduce-scatter at a world of more than one (the gather's copies in and
+    out, which it skips in a group of one) is timed, and its optimizer steps one rank's shard.
     Runs in a child (child_context) kept for the parent's calibrations (the parent joins no process group and creates no
     CUDA context); `shutdown()` ends it."""
     one = dataclasses.replace(placement, nprocs=1, gpus=placement.gpus[:1], torch_indices=placement.torch_indices[:1],
