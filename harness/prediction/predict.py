@@ -807,7 +807,8 @@ def outside_blocks_calls(activations: BlockActivations, sequence_parallel: bool)
 def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
                       sequence_parallel: bool = False) -> BlockActivations | None:
     """micro-batch x sequence x width, in the forward's dtype (the amp level's half type from O1 on: autocast's
-    projections end in it; the residual stream's calls in the model's own, float32 at O1: Collective.residual), from the model's own `tp_activations(options)` (width, blocks), given the options its
+    projections end in it; the residual stream's calls in the model's own, float32 unless the level casts the model:
+    Collective.residual), from the model's own `tp_activations(options)` (width, blocks), given the options its
     factory takes (not the harness's `checkpoint`); None for a model that declares none (activation_calls says
     what to add). With `sequence_parallel`, the parameters its plan leaves whole (`whole_parameters`)."""
     from hydra.utils import get_object
@@ -826,7 +827,7 @@ def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
                             recomputing=mode_of("model.checkpoint", cfg.model.get("checkpoint", "none")) != "none",
                             vocab_parallel=callable(sizes) and "model.vocab_size" in sizes(options, False),
                             tokens=int(tokens), whole=whole_parameters(cfg) if sequence_parallel else (),
-                            residual_dtype="float32" if amp.level in ("O0", "O1") else amp.dtype)
+                            residual_dtype=amp.dtype if amp.cast_model else "float32")
 
 
 def whole_parameters(cfg: RunConfig) -> tuple[int, ...]:
