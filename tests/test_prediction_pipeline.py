@@ -10,6 +10,7 @@ import pytest
 from conftest import run_config
 from hydra.utils import get_class
 
+from harness.core.amp_levels import AmpConfig, resolve
 from harness.core.traffic import Traffic
 from harness.launch.decide import run_plan as place_run
 from harness.launch.placement import Hardware
@@ -116,12 +117,14 @@ def test_interleaving_two_stages_a_rank_gains_what_torchtitan_published_within_2
 
 
 def test_a_boundary_is_float32_under_autocast_and_the_models_dtype_where_it_is_cast():
-    """4 x 128 tokens of width 64: 131072 float32 bytes at O0 and at O1 bf16 (autocast keeps the residual stream,
-    a block's input plus its branches, in float32: strategy=pp at O1 received 0.5 MiB, not 0.25), 65536 at O2."""
+    """4 x 128 tokens of width 64: 131072 float32 bytes at O0 and at O1 bf16, whose specs do not cast the model
+    (autocast keeps the residual stream, a block's input plus its branches, in float32: strategy=pp at O1 received
+    0.5 MiB, not 0.25), 65536 at O2 and O3, whose specs do."""
     cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
                      model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128})
-    assert [pipeline.boundary_bytes(cfg, level, "bfloat16", 4, 128) for level in ("O0", "O1", "O2")] == [
-        4 * 128 * 64 * 4, 4 * 128 * 64 * 4, 4 * 128 * 64 * 2]
+    specs = [resolve(AmpConfig(level=level, dtype="bfloat16"), "cpu") for level in ("O0", "O1", "O2", "O3")]
+    assert [pipeline.boundary_bytes(cfg, spec, 4, 128) for spec in specs] == [
+        4 * 128 * 64 * 4, 4 * 128 * 64 * 4, 4 * 128 * 64 * 2, 4 * 128 * 64 * 2]
 
 
 def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowest_stage(monkeypatch):

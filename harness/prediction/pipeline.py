@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from harness.core.amp_levels import AmpSpec
 from harness.core.config import RunConfig
 from harness.core.inputs import Inputs
 from harness.core.traffic import Traffic, pipeline_bubble
@@ -156,10 +157,10 @@ def receive_buffers(size: float, microbatches: int, first: bool, last: bool) -> 
     return microbatches * size * ((0 if first else 1) + (0 if last else 1))
 
 
-def boundary_bytes(cfg: RunConfig, amp_level: str, amp_dtype: str, microbatch: int, tokens: int) -> float:
+def boundary_bytes(cfg: RunConfig, amp: AmpSpec, microbatch: int, tokens: int) -> float:
     """One stage boundary's activations for one microbatch: microbatch x sequence x width (the model's
-    `tp_activations(options)` gives its width, as for tensor parallelism), in the model's dtype where the amp level
-    casts it, else float32: under autocast (O1) a block's output is its input plus its half-precision branches,
+    `tp_activations(options)` gives its width, as for tensor parallelism), in the half type where the amp level
+    casts the model (`cast_model`), else float32: under autocast (O1) a block's output is its input plus its half-precision branches,
     and the sum keeps the input's float32 (measured: strategy=pp at O1 bf16 received 0.5 MiB on model=gpt, where
     bfloat16 boundaries would be 0.25)."""
     from hydra.utils import get_object
@@ -168,7 +169,7 @@ def boundary_bytes(cfg: RunConfig, amp_level: str, amp_dtype: str, microbatch: i
     if not callable(declared):
         raise NotAPipelineModel("the model does not say its blocks' width (tp_activations)")
     width, _ = declared({k: v for k, v in cfg.model.items() if not k.startswith("_")})
-    dtype = amp_dtype if amp_level in ("O2", "O3") else "float32"
+    dtype = amp.dtype if amp.cast_model else "float32"
     return float(microbatch * tokens * width * ELEMENT_BYTES[dtype])
 
 

@@ -317,7 +317,7 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
                               device=preset.accelerator)
 
         before = pipeline.before_blocks_share(cfg, inputs_here(cfg))
-        boundary = pipeline.boundary_bytes(cfg, amp.level, amp.dtype, microbatch,
+        boundary = pipeline.boundary_bytes(cfg, amp, microbatch,
                                            inputs_here(cfg).tokens_per_sample or 1)
     except pipeline.NotAPipelineModel as err:
         raise NotPredictable(f"strategy=pp: {err}") from None
