@@ -39,10 +39,41 @@ def test_gpipe_holds_every_microbatch_1f1b_the_ranks_from_it_to_the_last():
     assert [pipeline.in_flight(2, 4, r, all_held=False) for r in range(4)] == [2, 2, 2, 1]
 
 
+def test_interleaved_chunks_in_flight_are_those_torchs_schedule_runs():
+    """Interleaved 1F1B on 2 ranks, 2 stages each, 4 microbatches: rank 0 forwards 4 chunks before its first
+    backward (torch's `_get_warmup_ops`: (2 - 1) x 2 a round + 2 x 1 rank after it) and each steady step forwards
+    before it goes back: 5 in flight; rank 1: 2 + 1. For other shapes, what torch's own action lists for each rank
+    (`ScheduleInterleaved1F1B._calculate_single_rank_operations`) hold at most, forwards less full backwards."""
+    from torch.distributed.pipelining import schedules
+
+    assert [pipeline.in_flight(4, 2, r, all_held=False, stages_per_rank=2) for r in range(2)] == [5, 3]
+    for ranks, stages, microbatches in [(2, 3, 4), (4, 2, 8), (4, 2, 16), (8, 2, 8), (3, 2, 6)]:
+        schedule = object.__new__(schedules.ScheduleInterleaved1F1B)  # its order needs no process group
+        schedule.n_local_stages, schedule.pp_group_size, schedule._n_microbatches = stages, ranks, microbatches
+        schedule.number_of_rounds = max(1, microbatches // ranks)
+        schedule.microbatches_per_round = microbatches // schedule.number_of_rounds
+        for rank in range(ranks):
+            live = most = 0
+            for action in filter(None, schedule._calculate_single_rank_operations(rank)):
+                live += {schedules._ComputationType.FORWARD: 1,
+                         schedules._ComputationType.FULL_BACKWARD: -1}.get(action.computation_type, 0)
+                most = max(most, live)
+            assert pipeline.in_flight(microbatches, ranks, rank, False, stages) == most, (ranks, stages, rank)
+
+
+def test_an_interleaved_rank_receives_for_each_of_its_stages():
+    """2 ranks of 2 stages, 4 microbatches of boundary b: rank 0 holds stage 0 (gradients only) and stage 2
+    (activations and gradients), rank 1 stage 1 (both) and stage 3, the last (activations only): 12 b each, where
+    1F1B's one stage a rank receives 4 b."""
+    assert pipeline.receive_buffers(1.0, 4, True, False, 0, 2, 2) == 12.0
+    assert pipeline.receive_buffers(1.0, 4, False, True, 1, 2, 2) == 12.0
+    assert pipeline.receive_buffers(1.0, 4, True, False) == pipeline.receive_buffers(1.0, 4, False, True) == 4.0
+
+
 def trace(blocks: int) -> StepTrace:
     """A model of `blocks` blocks known by hand, in MiB: each block 10 of parameters, 10 of gradients, 20 of
-    momentum, 30 of activations; outside the blocks 6 of parameters (and gradients, momentum 12) and 9 of
-    activations (the logits)."""
+    momentum, 30 of activations and 7 more while its backward runs; outside the blocks 6 of parameters (and
+    gradients, momentum 12) and 9 of activations (the logits)."""
     params, acts = 10 * blocks + 6, 30 * blocks + 9
     forward = PhasePeak(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
                         activations=acts * MIB)
@@ -51,21 +82,30 @@ def trace(blocks: int) -> StepTrace:
     return StepTrace(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
                      activations=acts * MIB, flops=0, model_params=params * MIB, model_grads=params * MIB,
                      stored_params=params * MIB, param_count=0, matrices=(), units=(), tracer="meta",
-                     phases=(forward, step))
+                     phases=(forward, step), block_backward=7 * MIB)
 
 
 def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_flight():
     """Rank 0 of 2 (1F1B, 4 microbatches), 3 blocks, two thirds of what is outside the blocks used before them:
     parameters 30 + 4 of the 6 outside, gradients alive beside the later microbatches (34), momentum 60 + 8,
-    activations 2 in flight x (3 blocks x 30 + the boundary's 4): 188. A middle rank holds nothing of the outside;
-    the last its third of the parameters (2) and the logits' 9 a microbatch in flight."""
+    activations 2 in flight x (3 blocks x 30 + the stage's output, the boundary's 4) + one block's backward's 7:
+    195 (188 without the backward: what the planner had; 101 with it in each microbatch's place). A middle rank
+    holds nothing of the outside, and the same activations; the last its third of the parameters (2) and the logits'
+    9 a microbatch in flight, its peak the head's backward (no block's 7 on top, no output kept to send back)."""
     first = pipeline.stage_bytes(trace(3), trace(4), 3, True, False, 2, 4, 4 * MIB, 2 / 3)
     assert (first.params, first.grads, first.state, first.activations) == pytest.approx(
-        (34 * MIB, 34 * MIB, 68 * MIB, 188 * MIB))
+        (34 * MIB, 34 * MIB, 68 * MIB, 195 * MIB))
     middle = pipeline.stage_bytes(trace(3), trace(4), 3, False, False, 2, 4, 4 * MIB, 2 / 3)
-    assert (middle.params, middle.grads, middle.activations) == pytest.approx((30 * MIB, 30 * MIB, 180 * MIB))
+    assert (middle.params, middle.grads, middle.activations) == pytest.approx((30 * MIB, 30 * MIB, 195 * MIB))
     last = pipeline.stage_bytes(trace(3), trace(4), 3, False, True, 1, 4, 4 * MIB, 2 / 3)
     assert (last.params, last.activations) == pytest.approx((32 * MIB, 99 * MIB))
+    # interleaved, 2 stages a rank of 1 block each: rank 0's 5 chunks each keep a block's 30 and its output's 4, one
+    # block's backward 7 on top: 177 (1F1B's rule, 2 x (2 x 30 + 4) + 7, would say 135); the last rank's 3 chunks,
+    # one of them the last stage's with the logits' 9 and no output kept: 3 x 30 + 2 x 4 + 9 = 107
+    first = pipeline.stage_bytes(trace(2), trace(3), 2, True, False, 5, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
+    assert first.activations == pytest.approx(177 * MIB)
+    last = pipeline.stage_bytes(trace(2), trace(3), 2, False, True, 3, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
+    assert last.activations == pytest.approx(107 * MIB)
 
 
 def test_the_embeddings_are_the_first_stages_and_the_head_the_last():
@@ -161,7 +201,7 @@ def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowe
     boundary = 4 * 128 * 64 * 4
     link: Link = measured.intra
     assert p.comm_s == pytest.approx(2 * 4 * (link.latency_us * 1e-6 + boundary / (link.bandwidth_gbps * 1e9)))
-    assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB), 1 * (2 * 30 + 9)])
+    assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB) + 7, 1 * (2 * 30 + 9)])
 
 
 def test_the_slowest_stage_is_timed_through_the_schedule_itself(monkeypatch):
@@ -205,6 +245,38 @@ def test_the_slowest_stage_is_timed_through_the_schedule_itself(monkeypatch):
     assert p.compute_s == pytest.approx(5 * 0.015) and p.optimizer_s == 0.002
     assert any("through strategy=pp in a process group of one, 4 microbatches of 4 sequences" in a
                for a in p.assumptions)
+
+
+def test_an_interleaved_ranks_stages_are_timed_as_one_through_1f1b(monkeypatch):
+    """strategy.schedule=interleaved_1f1b on 2 ranks of a 4-block GPT: a rank's two stages of one block each, which
+    in a process group of one would send to the same rank (gloo refuses: "Pair is not connected", and no
+    interleaved pipeline was predicted on this machine), are calibrated as its 2 blocks through 1F1B: 60 ms for 4
+    microbatches, 15 ms each; the step is interleaving's, 4 x 15 ms over 1 - 1/10 of idle (not 1F1B's 1/5)."""
+    monkeypatch.setattr(predict_module, "trace_step", lambda model_cfg, *a, **k: trace(model_cfg["layers"]))
+
+    class Cal:
+        threads, forward_backward_s, optimizer_s = 1, 0.06, 0.002
+
+        def as_dict(self):
+            return {"busy": None}
+
+    through: list[tuple[int, str]] = []
+
+    def fake_strategy(cfg, placement, amp, micro, tensor_parallel=1, pipeline_batch=0):
+        through.append((cfg.model["layers"], cfg.strategy["schedule"]))
+        return Cal()
+
+    monkeypatch.setattr(predict_module, "calibrate_strategy_default", fake_strategy)
+    cfg = run_config("pp", nprocs=2, batch_size=16, data={"name": "synthetic"},
+                     plan={"calibration": "strategy", "predict": False},
+                     model={"_target_": "harness.rank.gpt.GPT", "name": "gpt", "layers": 4, "seq_len": 128},
+                     strategy={**run_config("pp").strategy, "schedule": "interleaved_1f1b"})
+    decided = place_run(cfg, Hardware(visible_gpus=(), cores=2), in_sweep=True)
+    measured = dataclasses.replace(load_preset("h100x8"), measured=True)
+    p = predict(cfg, decided.placement, decided.amp, get_class(cfg.strategy["_target_"]), Target(measured, 1))
+    assert through == [(2, "1f1b")] and cfg.strategy["schedule"] == "interleaved_1f1b"
+    assert p.compute_s == pytest.approx(4 * 0.015 / 0.9)
+    assert any("the rank's 2 stages timed as one through 1F1B" in a for a in p.assumptions)
 
 
 def test_fsdp_by_pp_is_two_pipelines_each_stage_halved_and_gathered_whole(monkeypatch):

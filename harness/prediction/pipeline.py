@@ -43,10 +43,20 @@ def rank_blocks(layers: int, ranks: int, stages_per_rank: int) -> list[int]:
     return held
 
 
-def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool) -> int:
+def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool, stages_per_rank: int = 1) -> int:
     """Microbatches whose activations rank `rank` holds at once: all under GPipe, else at most the ranks from it
-    to the last (1F1B's warm-up)."""
-    return schedule_microbatches if all_held else min(schedule_microbatches, ranks - rank)
+    to the last (1F1B's warm-up, torch's Schedule1F1B running each steady step's backward before its forward).
+    With `stages_per_rank` > 1 (interleaved 1F1B) the count is of chunks, a microbatch through one of the rank's
+    stages: torch's `_get_warmup_ops` forwards (stages_per_rank - 1) x the microbatches of a round + 2 per rank
+    after this one, and each steady step's forward runs before its backward (`_get_1f1b_rank_ops`): one more."""
+    if all_held:
+        return schedule_microbatches
+    if stages_per_rank == 1:
+        return min(schedule_microbatches, ranks - rank)
+    chunks = stages_per_rank * schedule_microbatches
+    per_round = schedule_microbatches // max(1, schedule_microbatches // ranks)
+    warmup = min((stages_per_rank - 1) * per_round + 2 * (ranks - 1 - rank), chunks)
+    return min(warmup + 1, chunks) if warmup < chunks else warmup
 
 
 def model_layers(cfg: RunConfig) -> int:
@@ -117,12 +127,17 @@ class StageBytes:
 
 
 def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, last: bool, held: int,
-                microbatches: int, boundary: float, before_share: float = 0.5) -> StageBytes:
+                microbatches: int, boundary: float, before_share: float = 0.5, stages_per_rank: int = 1) -> StageBytes:
     """A rank of `blocks` blocks from the traces at `blocks` (fewer) and `blocks` + 1 (more): the larger of its
     phases (forward and backward's, the optimizer step's). What is outside the blocks is split by `before_share`
     (the first stage's share of it, `before_blocks_share`). With more than one microbatch every gradient the stage
-    makes is alive while later microbatches run (the gradients accumulate over them). The first stage's own
-    activations before its blocks are taken as its output's, one `boundary` a microbatch (the embeddings')."""
+    makes is alive while later microbatches run (the gradients accumulate over them). Each microbatch in flight
+    keeps its blocks' saved tensors (the traces' difference per block at their peak) and, on a stage before the
+    last, its output (one `boundary`: torch's PipelineStage keeps it for the backward it sends back); such a stage
+    peaks in a block's backward, whose temporaries (`block_backward`) come on top of the microbatches held. The
+    last stage's peak is its head's backward, as the traces' is. With `stages_per_rank` > 1 (interleaved) `held`
+    counts chunks, each through one of the rank's stages (its blocks / stages_per_rank); on the last rank one of
+    them is the last stage's, whose head's backward follows its forward at once."""
     ends = (before_share if first else 0.0) + (1 - before_share if last else 0.0)
     grad_block = more.model_grads - fewer.model_grads
     stage_grads = blocks * grad_block + max(0, fewer.model_grads - blocks * grad_block) * ends
@@ -139,8 +154,12 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
         if held > 1 or microbatches > 1:  # a later microbatch's forward runs beside the earlier ones' gradients
             parts["grads"] = max(parts["grads"], stage_grads)
         block, rest = split("activations")
-        # the optimizer's step runs with no microbatch in flight: its temporaries, once
-        acts = (blocks * block + (rest if last else 0.0) + (boundary if first else 0.0)) * (1 if stepping else held)
+        if stepping:  # the optimizer's step runs with no microbatch in flight: its temporaries, once
+            acts = blocks * block + (rest if last else boundary)
+        else:
+            heads = (1 if stages_per_rank > 1 else held) if last else 0  # chunks of the last stage's in flight
+            acts = held * blocks / stages_per_rank * block + (held - heads) * boundary + heads * rest \
+                + (0 if heads else more.block_backward)
         return StageBytes(parts["params"] + parts["masters"], parts["grads"], parts["optimizer_state"], acts)
 
     low_phases = fewer.phases or (PhasePeak(fewer.peak, fewer.params, fewer.masters, fewer.grads,
@@ -151,10 +170,17 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
                key=lambda b: b.total)
 
 
-def receive_buffers(size: float, microbatches: int, first: bool, last: bool) -> float:
-    """What a stage allocates to receive, one buffer a microbatch (torch's PipelineStage prepares them at its first
-    step): the activations from the stage before, the gradients from the stage after."""
-    return microbatches * size * ((0 if first else 1) + (0 if last else 1))
+def receive_buffers(size: float, microbatches: int, first: bool, last: bool, rank: int = 0, ranks: int = 1,
+                    stages_per_rank: int = 1) -> float:
+    """What a rank's stages allocate to receive, one buffer a microbatch each (torch's PipelineStage prepares them at
+    its first step): the activations from the stage before, the gradients from the stage after. With
+    `stages_per_rank` > 1 rank `rank` holds stages rank, rank + ranks, ...: only the first has no stage before it,
+    only the last none after."""
+    if stages_per_rank == 1:
+        return microbatches * size * ((0 if first else 1) + (0 if last else 1))
+    stages = [rank + j * ranks for j in range(stages_per_rank)]
+    final = ranks * stages_per_rank - 1
+    return microbatches * size * sum((0 if s == 0 else 1) + (0 if s == final else 1) for s in stages)
 
 
 def boundary_bytes(cfg: RunConfig, amp: AmpSpec, microbatch: int, tokens: int) -> float:
@@ -218,7 +244,7 @@ def describe(traffic: Traffic, ranks: int, blocks: list[int], schedule: str) -> 
     return (f"pipeline: {ranks} ranks of {blocks} blocks ({schedule}), {traffic.microbatches} microbatches; each "
             f"stage predicted as the model at its block count (what the model uses before its first block on the "
             f"first rank, the rest outside the blocks on the last), the step as the slowest rank's microbatches over 1 - the bubble ({bubble:.0%} idle); "
-            "interleaved schedules' memory taken as 1F1B's")
+            "each rank's microbatches (interleaved: chunks) in flight as torch's schedule runs them")
 
 
 __all__ = ["NotAPipelineModel", "StageBytes", "before_blocks_share", "boundary_bytes", "describe", "in_flight", "model_layers", "rank_blocks", "receive_buffers",

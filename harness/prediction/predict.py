@@ -330,13 +330,13 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
     ranks: list[RankMemory] = []
     stages = []
     for r, k in enumerate(blocks):
-        held = pipeline.in_flight(m, n, r, gpipe)
+        held = pipeline.in_flight(m, n, r, gpipe, traffic.stages_per_rank)
         stages.append(pipeline.stage_bytes(traced(k), traced(k + 1), k, r == 0, r == n - 1, held, m, boundary,
-                                           before))
+                                           before, traffic.stages_per_rank))
     for rank in range(world):  # rank r: stage r // replicas of pipeline r % replicas (strategies.fsdp's mesh)
         r = rank // replicas
         part = stages[r]
-        buffers = pipeline.receive_buffers(boundary, m, r == 0, r == n - 1)
+        buffers = pipeline.receive_buffers(boundary, m, r == 0, r == n - 1, r, n, traffic.stages_per_rank)
         if replicas > 1:  # FSDP2 over the pipelines (one unit a stage): its all-gather's output beside the whole
             # parameters it is copied out into, and the whole gradients the microbatches accumulate before the
             # reduce-scatter (the stage's `set_requires_gradient_sync` holds it to the last)
@@ -359,12 +359,17 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
             # the slowest stage as a model of its own through strategy=pp in a process group of one: its
             # microbatches through the schedule (torch.export's graph of the stage, the chunks and their gradients
             # it keeps), timed as one
+            looped = traffic.stages_per_rank > 1
+            if looped:  # a rank's stages on one rank would send to itself, which gloo refuses: its blocks as one
+                slowest = dataclasses.replace(slowest, strategy={**slowest.strategy, "schedule": "1f1b"})
             cal = calibrate_strategy_default(slowest, placement, amp, microbatch, pipeline_batch=microbatch * m)
             per_micro, optimizer = cal.forward_backward_s / m, cal.optimizer_s
             calibration = {"compute": cal.as_dict(), "through_schedule": True, **_local_band()}
             notes += (f"compute: the slowest stage ({max(blocks)} blocks) measured here as a model of its own "
                       f"through strategy=pp in a process group of one, {m} microbatches of {microbatch} sequences, "
-                      f"{cal.threads} thread(s)",)
+                      f"{cal.threads} thread(s)" + (f"; the rank's {traffic.stages_per_rank} stages timed as one "
+                                                    "through 1F1B (its switching between them not in it)"
+                                                    if looped else ""),)
         elif preset.measured:  # the stage's bare model here, at a rank's threads (the schedule's own work not in it)
             cal = calibrate_fn_default(slowest, amp, microbatch, target.calibration_threads)
             per_micro, optimizer = cal.forward_backward_s, cal.optimizer_s

@@ -94,6 +94,11 @@ class StepTrace:
     # the model's FLOPs for the step's micro-batches: 3 x the forward's (backward computes twice the forward), what
     # MFU counts (PaLM's convention: 6 N per token and the attention's 12 L s d, no recomputation); 0: not counted
     model_flops: int = 0
+    # the most one of the model's blocks (`block_names`) adds, during its backward, to the activations alive when that
+    # backward starts: its gradients' temporaries net of the saved tensors it frees (MemTracker's Pre- and
+    # Peak-Backward snapshots of the block). The step's peak is taken in the head's backward, where no block's are
+    # alive; a pipeline stage without the head peaks in a block's backward beside other microbatches' activations.
+    block_backward: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -295,6 +300,7 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
         masters = sum(_bytes(p) for p in plugin.optimizer_params(model)) if spec.master_weights and spec.cast_model \
             else 0
         phases = []  # each phase's peak apart: a model of many blocks grows each (`grown`), then takes the larger
+        trackers = []
         for phase in (lambda: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model)),
                       lambda: _step(plugin, optimizer)):
             tracker = MemTracker()
@@ -302,6 +308,9 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
                 phase()
             phases.append(_phase_peak(tracker.get_tracker_snapshot("peak")[device], masters))
+            trackers.append(tracker)
+        names = model.block_names() if callable(getattr(model, "block_names", None)) else []
+        block_backward = _block_backward(trackers[0], [dict(model.named_modules())[n] for n in names], device)
         model_params = sum(_bytes(p) for p in model.parameters())
         grads = [p for p in model.parameters() if p.requires_grad]
         # the step's peak by what is known to be alive through it (MemTracker files some parameters under the
@@ -320,7 +329,28 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             units=units, tracer="fake" if spec.autocast else "meta", aten_convolutions=aten_convolutions,
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32",
-            allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead)
+            allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead,
+            block_backward=block_backward)
+
+
+def _block_backward(tracker: Any, blocks: list[nn.Module], device: torch.device) -> int:
+    """The largest growth of activations (MemTracker's ACT, TEMP and OTH) from a block's Pre-Backward snapshot to its
+    Peak-Backward one, over the blocks: what its backward's temporaries add, net of its saved tensors freed."""
+    from torch.distributed._tools.mem_tracker import _ModState
+
+    def acts(snapshot: Mapping[Any, Mapping[Any, int]]) -> int:
+        by_kind = {str(k).rpartition(".")[2]: int(v) for k, v in snapshot[device].items()}
+        return by_kind.get("ACT", 0) + by_kind.get("TEMP", 0) + by_kind.get("OTH", 0)
+
+    grown = 0
+    for block in blocks:
+        stats = tracker.memory_tracking.get(block)
+        if stats is None:
+            continue
+        for before, top in zip(stats.snapshots.get(_ModState.PRE_BW, []), stats.snapshots.get(_ModState.PEAK_BW, []),
+                               strict=True):
+            grown = max(grown, acts(top) - acts(before))
+    return grown
 
 
 def _phase_peak(peak: Mapping[Any, int], masters: int) -> PhasePeak:
