@@ -65,9 +65,9 @@ def test_an_interleaved_rank_receives_for_each_of_its_stages():
     """2 ranks of 2 stages, 4 microbatches of boundary b: rank 0 holds stage 0 (gradients only) and stage 2
     (activations and gradients), rank 1 stage 1 (both) and stage 3, the last (activations only): 12 b each, where
     1F1B's one stage a rank receives 4 b."""
-    assert pipeline.receive_buffers(1.0, 4, True, False, 0, 2, 2) == 12.0
-    assert pipeline.receive_buffers(1.0, 4, False, True, 1, 2, 2) == 12.0
-    assert pipeline.receive_buffers(1.0, 4, True, False) == pipeline.receive_buffers(1.0, 4, False, True) == 4.0
+    assert pipeline.receive_buffers(1.0, 4, 0, 2, 2) == 12.0
+    assert pipeline.receive_buffers(1.0, 4, 1, 2, 2) == 12.0
+    assert pipeline.receive_buffers(1.0, 4, 0, 2) == pipeline.receive_buffers(1.0, 4, 1, 2) == 4.0
 
 
 def trace(blocks: int) -> StepTrace:
@@ -138,8 +138,8 @@ def test_the_step_is_the_slowest_ranks_microbatches_over_the_bubble_and_two_send
     bare = 2 * 4 * (100e-6 + MIB / 1e9)
     assert pipeline.sends_seconds(MIB, local, gpipe, 2) == pytest.approx(bare)
     assert pipeline.sends_seconds(MIB, local, gpipe, 2, microbatch_s=0.006) == pytest.approx(bare + 8 * 0.75e-3)
-    assert pipeline.receive_buffers(MIB, 4, True, False) == 4 * MIB  # gradients from the next stage only
-    assert pipeline.receive_buffers(MIB, 4, False, False) == 8 * MIB
+    assert pipeline.receive_buffers(MIB, 4, 0, 3) == 4 * MIB  # gradients from the next stage only
+    assert pipeline.receive_buffers(MIB, 4, 1, 3) == 8 * MIB
 
 
 def test_interleaving_two_stages_a_rank_gains_what_torchtitan_published_within_20_percent():

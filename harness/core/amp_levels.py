@@ -69,6 +69,12 @@ class AmpSpec:
     allow_emulated: bool = False
     cpu_half: str = "auto"
 
+    @property
+    def model_dtype(self) -> str:
+        """The model's own dtype, its residual stream's: the half type where the level casts the model, else float32
+        (autocast's half outputs are added back into a float32 stream)."""
+        return self.dtype if self.cast_model else "float32"
+
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

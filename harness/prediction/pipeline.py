@@ -55,8 +55,8 @@ def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool,
         return min(schedule_microbatches, ranks - rank)
     chunks = stages_per_rank * schedule_microbatches
     per_round = schedule_microbatches // max(1, schedule_microbatches // ranks)
-    warmup = min((stages_per_rank - 1) * per_round + 2 * (ranks - 1 - rank), chunks)
-    return min(warmup + 1, chunks) if warmup < chunks else warmup
+    warmup = (stages_per_rank - 1) * per_round + 2 * (ranks - 1 - rank)
+    return min(warmup + 1, chunks)
 
 
 def model_layers(cfg: RunConfig) -> int:
@@ -170,14 +170,10 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
                key=lambda b: b.total)
 
 
-def receive_buffers(size: float, microbatches: int, first: bool, last: bool, rank: int = 0, ranks: int = 1,
-                    stages_per_rank: int = 1) -> float:
+def receive_buffers(size: float, microbatches: int, rank: int, ranks: int, stages_per_rank: int = 1) -> float:
     """What a rank's stages allocate to receive, one buffer a microbatch each (torch's PipelineStage prepares them at
-    its first step): the activations from the stage before, the gradients from the stage after. With
-    `stages_per_rank` > 1 rank `rank` holds stages rank, rank + ranks, ...: only the first has no stage before it,
-    only the last none after."""
-    if stages_per_rank == 1:
-        return microbatches * size * ((0 if first else 1) + (0 if last else 1))
+    its first step): the activations from the stage before, the gradients from the stage after. Rank `rank` holds
+    stages rank, rank + ranks, ...: only the first has no stage before it, only the last none after."""
     stages = [rank + j * ranks for j in range(stages_per_rank)]
     final = ranks * stages_per_rank - 1
     return microbatches * size * sum((0 if s == 0 else 1) + (0 if s == final else 1) for s in stages)
@@ -195,8 +191,7 @@ def boundary_bytes(cfg: RunConfig, amp: AmpSpec, microbatch: int, tokens: int) -
     if not callable(declared):
         raise NotAPipelineModel("the model does not say its blocks' width (tp_activations)")
     width, _ = declared({k: v for k, v in cfg.model.items() if not k.startswith("_")})
-    dtype = amp.dtype if amp.cast_model else "float32"
-    return float(microbatch * tokens * width * ELEMENT_BYTES[dtype])
+    return float(microbatch * tokens * width * ELEMENT_BYTES[amp.model_dtype])
 
 
 def point_to_point_seconds(size: float, preset: Preset, ranks: int, after_s: float = 0.0) -> float:

@@ -336,7 +336,7 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
     for rank in range(world):  # rank r: stage r // replicas of pipeline r % replicas (strategies.fsdp's mesh)
         r = rank // replicas
         part = stages[r]
-        buffers = pipeline.receive_buffers(boundary, m, r == 0, r == n - 1, r, n, traffic.stages_per_rank)
+        buffers = pipeline.receive_buffers(boundary, m, r, n, traffic.stages_per_rank)
         if replicas > 1:  # FSDP2 over the pipelines (one unit a stage): its all-gather's output beside the whole
             # parameters it is copied out into, and the whole gradients the microbatches accumulate before the
             # reduce-scatter (the stage's `set_requires_gradient_sync` holds it to the last)
@@ -832,7 +832,7 @@ def block_activations(cfg: RunConfig, amp: AmpSpec, micro: int,
                             recomputing=mode_of("model.checkpoint", cfg.model.get("checkpoint", "none")) != "none",
                             vocab_parallel=callable(sizes) and "model.vocab_size" in sizes(options, False),
                             tokens=int(tokens), whole=whole_parameters(cfg) if sequence_parallel else (),
-                            residual_dtype=amp.dtype if amp.cast_model else "float32")
+                            residual_dtype=amp.model_dtype)
 
 
 def whole_parameters(cfg: RunConfig) -> tuple[int, ...]:
