@@ -70,11 +70,12 @@ def test_an_interleaved_rank_receives_for_each_of_its_stages():
     assert pipeline.receive_buffers(1.0, 4, 0, 2) == pipeline.receive_buffers(1.0, 4, 1, 2) == 4.0
 
 
-def trace(blocks: int) -> StepTrace:
+def trace(blocks: int, block_acts: int = 30) -> StepTrace:
     """A model of `blocks` blocks known by hand, in MiB: each block 10 of parameters, 10 of gradients, 20 of
-    momentum, 30 of activations and 7 more while its backward runs; outside the blocks 6 of parameters (and
-    gradients, momentum 12) and 9 of activations (the logits)."""
-    params, acts = 10 * blocks + 6, 30 * blocks + 9
+    momentum, `block_acts` (30) of activations and 7 more while its backward runs; outside the blocks 6 of
+    parameters (and gradients, momentum 12) and 9 of activations at the peak, 3 of them the head's backward's (the
+    loss's gradients) and 6 saved; its output (the logits) 5, which the whole model's step frees to the loss."""
+    params, acts = 10 * blocks + 6, block_acts * blocks + 9
     forward = PhasePeak(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
                         activations=acts * MIB)
     step = PhasePeak(peak=0, params=params * MIB, masters=0, grads=params * MIB, optimizer_state=2 * params * MIB,
@@ -82,30 +83,47 @@ def trace(blocks: int) -> StepTrace:
     return StepTrace(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
                      activations=acts * MIB, flops=0, model_params=params * MIB, model_grads=params * MIB,
                      stored_params=params * MIB, param_count=0, matrices=(), units=(), tracer="meta",
-                     phases=(forward, step), block_backward=7 * MIB)
+                     phases=(forward, step), block_backward=7 * MIB, backward_growth=3 * MIB, output_bytes=5 * MIB)
 
 
 def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_flight():
     """Rank 0 of 2 (1F1B, 4 microbatches), 3 blocks, two thirds of what is outside the blocks used before them:
     parameters 30 + 4 of the 6 outside, gradients alive beside the later microbatches (34), momentum 60 + 8,
     activations 2 in flight x (3 blocks x 30 + the stage's output, the boundary's 4) + one block's backward's 7:
-    195 (188 without the backward: what the planner had; 101 with it in each microbatch's place). A middle rank
-    holds nothing of the outside, and the same activations; the last its third of the parameters (2) and the logits'
-    9 a microbatch in flight, its peak the head's backward (no block's 7 on top, no output kept to send back)."""
+    195 (188 without the backward; 101 with it in each microbatch's place). A middle rank holds nothing of the
+    outside, and its microbatches' inputs are its receive buffers: 2 x (90 + 4) - 2 x 4 + 7 = 187. The last its
+    third of the parameters (2), the 6 saved outside the blocks and the output's 5 a microbatch in flight, less its
+    input, the head's backward's 3 once: 90 + 6 + 5 - 4 + 3 = 100."""
     first = pipeline.stage_bytes(trace(3), trace(4), 3, True, False, 2, 4, 4 * MIB, 2 / 3)
     assert (first.params, first.grads, first.state, first.activations) == pytest.approx(
         (34 * MIB, 34 * MIB, 68 * MIB, 195 * MIB))
     middle = pipeline.stage_bytes(trace(3), trace(4), 3, False, False, 2, 4, 4 * MIB, 2 / 3)
-    assert (middle.params, middle.grads, middle.activations) == pytest.approx((30 * MIB, 30 * MIB, 195 * MIB))
+    assert (middle.params, middle.grads, middle.activations) == pytest.approx((30 * MIB, 30 * MIB, 187 * MIB))
     last = pipeline.stage_bytes(trace(3), trace(4), 3, False, True, 1, 4, 4 * MIB, 2 / 3)
-    assert (last.params, last.activations) == pytest.approx((32 * MIB, 99 * MIB))
-    # interleaved, 2 stages a rank of 1 block each: rank 0's 5 chunks each keep a block's 30 and its output's 4, one
-    # block's backward 7 on top: 177 (1F1B's rule, 2 x (2 x 30 + 4) + 7, would say 135); the last rank's 3 chunks,
-    # one of them the last stage's with the logits' 9 and no output kept: 3 x 30 + 2 x 4 + 9 = 107
+    assert (last.params, last.activations) == pytest.approx((32 * MIB, 100 * MIB))
+    # interleaved, 2 stages a rank of 1 block each: rank 0's 5 chunks each keep a block's 30 and its output's 4,
+    # the 2 of its second stage's received, one block's backward 7 on top: 150 + 20 - 8 + 7 = 169 (1F1B's rule,
+    # 2 x (2 x 30 + 4) + 7, would say 135); the last rank's 3 chunks, all received, one of them the last stage's
+    # with the 6 saved, the output's 5 and the head's backward's 3: 3 x 30 + 2 x 4 + 6 + 5 + 3 - 3 x 4 = 100
     first = pipeline.stage_bytes(trace(2), trace(3), 2, True, False, 5, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
-    assert first.activations == pytest.approx(177 * MIB)
+    assert first.activations == pytest.approx(169 * MIB)
     last = pipeline.stage_bytes(trace(2), trace(3), 2, False, True, 3, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
-    assert last.activations == pytest.approx(107 * MIB)
+    assert last.activations == pytest.approx(100 * MIB)
+
+
+def test_a_stage_holding_every_microbatch_peaks_in_the_first_backward_beside_the_gradients_it_has_made():
+    """GPipe, 4 microbatches on 2 ranks of 3 blocks (as trace's). The last rank holds all 4 as its first backward
+    runs, the head's backward once and no gradient yet (the trace's at its peak: 0): 4 x (90 + 6 + 5 - 4) + 3 = 391,
+    beside parameters 32 and momentum 64 (1F1B's rule, every gradient beside 4 x (90 + 9), would say 524 in all).
+    The first rank's first backward peaks in a block's, beside that block's 10 of gradients: 4 x (90 + 4) + 7 = 383.
+    With blocks of 1 of activations, one microbatch fewer beside every gradient is more: 3 x (3 + 11 - 4) + 3 = 33
+    beside 32 of gradients (161 in all), where the first backward's 4 x 10 + 3 = 43 beside none is 139."""
+    last = pipeline.stage_bytes(trace(3), trace(4), 3, False, True, 4, 4, 4 * MIB, 2 / 3)
+    assert (last.grads, last.activations, last.total) == pytest.approx((0, 391 * MIB, 487 * MIB))
+    first = pipeline.stage_bytes(trace(3), trace(4), 3, True, False, 4, 4, 4 * MIB, 2 / 3)
+    assert (first.grads, first.activations) == pytest.approx((10 * MIB, 383 * MIB))
+    light = pipeline.stage_bytes(trace(3, 1), trace(4, 1), 3, False, True, 4, 4, 4 * MIB, 2 / 3)
+    assert (light.grads, light.activations, light.total) == pytest.approx((32 * MIB, 33 * MIB, 161 * MIB))
 
 
 def test_the_embeddings_are_the_first_stages_and_the_head_the_last():
@@ -201,7 +219,10 @@ def test_the_planner_cuts_the_global_batch_into_microbatches_and_times_the_slowe
     boundary = 4 * 128 * 64 * 4
     link: Link = measured.intra
     assert p.comm_s == pytest.approx(2 * 4 * (link.latency_us * 1e-6 + boundary / (link.bandwidth_gbps * 1e9)))
-    assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB) + 7, 1 * (2 * 30 + 9)])
+    # the last rank: its blocks, the 6 saved outside them and the output's 5, less its input (a receive buffer), the
+    # head's backward's 3
+    assert [r.activations_mib for r in p.ranks] == pytest.approx([2 * (2 * 30 + boundary / MIB) + 7,
+                                                                  2 * 30 + 6 + 5 - boundary / MIB + 3])
 
 
 def test_the_slowest_stage_is_timed_through_the_schedule_itself(monkeypatch):

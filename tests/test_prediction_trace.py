@@ -80,6 +80,7 @@ def test_many_blocks_grown_from_two_and_three_equal_the_full_trace(level: str, c
     for name in trace.LINEAR_FIELDS:
         assert getattr(grown, name) == getattr(full, name), name
     assert grown.block_backward == full.block_backward > 0  # one block's, whatever the count
+    assert grown.output_bytes == full.output_bytes > 0
     assert sorted(grown.units) == sorted(full.units) and len(grown.units) == 7
     assert sorted(grown.matrices) == sorted(full.matrices)
 
@@ -119,6 +120,23 @@ def test_a_blocks_backward_adds_its_inputs_gradient_and_its_weights_beside_what_
     cpu = torch.device("cpu")
     assert trace._block_backward(tracker, list(model.blocks), cpu) == 32 * 64 * 4 + 64 * 64 * 4
     assert trace._block_backward(tracker, [model.blocks[0]], cpu) == 64 * 64 * 4
+
+
+@pytest.mark.parametrize("level", ["O0", "O1"])
+def test_the_heads_backward_and_the_models_output_as_the_loss_sees_them(level: str):
+    """GPT of vocabulary 256 on 4 sequences of 128: its output, the logits, 4 x 128 x 256 x 4 bytes at O0 and x 2
+    at O1 (the model's own bfloat16, not the float32 copy the amp level's wrapper hands the loss). The step's backward
+    adds two float32 logits to what is alive as it starts (log-softmax's gradient beside the one it was given; the
+    loss runs in float32 under autocast too): 1 MiB; the step's peak activations (5.8 MiB at O0) or none would be
+    other figures."""
+    amp = resolve(AmpConfig(level=level, dtype="bfloat16"), "cpu")
+    sgd = {"_target_": "torch.optim.SGD", "lr": 0.1}
+    model = {"_target_": "harness.rank.gpt.GPT", "layers": 2, "width": 64, "heads": 4, "seq_len": 128,
+             "vocab_size": 256}
+    step = trace.trace_step(model, tokens(128, 256), amp, sgd, 4)
+    logits = 4 * 128 * 256
+    assert step.output_bytes == logits * (4 if level == "O0" else 2)
+    assert step.backward_growth == 2 * logits * 4
 
 
 def test_the_model_flops_leave_recomputation_out():

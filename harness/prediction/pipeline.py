@@ -130,17 +130,27 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
                 microbatches: int, boundary: float, before_share: float = 0.5, stages_per_rank: int = 1) -> StageBytes:
     """A rank of `blocks` blocks from the traces at `blocks` (fewer) and `blocks` + 1 (more): the larger of its
     phases (forward and backward's, the optimizer step's). What is outside the blocks is split by `before_share`
-    (the first stage's share of it, `before_blocks_share`). With more than one microbatch every gradient the stage
-    makes is alive while later microbatches run (the gradients accumulate over them). Each microbatch in flight
-    keeps its blocks' saved tensors (the traces' difference per block at their peak) and, on a stage before the
-    last, its output (one `boundary`: torch's PipelineStage keeps it for the backward it sends back); such a stage
-    peaks in a block's backward, whose temporaries (`block_backward`) come on top of the microbatches held. The
-    last stage's peak is its head's backward, as the traces' is. With `stages_per_rank` > 1 (interleaved) `held`
-    counts chunks, each through one of the rank's stages (its blocks / stages_per_rank); on the last rank one of
-    them is the last stage's, whose head's backward follows its forward at once."""
+    (the first stage's share of it, `before_blocks_share`).
+
+    Each microbatch in flight keeps its blocks' saved tensors (the traces' difference per block at their peak) and
+    its output (torch's PipelineStage keeps it for the backward: one `boundary`, or on the last stage the model's
+    output, which the whole model's step frees once the loss has it); a stage's input is its receive buffer
+    (`receive_buffers`), not counted again. A stage before the last peaks in a block's backward, whose temporaries
+    (`block_backward`) come on top of the microbatches held; the last in its loss's and head's backward
+    (`backward_growth`), once: one backward runs at a time. Where a forward follows a backward (1F1B's steady
+    state) it runs beside every gradient the stage makes; where every microbatch is held (GPipe) the peak is the
+    first backward's, beside the gradients it has made (the head's, or a block's), unless one microbatch fewer
+    beside them all is more.
+
+    With `stages_per_rank` > 1 (interleaved) `held` counts chunks, each through one of the rank's stages (its
+    blocks / stages_per_rank; on the first rank the first stage's are the first of every `stages_per_rank`); on
+    the last rank one of them is the last stage's, whose head's backward follows its forward at once."""
     ends = (before_share if first else 0.0) + (1 - before_share if last else 0.0)
     grad_block = more.model_grads - fewer.model_grads
     stage_grads = blocks * grad_block + max(0, fewer.model_grads - blocks * grad_block) * ends
+    heads = (1 if stages_per_rank > 1 else held) if last else 0  # chunks of the last stage's in flight
+    received = held - (-(-held // stages_per_rank) if first else 0)  # chunks whose input is a receive buffer
+    all_held = held >= microbatches * stages_per_rank
 
     def at(low: PhasePeak, high: PhasePeak, stepping: bool) -> StageBytes:
         def split(name: str) -> tuple[float, float]:
@@ -151,16 +161,23 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
         for name in ("params", "masters", "grads", "optimizer_state"):
             block, rest = split(name)
             parts[name] = blocks * block + rest * ends
-        if held > 1 or microbatches > 1:  # a later microbatch's forward runs beside the earlier ones' gradients
-            parts["grads"] = max(parts["grads"], stage_grads)
         block, rest = split("activations")
         if stepping:  # the optimizer's step runs with no microbatch in flight: its temporaries, once
-            acts = blocks * block + (rest if last else boundary)
-        else:
-            heads = (1 if stages_per_rank > 1 else held) if last else 0  # chunks of the last stage's in flight
-            acts = held * blocks / stages_per_rank * block + (held - heads) * boundary + heads * rest \
-                + (0 if heads else more.block_backward)
-        return StageBytes(parts["params"] + parts["masters"], parts["grads"], parts["optimizer_state"], acts)
+            grads = max(parts["grads"], stage_grads) if held > 1 or microbatches > 1 else parts["grads"]
+            return StageBytes(parts["params"] + parts["masters"], grads, parts["optimizer_state"],
+                              blocks * block + (rest if last else boundary))
+        backward = max(0.0, min(rest, fewer.backward_growth)) if heads else more.block_backward
+
+        def holding(n: int, grads: float) -> StageBytes:
+            """`n` chunks in flight and a backward running, beside `grads`."""
+            ends_kept = min(n, heads) * (rest - backward + fewer.output_bytes) + max(0, n - heads) * boundary
+            acts = n * blocks / stages_per_rank * block + ends_kept - min(n, received) * boundary + backward
+            return StageBytes(parts["params"] + parts["masters"], grads, parts["optimizer_state"], acts)
+
+        if not all_held:
+            return holding(held, max(parts["grads"], stage_grads))
+        made = parts["grads"] if heads else min(grad_block, stage_grads)  # by the first backward, at its peak
+        return max(holding(held, made), holding(held - 1, stage_grads), key=lambda b: b.total)
 
     low_phases = fewer.phases or (PhasePeak(fewer.peak, fewer.params, fewer.masters, fewer.grads,
                                             fewer.optimizer_state, fewer.activations),)

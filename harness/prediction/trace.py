@@ -99,6 +99,16 @@ class StepTrace:
     # Peak-Backward snapshots of the block). The step's peak is taken in the head's backward, where no block's are
     # alive; a pipeline stage without the head peaks in a block's backward beside other microbatches' activations.
     block_backward: int = 0
+    # what the step's backward adds at its peak to the activations alive as it starts (every saved tensor and the
+    # loss's): the loss's and the head's gradients, the step's peak being in them. A pipeline's last stage holds
+    # each microbatch's saved tensors but runs one backward at a time: this once, not for each.
+    # what the step's backward adds at its peak to the activations alive as it starts (every saved tensor, the
+    # loss's included): without checkpointing, the loss's and the head's gradients, where the step peaks (a pipeline's
+    # last stage holds each microbatch's saved tensors but runs one backward at a time: this once, not for each);
+    # with it, a block's recomputation less what the later blocks freed (per block: in LINEAR_FIELDS)
+    backward_growth: int = 0
+    output_bytes: int = 0  # the model's output for the micro-batch (a language model's logits), as its forward leaves it
+    # (under autocast in its half type: the float32 copy an amp level's wrapper makes is not the model's)
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -219,7 +229,8 @@ def repeated_blocks(model_cfg: Mapping[str, Any]) -> int | None:
     return layers if callable(getattr(cls, "block_names", None)) else None
 
 
-LINEAR_FIELDS = ("flops", "model_flops", "model_params", "model_grads", "stored_params", "param_count")
+LINEAR_FIELDS = ("flops", "model_flops", "model_params", "model_grads", "stored_params", "param_count",
+                 "backward_growth")
 PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(PhasePeak))
 
 
@@ -273,6 +284,7 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             ) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
     from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
+    from torch.utils._pytree import tree_leaves
 
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
     with _tensors(spec.autocast) as device, AllocationRecorder() as allocations, fused_attention(device_type):
@@ -294,19 +306,25 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model))
         _step(plugin, optimizer)
         forward_count = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
+        outputs: list[int] = []  # the model's own (a pipeline's last stage keeps it: in its half type under autocast)
+        hook = model.register_forward_hook(lambda _m, _a, out: outputs.append(
+            sum(_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))))
         with forward_count, torch.no_grad(), plugin.forward_context():  # the model's FLOPs: no recomputation in them
             loss_for(model)(wrapped(images), labels)
+        hook.remove()
         buffers = AtenConvolutionBuffers() if aten_convolutions else contextlib.nullcontext()
         masters = sum(_bytes(p) for p in plugin.optimizer_params(model)) if spec.master_weights and spec.cast_model \
             else 0
         phases = []  # each phase's peak apart: a model of many blocks grows each (`grown`), then takes the larger
         trackers = []
-        for phase in (lambda: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model)),
-                      lambda: _step(plugin, optimizer)):
+        started: list[PhasePeak] = []  # what is alive as backward starts: every saved tensor, the loss's included
+        for phase in (lambda t: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model), lambda: started
+                                                  .append(_phase_peak(t.get_tracker_snapshot()[device], masters))),
+                      lambda t: _step(plugin, optimizer)):
             tracker = MemTracker()
             tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters: no module's
             with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
-                phase()
+                phase(tracker)
             phases.append(_phase_peak(tracker.get_tracker_snapshot("peak")[device], masters))
             trackers.append(tracker)
         names = model.block_names() if callable(getattr(model, "block_names", None)) else []
@@ -330,7 +348,8 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32",
             allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead,
-            block_backward=block_backward)
+            block_backward=block_backward, output_bytes=outputs[0],
+            backward_growth=phases[0].activations - started[0].activations)
 
 
 def _block_backward(tracker: Any, blocks: list[nn.Module], device: torch.device) -> int:
@@ -414,10 +433,12 @@ def workload_ops(build: Callable[[], nn.Module], batch: Callable[[torch.device],
 
 
 def _forward_backward(model: nn.Module, plugin: NativeAmp, images: torch.Tensor, labels: torch.Tensor,
-                      grad_accum: int, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = loss) -> None:
+                      grad_accum: int, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = loss,
+                      at_backward: Callable[[], None] = lambda: None) -> None:
     for images_part, labels_part in zip(images.chunk(grad_accum), labels.chunk(grad_accum), strict=True):
         with plugin.forward_context():
             loss = loss_fn(model(images_part), labels_part) / grad_accum
+        at_backward()
         plugin.backward(loss)
 
 
