@@ -70,20 +70,25 @@ def test_an_interleaved_rank_receives_for_each_of_its_stages():
     assert pipeline.receive_buffers(1.0, 4, 0, 2) == pipeline.receive_buffers(1.0, 4, 1, 2) == 4.0
 
 
-def trace(blocks: int, block_acts: int = 30) -> StepTrace:
+def trace(blocks: int, block_acts: int = 30, peak_at_end: bool = False, cast: int = 0) -> StepTrace:
     """A model of `blocks` blocks known by hand, in MiB: each block 10 of parameters, 10 of gradients, 20 of
     momentum, `block_acts` (30) of activations and 7 more while its backward runs; outside the blocks 6 of
     parameters (and gradients, momentum 12) and 9 of activations at the peak, 3 of them the head's backward's (the
-    loss's gradients) and 6 saved; its output (the logits) 5, which the whole model's step frees to the loss."""
+    loss's gradients) and 6 saved; its output (the logits) 5, which the whole model's step frees to the loss.
+    `peak_at_end`: the step's peak (by total) at the end of backward, its activations 2 whatever the blocks (a block's
+    gradients outweighing its activations), what is saved as backward starts unchanged. `cast`: of a block's saved
+    tensors, its weights' half copies (autocast's), and 1 of the 6 outside the blocks (the head's)."""
     params, acts = 10 * blocks + 6, block_acts * blocks + 9
-    forward = PhasePeak(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
-                        activations=acts * MIB)
+    forward = PhasePeak(peak=0, params=params * MIB, masters=0, grads=params * MIB if peak_at_end else 0,
+                        optimizer_state=2 * params * MIB, activations=(2 if peak_at_end else acts) * MIB)
     step = PhasePeak(peak=0, params=params * MIB, masters=0, grads=params * MIB, optimizer_state=2 * params * MIB,
                      activations=1 * MIB)
     return StepTrace(peak=0, params=params * MIB, masters=0, grads=0, optimizer_state=2 * params * MIB,
                      activations=acts * MIB, flops=0, model_params=params * MIB, model_grads=params * MIB,
                      stored_params=params * MIB, param_count=0, matrices=(), units=(), tracer="meta",
-                     phases=(forward, step), block_backward=7 * MIB, backward_growth=3 * MIB, output_bytes=5 * MIB)
+                     phases=(forward, step), block_backward=7 * MIB, saved_activations=(acts - 3) * MIB,
+                     parameter_casts=(cast * blocks + (1 if cast else 0)) * MIB,
+                     backward_growth=3 * MIB, output_bytes=5 * MIB)
 
 
 def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_flight():
@@ -109,6 +114,28 @@ def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_f
     assert first.activations == pytest.approx(169 * MIB)
     last = pipeline.stage_bytes(trace(2), trace(3), 2, False, True, 3, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
     assert last.activations == pytest.approx(100 * MIB)
+
+
+def test_a_stage_keeps_what_is_saved_as_backward_starts_not_what_the_traces_peak_left():
+    """Where a block's gradients outweigh its activations the whole step's peak comes at the end of backward, its
+    activations alike whatever the blocks: the stage's microbatches still keep each block's saved 30. Rank 0 of 2
+    under 1F1B as in the test above: 2 x (90 + 4) + 7 = 195, not the 15 the peaks' difference per block (0) gives."""
+    first = pipeline.stage_bytes(trace(3, peak_at_end=True), trace(4, peak_at_end=True), 3, True, False, 2, 4,
+                                 4 * MIB, 2 / 3)
+    assert first.activations == pytest.approx(195 * MIB)
+
+
+def test_a_stage_keeps_its_weights_half_copies_once_however_many_microbatches_it_holds():
+    """Under autocast each block's saved 30 hold its weights' bfloat16 copies, 2 of them, and the head's 1 of the 6
+    outside: torch caches a cast within one autocast region, the schedule's step, so the microbatches share them.
+    1F1B's rank 0 (2 in flight): 2 x (3 x 28 + 4) + 7 + 3 x 2 = 189 (195 with a copy each); the last rank, 1 in
+    flight, as without copies: 3 x 28 + 5 + 5 - 4 + 3 + 3 x 2 + 1 = 100; GPipe's last (4): 4 x 90 + 3 + 7 = 370."""
+    first = pipeline.stage_bytes(trace(3, cast=2), trace(4, cast=2), 3, True, False, 2, 4, 4 * MIB, 2 / 3)
+    assert first.activations == pytest.approx(189 * MIB)
+    last = pipeline.stage_bytes(trace(3, cast=2), trace(4, cast=2), 3, False, True, 1, 4, 4 * MIB, 2 / 3)
+    assert last.activations == pytest.approx(100 * MIB)
+    gpipe = pipeline.stage_bytes(trace(3, cast=2), trace(4, cast=2), 3, False, True, 4, 4, 4 * MIB, 2 / 3)
+    assert gpipe.activations == pytest.approx(370 * MIB)
 
 
 def test_a_stage_holding_every_microbatch_peaks_in_the_first_backward_beside_the_gradients_it_has_made():

@@ -124,7 +124,8 @@ def test_a_blocks_backward_adds_its_inputs_gradient_and_its_weights_beside_what_
 
 @pytest.mark.parametrize("level", ["O0", "O1"])
 def test_the_heads_backward_and_the_models_output_as_the_loss_sees_them(level: str):
-    """GPT of vocabulary 256 on 4 sequences of 128: its output, the logits, 4 x 128 x 256 x 4 bytes at O0 and x 2
+    """GPT of vocabulary 256 on 4 sequences of 128, 2 blocks of width 64: its output, the logits, 4 x 128 x 256 x 4
+    bytes at O0 and x 2
     at O1 (the model's own bfloat16, not the float32 copy the amp level's wrapper hands the loss). The step's backward
     adds two float32 logits to what is alive as it starts (log-softmax's gradient beside the one it was given; the
     loss runs in float32 under autocast too): 1 MiB; the step's peak activations (5.8 MiB at O0) or none would be
@@ -137,6 +138,44 @@ def test_the_heads_backward_and_the_models_output_as_the_loss_sees_them(level: s
     logits = 4 * 128 * 256
     assert step.output_bytes == logits * (4 if level == "O0" else 2)
     assert step.backward_growth == 2 * logits * 4
+    # autocast's bfloat16 copies of the weights it multiplies by, saved for backward: a block's q|k|v, out, MLP up and
+    # down, 12 x 64 x 64, and the head's 256 x 64 (the embeddings' lookups are not cast), 2 bytes each; none at O0
+    assert step.parameter_casts == (0 if level == "O0" else (2 * 12 * 64 * 64 + 256 * 64) * 2)
+
+
+def test_a_parameters_cast_is_counted_once_however_many_forwards_save_it():
+    """Two forwards through one Linear(64, 64) in one autocast region, their input needing a gradient: both save the
+    weight's bfloat16 copy, which torch's autocast caches (64 x 64 x 2 bytes, once); the inputs' copies are casts of
+    activations, not of a parameter, and the bias is not saved."""
+    layer = torch.nn.Linear(64, 64)
+    x = torch.randn(4, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), trace.ParameterCasts() as casts:
+        layer(x), layer(x * 2)
+    assert casts.bytes == 64 * 64 * 2
+
+
+def test_the_activation_tracker_keeps_what_backward_starts_with_and_its_most_after():
+    """Three bias-free linear layers of width 512 on a batch of 4, float32. Backward starts with the input (8 KiB,
+    it requires a gradient), the second and third layers' saved inputs and the square's (8 KiB each) and the loss (4
+    bytes): 32 KiB + 4. The activations peak as the last layer's weight gradient is made (1 MiB, a temporary until
+    accumulated into .grad), beside the gradient it was given and its input's (8 KiB each), the loss's own (4 bytes),
+    the square's saved input freed: 1 MiB + 8 KiB + 4 more. The step's total peaks later, at the first layer's
+    weight gradient, two others already in .grad: what the total's peak shows is not what backward started with."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(3)))
+    x = torch.randn(4, 512, requires_grad=True)
+    cpu = torch.device("cpu")
+    tracker = trace.activation_tracker()(cpu, 0)
+    tracker.track_external(model, x)
+    with tracker:
+        out = model(x).square()
+        loss = out.sum()
+        del out
+        tracker.mark()
+        loss.backward()
+    kib = 1024
+    assert tracker.at_mark == 32 * kib + 4
+    assert tracker.peak_since_mark == tracker.at_mark + 1024 * kib + 8 * kib + 4
+    assert trace._phase_peak(tracker.get_tracker_snapshot("peak")[cpu], 0).grads == 2 * 1024 * kib
 
 
 def test_the_model_flops_leave_recomputation_out():

@@ -380,17 +380,19 @@ def test_a_70b_model_on_four_nodes_over_25gbe_holds_tp_and_pp():
             "fsdp O1 bf16 replicate=4 grad_accum=4 model.checkpoint=full"} <= set(found.names)
 
 
-@pytest.mark.bench  # about two minutes of predictions of a 70B model's steps, beyond the suite's budget: `pytest -m bench`
-def test_the_pipeline_is_the_answer_for_70b_over_25gbe(tmp_path, monkeypatch, capsys):
-    """The real planner through run.py: llama2_70b on 4 nodes of 8 A100s joined by one 25 GbE port a node, at O1.
+@pytest.mark.bench  # about a minute of predictions of a 7B model's steps, beyond the suite's budget: `pytest -m bench`
+def test_the_pipeline_is_the_answer_for_7b_over_25gbe(tmp_path, monkeypatch, capsys):
+    """The real planner through run.py: llama2_7b on 4 nodes of 8 A100s joined by one 25 GbE port a node, at O1.
     FSDP over the 32 ranks all-gathers every layer across the slow port at every micro-step; FSDP x TP 8 gathers an
     eighth of the weights a rank, but the node's 8 data-parallel groups cross its one port together, each at an
     eighth of it (links.node_share), and at twice the micro-steps it is the slower of the two; HSDP (replicas of a
-    node) does not fit. The pipeline sends only a microbatch's activations across the port, at 3 of its 31
-    boundaries: it is the answer, over three times the best FSDP. Pipelines with checkpointing are refused (the
-    trace inlines it): pruned with that reason."""
+    node) reduces its gradients across the port once a step. The pipeline of 32 one-block stages sends only a
+    microbatch's activations across the port, at 3 of its 31 boundaries, and holds at most 32 microbatches of 4,096
+    tokens a rank (42.5 GiB): it is the answer, over HSDP by more than 10 % and plain FSDP by more than 1.8x.
+    Pipelines with checkpointing are refused (the trace inlines it): pruned with that reason. (Llama 2 70B's
+    pipeline, 2 blocks a stage, would hold 31 microbatches of them on rank 1: 215 GiB, docs/search.md.)"""
     code = run_py(monkeypatch, tmp_path, "-m", "search=true", "plan=true", "plan.hardware=a100x16-25gbe",
-                  "plan.nodes=4", "model=llama2_70b", "strategy=fsdp,pp", "amp=O1")
+                  "plan.nodes=4", "model=llama2_7b", "strategy=fsdp,pp", "amp=O1")
     assert code == 0, capsys.readouterr()
     data, text = plan_of(tmp_path)
     answer = data["search"]
@@ -398,19 +400,18 @@ def test_the_pipeline_is_the_answer_for_70b_over_25gbe(tmp_path, monkeypatch, ca
     assert answer["space"] == (3 + 3 + 4 + 6 + 3) * 3 == len(data["rows"])
     winner = "pp O1 bf16 microbatches=128 model.checkpoint=none"
     assert answer["winner"]["name"] == winner
-    command = ("python run.py model=llama2_70b strategy=pp amp=O1 amp.dtype=bfloat16 strategy.microbatches=128 "
+    command = ("python run.py model=llama2_7b strategy=pp amp=O1 amp.dtype=bfloat16 strategy.microbatches=128 "
                "model.checkpoint=none")
     assert sorted(answer["winner"]["command"].split()) == sorted(command.split())
     ranked = {r["name"]: r["prediction"]["throughput_img_s"] for r in data["rows"]
               if r["status"] == "predicted" and r["prediction"]["fits"]}
-    best_fsdp = max(v for k, v in ranked.items() if k.startswith("fsdp "))
-    assert ranked[winner] > 3 * best_fsdp
-    # the node's port split among its 8 data-parallel groups: TP 8 no faster than plain FSDP (at the whole port
-    # each, it was five times faster)
+    assert ranked[winner] > 1.1 * max(v for k, v in ranked.items() if k.startswith("fsdp "))
+    assert ranked[winner] > 1.8 * max(v for k, v in ranked.items() if k.startswith("fsdp ") and "=" not in
+                                      k.split("grad_accum")[0])  # plain FSDP over the 32 ranks
+    # the node's port split among its 8 data-parallel groups: TP 8 no faster than plain FSDP
     assert ranked["fsdp O1 bf16 tp=8 grad_accum=2 model.checkpoint=full"] < \
         ranked["fsdp O1 bf16 grad_accum=1 model.checkpoint=full"]
     pruned = {p["name"]: p["why"] for p in answer["pruned"]}
-    assert pruned["fsdp O1 bf16 replicate=4 grad_accum=4 model.checkpoint=full"] == "predicted not to fit"
     pipelines = [why for name, why in pruned.items() if name.startswith("pp ") and "checkpoint=none" not in name]
     assert len(pipelines) == 6 and all("inlines the blocks' checkpointing" in why for why in pipelines), pipelines
     assert "Train it on a100x16-25gbe (on each of its 4 nodes, under torchrun: docs/clusters.md): " in text

@@ -132,7 +132,9 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
     phases (forward and backward's, the optimizer step's). What is outside the blocks is split by `before_share`
     (the first stage's share of it, `before_blocks_share`).
 
-    Each microbatch in flight keeps its blocks' saved tensors (the traces' difference per block at their peak) and
+    Each microbatch in flight keeps its blocks' saved tensors (the traces' difference per block as backward starts,
+    `saved_activations`: where gradients outweigh activations the traces' peak is at the end of backward; their
+    weights' half copies under autocast, `parameter_casts`, once: the schedule's step is one autocast region) and
     its output (torch's PipelineStage keeps it for the backward: one `boundary`, or on the last stage the model's
     output, which the whole model's step frees once the loss has it); a stage's input is its receive buffer
     (`receive_buffers`), not counted again. A stage before the last peaks in a block's backward, whose temporaries
@@ -151,6 +153,11 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
     heads = (1 if stages_per_rank > 1 else held) if last else 0  # chunks of the last stage's in flight
     received = held - (-(-held // stages_per_rank) if first else 0)  # chunks whose input is a receive buffer
     all_held = held >= microbatches * stages_per_rank
+    cast_block = more.parameter_casts - fewer.parameter_casts  # one copy a step: the schedule's autocast caches it
+    cast_rest = max(0, fewer.parameter_casts - blocks * cast_block)  # the head's (an embedding's lookup is not cast)
+    casts = blocks * cast_block + (cast_rest if last else 0)
+    saved_block = more.saved_activations - fewer.saved_activations - cast_block  # what a microbatch keeps a block
+    saved_rest = max(0, fewer.saved_activations - fewer.parameter_casts - blocks * saved_block)  # and outside them
 
     def at(low: PhasePeak, high: PhasePeak, stepping: bool) -> StageBytes:
         def split(name: str) -> tuple[float, float]:
@@ -166,12 +173,13 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
             grads = max(parts["grads"], stage_grads) if held > 1 or microbatches > 1 else parts["grads"]
             return StageBytes(parts["params"] + parts["masters"], grads, parts["optimizer_state"],
                               blocks * block + (rest if last else boundary))
-        backward = max(0.0, min(rest, fewer.backward_growth)) if heads else more.block_backward
+        backward = fewer.backward_growth if heads else more.block_backward
 
         def holding(n: int, grads: float) -> StageBytes:
             """`n` chunks in flight and a backward running, beside `grads`."""
-            ends_kept = min(n, heads) * (rest - backward + fewer.output_bytes) + max(0, n - heads) * boundary
-            acts = n * blocks / stages_per_rank * block + ends_kept - min(n, received) * boundary + backward
+            ends_kept = min(n, heads) * (saved_rest + fewer.output_bytes) + max(0, n - heads) * boundary
+            acts = n * blocks / stages_per_rank * saved_block + ends_kept - min(n, received) * boundary + backward \
+                + casts
             return StageBytes(parts["params"] + parts["masters"], grads, parts["optimizer_state"], acts)
 
         if not all_held:

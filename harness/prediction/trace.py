@@ -99,13 +99,14 @@ class StepTrace:
     # Peak-Backward snapshots of the block). The step's peak is taken in the head's backward, where no block's are
     # alive; a pipeline stage without the head peaks in a block's backward beside other microbatches' activations.
     block_backward: int = 0
-    # what the step's backward adds at its peak to the activations alive as it starts (every saved tensor and the
-    # loss's): the loss's and the head's gradients, the step's peak being in them. A pipeline's last stage holds
-    # each microbatch's saved tensors but runs one backward at a time: this once, not for each.
-    # what the step's backward adds at its peak to the activations alive as it starts (every saved tensor, the
-    # loss's included): without checkpointing, the loss's and the head's gradients, where the step peaks (a pipeline's
-    # last stage holds each microbatch's saved tensors but runs one backward at a time: this once, not for each);
-    # with it, a block's recomputation less what the later blocks freed (per block: in LINEAR_FIELDS)
+    # the activations alive as the step's backward starts: every saved tensor, the loss's included (a pipeline's
+    # stage keeps them for each microbatch in flight; the step's peak, by total, may come when most are freed)
+    saved_activations: int = 0
+    # of those, parameters' casts (autocast's half copies of the weights, O1): torch caches a cast within one
+    # autocast region, so microbatches run in one (a pipeline's schedule step) share one copy a parameter
+    parameter_casts: int = 0
+    # the most the activations grow above that during the backward: without checkpointing the loss's and the head's
+    # gradients (a pipeline's last stage runs one backward at a time: this once, not for each microbatch)
     backward_growth: int = 0
     output_bytes: int = 0  # the model's output for the micro-batch (a language model's logits), as its forward leaves it
     # (under autocast in its half type: the float32 copy an amp level's wrapper makes is not the model's)
@@ -230,7 +231,7 @@ def repeated_blocks(model_cfg: Mapping[str, Any]) -> int | None:
 
 
 LINEAR_FIELDS = ("flops", "model_flops", "model_params", "model_grads", "stored_params", "param_count",
-                 "backward_growth")
+                 "saved_activations", "parameter_casts", "backward_growth")
 PEAK_FIELDS = tuple(f.name for f in dataclasses.fields(PhasePeak))
 
 
@@ -283,7 +284,6 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             micro_batch: int, grad_accum: int, unit_names: Any, aten_convolutions: bool, device_type: str,
             ) -> StepTrace:
     # static scaling in the trace: a dynamic scaler reads its inf checks on the host, which fake tensors lack
-    from torch.distributed._tools.mem_tracker import MemTracker  # a second of imports (DTensor): when tracing
     from torch.utils._pytree import tree_leaves
 
     spec = dataclasses.replace(amp, loss_scale=1.0, allow_emulated=True)
@@ -317,13 +317,12 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             else 0
         phases = []  # each phase's peak apart: a model of many blocks grows each (`grown`), then takes the larger
         trackers = []
-        started: list[PhasePeak] = []  # what is alive as backward starts: every saved tensor, the loss's included
-        for phase in (lambda t: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model), lambda: started
-                                                  .append(_phase_peak(t.get_tracker_snapshot()[device], masters))),
+        casts = ParameterCasts()
+        for phase in (lambda t: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model), t.mark),
                       lambda t: _step(plugin, optimizer)):
-            tracker = MemTracker()
+            tracker = activation_tracker()(device, masters)
             tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters: no module's
-            with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
+            with tracker, buffers, casts:  # the buffers' mode above the tracker: what it allocates is tracked
                 phase(tracker)
             phases.append(_phase_peak(tracker.get_tracker_snapshot("peak")[device], masters))
             trackers.append(tracker)
@@ -349,7 +348,68 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32",
             allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead,
             block_backward=block_backward, output_bytes=outputs[0],
-            backward_growth=phases[0].activations - started[0].activations)
+            saved_activations=trackers[0].at_mark, parameter_casts=casts.bytes, backward_growth=trackers[0].peak_since_mark - trackers[0].at_mark)
+
+
+class ParameterCasts:
+    """Counts the bytes of parameters' casts that autograd saves for backward (autocast's half copies of the
+    weights: a tensor made by a copy straight from a parameter, or a view of one; not a leaf input's), each storage
+    once."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._seen: set[int] = set()
+        self._hooks: Any = None
+
+    def __enter__(self) -> ParameterCasts:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor if tensor._base is None else tensor._base
+        made = base.grad_fn
+        if made is not None and type(made).__name__ == "ToCopyBackward0" and all(
+                isinstance(getattr(f, "variable", None), nn.Parameter) for f, _ in made.next_functions if f is not None):
+            storage = tensor.untyped_storage()
+            if storage._cdata not in self._seen:
+                self._seen.add(storage._cdata)
+                self.bytes += storage.nbytes()
+        return tensor
+
+
+@functools.cache
+def activation_tracker() -> type:
+    """torch's MemTracker (imported here: a second of imports, DTensor's) that also keeps the activations (its ACT,
+    TEMP and OTH, O2's masters aside) alive at `mark()` and the most they reach after it. Its own peak is the step's
+    total's: where the parameters' gradients outweigh the activations (a 70B block on one sequence) that is the end
+    of backward, when most activations are freed, and says nothing of what the saved tensors were."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class ActivationTracker(MemTracker):  # type: ignore[misc]
+        def __init__(self, device: torch.device, masters: int) -> None:
+            super().__init__()
+            self._device, self._masters = device, masters
+            self.at_mark = self.peak_since_mark = 0
+            self._marked = False
+
+        def activations(self) -> int:
+            snapshot = self._curr_mem_snap.get(self._device)
+            return _phase_peak(snapshot, self._masters).activations if snapshot else 0
+
+        def mark(self) -> None:
+            self.at_mark = self.peak_since_mark = self.activations()
+            self._marked = True
+
+        def _update_peak_stats(self, peak_state: Any) -> None:  # after every operator MemTracker sees
+            super()._update_peak_stats(peak_state)
+            if self._marked:
+                self.peak_since_mark = max(self.peak_since_mark, self.activations())
+
+    return ActivationTracker
 
 
 def _block_backward(tracker: Any, blocks: list[nn.Module], device: torch.device) -> int:
