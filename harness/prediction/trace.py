@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import gc
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -360,14 +361,21 @@ class ParameterCasts:
         self.bytes = 0
         self._seen: set[int] = set()
         self._hooks: Any = None
+        self._quiet: Any = None
 
     def __enter__(self) -> ParameterCasts:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._quiet = warnings.catch_warnings()
+        self._quiet.__enter__()
+        # selective checkpointing warns that the tensors it saves will pass through such hooks in a later torch:
+        # these hooks keep every tensor as it is, so either way is the same to them
+        warnings.filterwarnings("ignore", message="A saved_tensors_hooks context", category=FutureWarning)
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
+        self._quiet.__exit__(*exc)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         base = tensor if tensor._base is None else tensor._base
