@@ -109,8 +109,9 @@ class StepTrace:
     # the most the activations grow above that during the backward: without checkpointing the loss's and the head's
     # gradients (a pipeline's last stage runs one backward at a time: this once, not for each microbatch)
     backward_growth: int = 0
-    output_bytes: int = 0  # the model's output for the micro-batch (a language model's logits), as its forward leaves it
-    # (under autocast in its half type: the float32 copy an amp level's wrapper makes is not the model's)
+    # the model's output for the micro-batch (a language model's logits), as its forward leaves it (under autocast
+    # in its half type: the float32 copy an amp level's wrapper makes is not the model's)
+    output_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -319,11 +320,15 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
         phases = []  # each phase's peak apart: a model of many blocks grows each (`grown`), then takes the larger
         trackers = []
         casts = ParameterCasts()
-        for phase in (lambda t: _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model), t.mark),
-                      lambda t: _step(plugin, optimizer)):
+
+        def forward_backward(tracker: Any) -> None:  # backward's start marked: what it starts with
+            with casts:
+                _forward_backward(wrapped, plugin, images, labels, 1, loss_for(model), tracker.mark)
+
+        for phase in (forward_backward, lambda _tracker: _step(plugin, optimizer)):
             tracker = activation_tracker()(device, masters)
             tracker.track_external(wrapped, optimizer, *plugin.optimizer_params(model))  # O2's masters: no module's
-            with tracker, buffers, casts:  # the buffers' mode above the tracker: what it allocates is tracked
+            with tracker, buffers:  # the buffers' mode above the tracker: what it allocates is tracked
                 phase(tracker)
             phases.append(_phase_peak(tracker.get_tracker_snapshot("peak")[device], masters))
             trackers.append(tracker)
@@ -348,8 +353,8 @@ def _traced(model_cfg: tuple[tuple[str, Any], ...], inputs: Inputs, amp: AmpSpec
             grad_dtype=_dtype_name(grads[0]) if grads else "float32",
             param_dtype=_dtype_name(next(model.parameters())) if model_params else "float32",
             allocator_overhead=allocations.allocator.overhead, reserved_overhead=allocations.roomy.overhead,
-            block_backward=block_backward, output_bytes=outputs[0],
-            saved_activations=trackers[0].at_mark, parameter_casts=casts.bytes, backward_growth=trackers[0].peak_since_mark - trackers[0].at_mark)
+            block_backward=block_backward, output_bytes=outputs[0], saved_activations=trackers[0].at_mark,
+            parameter_casts=casts.bytes, backward_growth=trackers[0].peak_since_mark - trackers[0].at_mark)
 
 
 class ParameterCasts:
@@ -381,7 +386,8 @@ class ParameterCasts:
         base = tensor if tensor._base is None else tensor._base
         made = base.grad_fn
         if made is not None and type(made).__name__ == "ToCopyBackward0" and all(
-                isinstance(getattr(f, "variable", None), nn.Parameter) for f, _ in made.next_functions if f is not None):
+                isinstance(getattr(f, "variable", None), nn.Parameter)
+                for f, _ in made.next_functions if f is not None):
             storage = tensor.untyped_storage()
             if storage._cdata not in self._seen:
                 self._seen.add(storage._cdata)
