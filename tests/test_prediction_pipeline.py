@@ -61,6 +61,37 @@ def test_interleaved_chunks_in_flight_are_those_torchs_schedule_runs():
             assert pipeline.in_flight(microbatches, ranks, rank, False, stages) == most, (ranks, stages, rank)
 
 
+def test_an_interleaved_ranks_sends_alive_at_its_peak_are_those_torchs_schedule_leaves():
+    """torch's runtime for interleaved 1F1B waits for its sends at the step's end. 2 ranks of 2 stages, 4
+    microbatches (2 a round): rank 0 holds 5 chunks at its peak, 3 backwards done, the first 2 of its second stage
+    (each sent a gradient back and left its output sent forward), 1 of its first (its output only): 5; rank 1, 3
+    held, 5 done, 2 + 1 of the last stage (a gradient each), 2 of its first (both): 7; 1F1B and GPipe none. For other
+    shapes, counted from torch's own action lists (`_calculate_single_rank_operations`) at each rank's peak, a
+    backward with the most chunks in flight and the most sent behind it; shared evenly among its stages the first
+    and last ranks would be 4.5 and 7.5."""
+    from torch.distributed.pipelining import schedules
+
+    assert [pipeline.sends_alive(4, 2, r, 2) for r in range(2)] == [5, 7]
+    assert pipeline.sends_alive(4, 2, 0) == pipeline.sends_alive(4, 2, 1) == 0
+    for ranks, stages, microbatches in [(4, 2, 8), (4, 2, 16), (8, 2, 8), (3, 2, 6), (2, 3, 4), (4, 4, 8)]:
+        schedule = object.__new__(schedules.ScheduleInterleaved1F1B)  # its order needs no process group
+        schedule.n_local_stages, schedule.pp_group_size, schedule._n_microbatches = stages, ranks, microbatches
+        schedule.number_of_rounds = max(1, microbatches // ranks)
+        schedule.microbatches_per_round = microbatches // schedule.number_of_rounds
+        last_stage = ranks * stages - 1
+        for rank in range(ranks):
+            live = sent = 0
+            peak = (0, 0)
+            for action in filter(None, schedule._calculate_single_rank_operations(rank)):
+                if action.computation_type == schedules._ComputationType.FORWARD:
+                    live += 1
+                elif action.computation_type == schedules._ComputationType.FULL_BACKWARD:
+                    peak = max(peak, (live, sent))
+                    live -= 1
+                    sent += (action.stage_index != 0) + (action.stage_index != last_stage)
+            assert pipeline.sends_alive(microbatches, ranks, rank, stages) == peak[1], (ranks, stages, rank)
+
+
 def test_an_interleaved_rank_receives_for_each_of_its_stages():
     """2 ranks of 2 stages, 4 microbatches of boundary b: rank 0 holds stage 0 (gradients only) and stage 2
     (activations and gradients), rank 1 stage 1 (both) and stage 3, the last (activations only): 12 b each, where
@@ -109,11 +140,14 @@ def test_a_stage_holds_its_blocks_the_ends_their_share_and_its_microbatches_in_f
     # interleaved, 2 stages a rank of 1 block each: rank 0's 5 chunks each keep a block's 30 and its output's 4,
     # the 2 of its second stage's received, one block's backward 7 on top: 150 + 20 - 8 + 7 = 169 (1F1B's rule,
     # 2 x (2 x 30 + 4) + 7, would say 135); the last rank's 3 chunks, all received, one of them the last stage's
-    # with the 6 saved, the output's 5 and the head's backward's 3: 3 x 30 + 2 x 4 + 6 + 5 + 3 - 3 x 4 = 100
+    # with the 6 saved, the output's 5 and the head's backward's 3: 3 x 30 + 2 x 4 + 6 + 5 + 3 - 3 x 4 = 100.
+    # And the boundaries each has sent and torch still holds (sends_alive: 5 and 7): 169 + 20 and 100 + 28
     first = pipeline.stage_bytes(trace(2), trace(3), 2, True, False, 5, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
     assert first.activations == pytest.approx(169 * MIB)
-    last = pipeline.stage_bytes(trace(2), trace(3), 2, False, True, 3, 4, 4 * MIB, 2 / 3, stages_per_rank=2)
-    assert last.activations == pytest.approx(100 * MIB)
+    sent = pipeline.stage_bytes(trace(2), trace(3), 2, True, False, 5, 4, 4 * MIB, 2 / 3, stages_per_rank=2, sent=5)
+    assert sent.activations == pytest.approx(189 * MIB)
+    last = pipeline.stage_bytes(trace(2), trace(3), 2, False, True, 3, 4, 4 * MIB, 2 / 3, stages_per_rank=2, sent=7)
+    assert last.activations == pytest.approx(128 * MIB)
 
 
 def test_a_stage_keeps_what_is_saved_as_backward_starts_not_what_the_traces_peak_left():
@@ -325,6 +359,11 @@ def test_an_interleaved_ranks_stages_are_timed_as_one_through_1f1b(monkeypatch):
     assert through == [(2, "1f1b")] and cfg.strategy["schedule"] == "interleaved_1f1b"
     assert p.compute_s == pytest.approx(4 * 0.015 / 0.9)
     assert any("the rank's 2 stages timed as one through 1F1B" in a for a in p.assumptions)
+    # each rank's memory with what it has sent and torch holds (sends_alive: 5 and 7 boundaries of 4 x 128 x 64 x 4
+    # bytes, b): rank 0 5 chunks of 30, their outputs less the 2 received, a block's backward 7, 5 sent: 157 + 8 b;
+    # rank 1 3 chunks, the last stage's 6 saved, its output 5 and head backward 3, 2 outputs, 3 received, 7 sent
+    b = 4 * 128 * 64 * 4 / MIB
+    assert [r.activations_mib for r in p.ranks] == pytest.approx([157 + 8 * b, 104 + 6 * b])
 
 
 def test_fsdp_by_pp_is_two_pipelines_each_stage_halved_and_gathered_whole(monkeypatch):

@@ -59,6 +59,27 @@ def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool,
     return min(warmup + 1, chunks)
 
 
+def sends_alive(schedule_microbatches: int, ranks: int, rank: int, stages_per_rank: int = 1) -> int:
+    """Boundaries rank `rank` has sent and torch still holds at its peak. Interleaved 1F1B runs through torch's
+    `_PipelineScheduleRuntime`, which waits for its sends only at the step's end, each send keeping its tensor: by
+    the rank's last steady backward (its peak: as many chunks in flight as ever, the most sends behind it) each
+    backward done has sent its gradient back (but on the first stage) and left the output its chunk sent forward
+    (but on the last stage) alive. Its backwards go a round of microbatches a local stage, the last local stage
+    first (checked against torch's action lists). Schedule1F1B waits for each send before the next, and GPipe's
+    peak comes before its first backward's send: none."""
+    if stages_per_rank == 1:
+        return 0
+    done = stages_per_rank * schedule_microbatches - in_flight(schedule_microbatches, ranks, rank, False,
+                                                               stages_per_rank)
+    per_round = schedule_microbatches // max(1, schedule_microbatches // ranks)
+    cycles, rest = divmod(done, stages_per_rank * per_round)
+
+    def on(local: int) -> int:  # of the backwards done, those of the rank's `local`-th stage
+        return cycles * per_round + min(per_round, max(0, rest - (stages_per_rank - 1 - local) * per_round))
+
+    return 2 * done - (on(0) if rank == 0 else 0) - (on(stages_per_rank - 1) if rank == ranks - 1 else 0)
+
+
 def model_layers(cfg: RunConfig) -> int:
     """The model's block count: its `layers` option, or its constructor's default for it."""
     import inspect
@@ -127,7 +148,8 @@ class StageBytes:
 
 
 def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, last: bool, held: int,
-                microbatches: int, boundary: float, before_share: float = 0.5, stages_per_rank: int = 1) -> StageBytes:
+                microbatches: int, boundary: float, before_share: float = 0.5, stages_per_rank: int = 1,
+                sent: int = 0) -> StageBytes:
     """A rank of `blocks` blocks from the traces at `blocks` (fewer) and `blocks` + 1 (more): the larger of its
     phases (forward and backward's, the optimizer step's). What is outside the blocks is split by `before_share`
     (the first stage's share of it, `before_blocks_share`).
@@ -146,7 +168,8 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
 
     With `stages_per_rank` > 1 (interleaved) `held` counts chunks, each through one of the rank's stages (its
     blocks / stages_per_rank; on the first rank the first stage's are the first of every `stages_per_rank`); on
-    the last rank one of them is the last stage's, whose head's backward follows its forward at once."""
+    the last rank one of them is the last stage's, whose head's backward follows its forward at once. `sent`: the
+    boundaries the rank has sent and torch still holds at its peak (`sends_alive`)."""
     ends = (before_share if first else 0.0) + (1 - before_share if last else 0.0)
     grad_block = more.model_grads - fewer.model_grads
     stage_grads = blocks * grad_block + max(0, fewer.model_grads - blocks * grad_block) * ends
@@ -179,7 +202,7 @@ def stage_bytes(fewer: StepTrace, more: StepTrace, blocks: int, first: bool, las
             """`n` chunks in flight and a backward running, beside `grads`."""
             ends_kept = min(n, heads) * (saved_rest + fewer.output_bytes) + max(0, n - heads) * boundary
             acts = n * blocks / stages_per_rank * saved_block + ends_kept - min(n, received) * boundary + backward \
-                + casts
+                + casts + sent * boundary
             return StageBytes(parts["params"] + parts["masters"], grads, parts["optimizer_state"], acts)
 
         if not all_held:

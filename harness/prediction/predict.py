@@ -332,7 +332,8 @@ def predict_pipeline(cfg: RunConfig, placement: Placement, amp: AmpSpec, strateg
     for r, k in enumerate(blocks):
         held = pipeline.in_flight(m, n, r, gpipe, traffic.stages_per_rank)
         stages.append(pipeline.stage_bytes(traced(k), traced(k + 1), k, r == 0, r == n - 1, held, m, boundary,
-                                           before, traffic.stages_per_rank))
+                                           before, traffic.stages_per_rank,
+                                           pipeline.sends_alive(m, n, r, traffic.stages_per_rank)))
     for rank in range(world):  # rank r: stage r // replicas of pipeline r % replicas (strategies.fsdp's mesh)
         r = rank // replicas
         part = stages[r]
