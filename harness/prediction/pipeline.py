@@ -43,6 +43,12 @@ def rank_blocks(layers: int, ranks: int, stages_per_rank: int) -> list[int]:
     return held
 
 
+def microbatches_per_round(schedule_microbatches: int, ranks: int) -> int:
+    """Interleaved 1F1B's round: the microbatches it runs through one local stage before the next (torch's
+    ScheduleInterleaved1F1B: the microbatches over max(1, microbatches // ranks) rounds)."""
+    return schedule_microbatches // max(1, schedule_microbatches // ranks)
+
+
 def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool, stages_per_rank: int = 1) -> int:
     """Microbatches whose activations rank `rank` holds at once: all under GPipe, else at most the ranks from it
     to the last (1F1B's warm-up, torch's Schedule1F1B running each steady step's backward before its forward).
@@ -54,7 +60,7 @@ def in_flight(schedule_microbatches: int, ranks: int, rank: int, all_held: bool,
     if stages_per_rank == 1:
         return min(schedule_microbatches, ranks - rank)
     chunks = stages_per_rank * schedule_microbatches
-    per_round = schedule_microbatches // max(1, schedule_microbatches // ranks)
+    per_round = microbatches_per_round(schedule_microbatches, ranks)
     warmup = (stages_per_rank - 1) * per_round + 2 * (ranks - 1 - rank)
     return min(warmup + 1, chunks)
 
@@ -71,7 +77,7 @@ def sends_alive(schedule_microbatches: int, ranks: int, rank: int, stages_per_ra
         return 0
     done = stages_per_rank * schedule_microbatches - in_flight(schedule_microbatches, ranks, rank, False,
                                                                stages_per_rank)
-    per_round = schedule_microbatches // max(1, schedule_microbatches // ranks)
+    per_round = microbatches_per_round(schedule_microbatches, ranks)
     cycles, rest = divmod(done, stages_per_rank * per_round)
 
     def on(local: int) -> int:  # of the backwards done, those of the rank's `local`-th stage
