@@ -209,6 +209,27 @@ def one_core_of_this_worker() -> Iterator[None]:
         os.sched_setaffinity(0, cores)
 
 
+def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
+    """`torch.multiprocessing.start_processes(fn, args, nprocs)` with the ranks forked from this worker's fork
+    server (started once, importing what the harness's own does: harness.launch.launcher.FORKSERVER_PRELOAD),
+    instead of spawned: a spawned rank imported torch and the test's module again, 3 s of CPU each, 70 s over the
+    suite's ranks. Each rank gets this process's environment as it is now (the server's is from when it started),
+    as `harness.launch.launcher.in_worker_env` gives a run's; raises as start_processes does when a rank fails."""
+    import torch.multiprocessing as mp
+
+    from harness.launch.launcher import preload_forkserver
+
+    preload_forkserver()
+    mp.start_processes(_rank_in_env, args=(fn, dict(os.environ), args), nprocs=nprocs, join=True,
+                       start_method="forkserver")
+
+
+def _rank_in_env(rank: int, fn: Callable[..., Any], env: dict[str, str], args: tuple[Any, ...]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    fn(rank, *args)
+
+
 def leave_at_once() -> None:
     """A spawned test rank, done and its results saved, leaves without the interpreter's shutdown, where about
     one in ten aborted after everything had passed ("terminate called without an active exception", a C++ thread

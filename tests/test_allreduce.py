@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import SHARED_GROUP, amp_plugin, leave_at_once, prepare
+from conftest import SHARED_GROUP, amp_plugin, leave_at_once, prepare, start_ranks
 
 from amp import Amp
 from harness.core.amp_levels import AmpConfig, AmpSpec, resolve
@@ -109,7 +108,7 @@ def _check_scenario(strategy: ManualAllReduce, rank: int, spec: AmpSpec) -> None
 @pytest.mark.slow
 def test_replicas_identical_and_gradients_averaged():
     """2 gloo ranks, different data and initial weights; bucket false/true, amp O0/O2."""
-    mp.spawn(_rank_main, args=(free_port(),), nprocs=WORLD, join=True)
+    start_ranks(_rank_main, (free_port(),), WORLD)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import amp_plugin, leave_at_once, prepare, sgd, tiny_batch
+from conftest import amp_plugin, leave_at_once, prepare, sgd, start_ranks, tiny_batch
 from torch import nn
 
 from amp import Amp, plugin_class
@@ -418,11 +418,9 @@ def _ddp_o2_rank(rank: int, world_size: int, store_path: str, out_dir: str) -> N
 
 @pytest.mark.slow
 def test_ddp_o2_keeps_replicas_identical(tmp_path):
-    import torch.multiprocessing as mp
 
     world_size = 2
-    mp.spawn(_ddp_o2_rank, args=(world_size, str(tmp_path / "store"), str(tmp_path)), nprocs=world_size,
-             join=True)
+    start_ranks(_ddp_o2_rank, (world_size, str(tmp_path / "store"), str(tmp_path)), world_size)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     for report in reports:
         assert report["dtypes"] == ["torch.bfloat16", "torch.float32"]  # half model, fp32 batch-norm

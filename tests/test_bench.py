@@ -42,17 +42,15 @@ SCRIPTS = {
 
 
 SCRIPTS_STEMS = [s.removesuffix(".py") for s in SCRIPTS]
-# Scripts whose --quick run starts no run.py (or only simulates): in the default suite. The others start real
-# runs for 15-30 s each, over three minutes of the suite's ten together: `python -m pytest -m bench` runs them
-# (tests/README.md), as anyone changing a bench script or what it reads should.
-# mutants.py --quick runs one mutant's mirror tests (half a minute): under -m bench, its texts checked by
-# tests/test_mutants.py in the default suite.
-IN_PROCESS = ("hook_cost.py", "report_speed.py", "sampler.py", "verdicts.py")
+# Every script's --quick run is under `-m bench` (tests/README.md), as anyone changing a bench script or what it
+# reads should run: those that start real runs take 15-30 s each, and the four that start none (hook_cost,
+# report_speed, sampler, verdicts: 40 s of CPU together) were the default suite's, which stays under ten minutes
+# on two cores. mutants.py's texts are checked by tests/test_mutants.py in the default suite.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [s if s in IN_PROCESS else pytest.param(s, marks=pytest.mark.bench)
-                                    for s in sorted(SCRIPTS)])
+@pytest.mark.bench
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_bench_script_runs_quick_and_prints_its_table(script, tmp_path):
     """Each script's --quick run, a test of its own (xdist spreads them over its workers: each is mostly process
     start-up, and one worker running all thirteen was the suite's longest stretch, 4 minutes)."""

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import leave_at_once
+from conftest import leave_at_once, start_ranks
 
 from harness.core.rank_record import RankRecord
 from harness.core.timing import Window
@@ -200,7 +199,7 @@ def test_a_real_rank_sleeping_in_a_scope_while_gloo_communicates_is_exposed_comm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     trace = tmp_path / "rank0.json"
-    mp.spawn(_wait_in_a_scope, args=(port, str(trace)), nprocs=2, join=True)
+    start_ranks(_wait_in_a_scope, (port, str(trace)), 2)
     events = json.loads(trace.read_text())["traceEvents"]
     scope = next(e for e in events if e.get("name") == "some.scope")
     gloo = [e for e in events if e.get("name") == "gloo:all_reduce" and e["tid"] != scope["tid"]]  # gloo's thread

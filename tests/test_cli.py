@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, describe, run_cli
+from conftest import REPO, TINY, describe, refused_before_start, run_cli
 from omegaconf import OmegaConf
 
 from harness import cli
@@ -49,25 +49,29 @@ def test_unknown_amp_level(tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_amp_dtype(tmp_path):
-    proc, results = run_cli(*DDP, "amp=O2", "amp.dtype=int8", tmp_path=tmp_path)
-    assert results is None
-    assert_refused(proc, tmp_path, "amp.dtype=int8", "float16", "bfloat16")
-
-
-@pytest.mark.slow
 def test_apex_without_apex_or_cuda(tmp_path):
     proc, results = run_cli(*DDP, "amp=O1", "amp.impl=apex", tmp_path=tmp_path)
     assert results is None
     assert_refused(proc, tmp_path, "apex")
 
 
-@pytest.mark.slow
-def test_batch_not_divisible_by_the_workers(tmp_path):
-    proc, results = run_cli("strategy=ddp", "nprocs=2", "model=tiny_cnn", "data.image_size=8", "batch_size=7",
-                            "iterations=20", "log_every=10", tmp_path=tmp_path)
-    assert results is None
-    assert_refused(proc, tmp_path, "batch_size=7", "multiple of the 2 workers", "6", "8")
+# Refusals of a value in this process (what the real `python run.py` adds, no folder and no Traceback, is checked
+# above and by test_bad_command_lines_leave_no_folder below)
+def refused_line(overrides: tuple[str, ...], monkeypatch, capsys, *words: str) -> str:
+    lines = refused_before_start(overrides, monkeypatch, capsys)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def test_bad_amp_dtype(monkeypatch, capsys):
+    refused_line((*DDP, "amp=O2", "amp.dtype=int8"), monkeypatch, capsys, "amp.dtype=int8", "float16", "bfloat16")
+
+
+def test_batch_not_divisible_by_the_workers(monkeypatch, capsys):
+    refused_line(("strategy=ddp", "nprocs=2", "model=tiny_cnn", "data.image_size=8", "batch_size=7", "iterations=20",
+                  "log_every=10"), monkeypatch, capsys, "batch_size=7", "multiple of the 2 workers", "6", "8")
 
 
 def test_precheck_refuses_unknown_strategy(capsys):

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import TINY, describe, leave_at_once, refused_before_start, run_cli, run_config
+from conftest import TINY, describe, leave_at_once, refused_before_start, run_cli, run_config, start_ranks
 from hydra.utils import get_class
 from test_modern import GLOBAL_BATCH, NoNorm, agreed_port, train_here
 
@@ -69,7 +68,7 @@ def test_four_ranks_shard_within_pairs_replicate_across_and_train_what_one_proce
     """Each rank holds the half of every tensor its place in its pair gives it (under FSDP over all four it would
     hold a quarter); ranks 0 and 2 hold the same half; all four gather the same parameters, one process's on the
     whole batch: HSDP averages over all four ranks, and accumulates under no_sync."""
-    mp.start_processes(rank_main, args=(str(tmp_path),), nprocs=WORLD, start_method="spawn")
+    start_ranks(rank_main, (str(tmp_path),), WORLD)
     from strategies.single import SingleDevice
 
     single = SingleDevice()

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import CLI_TIMEOUT_S, TINY, describe, leave_at_once, prepare, run_cli, run_config
+from conftest import CLI_TIMEOUT_S, TINY, describe, leave_at_once, prepare, run_cli, run_config, start_ranks
 from torch import nn
 
 from amp import OptimizerSpec, resolve
@@ -121,7 +120,7 @@ def agreed_port(rank: int, file: Path) -> int:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("modern")
-    mp.start_processes(rank_main, args=(str(out),), nprocs=WORLD, start_method="spawn")
+    start_ranks(rank_main, (str(out),), WORLD)
     from strategies.single import SingleDevice
 
     single = SingleDevice()
@@ -291,7 +290,7 @@ def mixed_rank_main(rank: int, out: str) -> None:
 def test_fsdp_shards_fp32_batchnorm_apart_from_the_half_convolution_beside_it(tmp_path):
     """Before: the first forward raised "FSDP expects uniform original parameter dtype but got
     {torch.bfloat16, torch.float32}" (features.0's unit) at O3 with keep_batchnorm_fp32."""
-    mp.start_processes(mixed_rank_main, args=(str(tmp_path),), nprocs=WORLD, start_method="spawn")
+    start_ranks(mixed_rank_main, (str(tmp_path),), WORLD)
     for name in MIXED:
         ranks = [torch.load(tmp_path / f"{name}{r}.pt") for r in range(WORLD)]
         first = ranks[0]

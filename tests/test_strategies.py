@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rank_spec
+from conftest import rank_spec, start_ranks
 
 from harness.rank.worker import run_rank
 
@@ -291,7 +291,6 @@ def test_every_multi_process_strategy_takes_the_slowest_ranks_value(tmp_path):
     (horovod's own rendezvous) are left out; apex_ddp sets up as DDP does and is asked too."""
     import json
 
-    import torch.multiprocessing as mp
     from test_modern import free_port
 
     from strategies.base import ProcessGroupStrategy
@@ -299,7 +298,7 @@ def test_every_multi_process_strategy_takes_the_slowest_ranks_value(tmp_path):
     multi = {name: cls for name, cls in shipped_strategies().items() if cls.one_process_per_device
              and (cls.unavailable_reason() is None or cls.setup is ProcessGroupStrategy.setup)}
     assert {"ddp", "zero", "fsdp", "allreduce", "apex_ddp", "bare", "summed"} <= set(multi)
-    mp.spawn(_rank_max, args=({name: free_port() for name in multi}, str(tmp_path)), nprocs=WORLD, join=True)
+    start_ranks(_rank_max, ({name: free_port() for name in multi}, str(tmp_path)), WORLD)
     for rank in range(WORLD):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {name: 11.5 for name in multi}, rank
 

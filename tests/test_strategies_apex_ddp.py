@@ -13,8 +13,7 @@ import fake_apex as apex_fake
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import amp_plugin, leave_at_once, tiny_batch
+from conftest import amp_plugin, leave_at_once, start_ranks, tiny_batch
 from fake_apex import FLOAT, HALF, fake_apex  # noqa: F401 (fixture)
 from torch import nn
 
@@ -148,6 +147,6 @@ def test_two_ranks_start_from_rank_0_weights_and_average_gradients(tmp_path):
     """Two gloo ranks, apex O2 (fp32 masters made at the first backward, after DDP's broadcast) under
     strategy=apex_ddp, with and without delay_allreduce: 10 - 2 * mean(1, 2) = 7 on both ranks; not 10 - 2 * 3
     (summed), not 8 / 16 (not reduced), not 6 (rank 0's weights, not averaged) nor 17 (rank 1's masters)."""
-    mp.spawn(_two_steps, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    start_ranks(_two_steps, (_free_port(), str(tmp_path)), 2)
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"False": [7.0, 7.0], "True": [7.0, 7.0]}
