@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,19 +42,77 @@ def quick(overrides: Sequence[str], wanted: bool = True) -> list[str]:
     return [*overrides, QUICK_START] if wanted and not chosen else list(overrides)
 
 
+class RunPy:
+    """`python run.py ARGS` from the repository root as the suite starts it: forked from tests/run_py_server.py, an
+    interpreter of this worker's that has imported what run.py imports (torch, Hydra, the harness), instead of a
+    new interpreter importing them again: 3 s of CPU a run, over the suite's runs three minutes of its two cores.
+    The run is run.py as `__main__` with the arguments, folder, environment and CPU affinity a subprocess would
+    have had, in a process of its own; what run.py does while it imports (a Ctrl-C then, the first imports' order)
+    is checked with new interpreters (tests/test_reliability.py's ProcessWatch runs, test_cli.py's refusals)."""
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def run(self, argv: list[str], timeout: float,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """As `subprocess.run([python, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)`:
+        raises subprocess.TimeoutExpired after killing the run."""
+        import tempfile
+
+        WATCH.note(" ".join(argv))
+        folder = Path(tempfile.mkdtemp(prefix="run-py-"))
+        request = {"argv": argv, "cwd": str(REPO), "env": dict(os.environ if env is None else env),
+                   "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                   "out": str(folder / "out"), "err": str(folder / "err"), "code": str(folder / "code")}
+        with self.lock:
+            if self.server is None or self.server.poll() is not None:
+                self.server = subprocess.Popen([sys.executable, str(REPO / "tests" / "run_py_server.py")],
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert self.server.stdin is not None and self.server.stdout is not None
+            self.server.stdin.write(json.dumps(request).encode() + b"\n")
+            self.server.stdin.flush()
+            pid = json.loads(self.server.stdout.readline())["pid"]
+        code_file = Path(request["code"])
+        deadline = time.monotonic() + timeout
+        while not code_file.exists():
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout, (folder / "out").read_text(errors="replace"),
+                                                (folder / "err").read_text(errors="replace"))
+            time.sleep(0.05)
+        done = subprocess.CompletedProcess([sys.executable, *argv], int(code_file.read_text()),
+                                           (folder / "out").read_text(errors="replace"),
+                                           (folder / "err").read_text(errors="replace"))
+        shutil.rmtree(folder, ignore_errors=True)
+        return done
+
+    def stop(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.server.wait(10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+
+
+RUN_PY = RunPy()
+
+
 def run_cli(*overrides: str, tmp_path: Path, timeout: float = CLI_TIMEOUT_S, quick_start: bool = True,
             env: dict[str, str] | None = None,
             one_core: bool = False) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
-    """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root (ranks from a fork server
-    unless `quick_start` is false: QUICK_START; on one core with `one_core`: one_core_of_this_worker).
+    """`python run.py OVERRIDES hydra.run.dir=<tmp_path>/run` from the repository root (through RUN_PY; ranks from a
+    fork server unless `quick_start` is false: QUICK_START; on one core with `one_core`: one_core_of_this_worker).
 
     Returns the finished process and the parsed results.json (plus `_run_dir`, the folder, for the tests),
     or None when no results file was written.
     """
     run_dir = tmp_path / "run"
     with one_core_of_this_worker() if one_core else contextlib.nullcontext():
-        proc = subprocess.run([sys.executable, "run.py", *quick(overrides, quick_start), f"hydra.run.dir={run_dir}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = RUN_PY.run(["run.py", *quick(overrides, quick_start), f"hydra.run.dir={run_dir}"], timeout, env)
     path = run_dir / "results.json"
     results = {**json.loads(path.read_text()), "_run_dir": str(run_dir)} if path.exists() else None
     return proc, results
@@ -184,9 +243,8 @@ def run_sweep(*overrides: str, sweep_dir: Path, timeout: float = CLI_TIMEOUT_S,
     `one_core`: the sweep and its ranks on one core (one_core_of_this_worker)."""
     rounds = [] if any(o.startswith("repeat=") for o in overrides) else [ONE_ROUND]
     with one_core_of_this_worker() if one_core else contextlib.nullcontext():
-        return subprocess.run([sys.executable, "run.py", "-m", *quick(overrides, quick_start), *rounds,
-                               f"hydra.sweep.dir={sweep_dir}"], cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
+        return RUN_PY.run(["run.py", "-m", *quick(overrides, quick_start), *rounds, f"hydra.sweep.dir={sweep_dir}"],
+                          timeout)
 
 
 @contextlib.contextmanager
@@ -669,6 +727,10 @@ STARTED = pytest.StashKey[list[str]]()
 def note_process_start(what: str) -> None:
     """A start that a cache saved this time (cli_run's): the test still needs the process, and says so."""
     WATCH.note(what)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    RUN_PY.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:

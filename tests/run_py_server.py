@@ -1,0 +1,108 @@
+"""A test helper, not a test: `python run.py ARGS` for the suite, forked from this interpreter once it has imported
+what run.py imports (torch, Hydra, the harness: 3 s of CPU a run, a third of a small run's, on the suite's two
+cores). tests/conftest.py starts one a pytest worker and sends it one JSON line a run:
+
+    {"argv": [...], "cwd": ..., "env": {...}, "affinity": [...] | null, "out": path, "err": path, "code": path}
+
+Each run is a child of its own: its environment, folder and CPU affinity the test's, stdout and stderr to the two
+files, run.py executed as `__main__` (runpy) with argv as typed, the interpreter's exit handlers run (logging's
+flush, multiprocessing's children) and its exit code written to `code` once it has ended (a signal: minus its
+number, as subprocess gives it). Nothing of a run reaches the next one: each is a fork of this interpreter, which
+only imports. A test that needs a fresh interpreter (what run.py does while it imports) starts one itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def preload() -> None:
+    """What `python run.py` imports before its first run, in its order (run.py sets CUDA's device order first)."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    sys.path.insert(0, REPO)
+    import hydra  # noqa: F401
+    import torch  # noqa: F401
+
+    import harness.cli  # noqa: F401
+    import harness.launch.checked  # noqa: F401
+    import harness.launch.launcher  # noqa: F401
+    import harness.launch.runner  # noqa: F401
+    import harness.search.shortlist  # noqa: F401
+    sys.path.remove(REPO)
+
+
+def run(request: dict) -> None:
+    """In the forked child: become `python run.py ARGV` and exit as it would."""
+    import atexit
+    import runpy
+
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request.get("affinity") is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, request["affinity"])
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # the script's folder, as `python run.py` has it
+    code = 0
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int) and stop.code is not None:
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # what the interpreter would print on an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    preload()
+    running: dict[int, str] = {}  # pid -> where its exit code goes
+    requests = sys.stdin.buffer
+    pending = b""
+    while True:
+        ready, _, _ = select.select([requests], [], [], 0.05)
+        if ready:
+            chunk = os.read(requests.fileno(), 65536)
+            if not chunk:  # the pytest worker has gone: so do we (runs still going are the tests' to end)
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    run(request)
+                running[pid] = request["code"]
+                print(json.dumps({"pid": pid}), flush=True)
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            path = running.pop(pid, None)
+            if path is not None:
+                with open(path + ".tmp", "w") as out:
+                    out.write(str(os.waitstatus_to_exitcode(status)))
+                os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    serve()
