@@ -5,10 +5,11 @@ cores). tests/conftest.py starts one a pytest worker and sends it one JSON line 
     {"argv": [...], "cwd": ..., "env": {...}, "affinity": [...] | null, "out": path, "err": path, "code": path}
 
 Each run is a child of its own: its environment, folder and CPU affinity the test's, stdout and stderr to the two
-files, run.py executed as `__main__` (runpy) with argv as typed, the interpreter's exit handlers run (logging's
-flush, multiprocessing's children) and its exit code written to `code` once it has ended (a signal: minus its
-number, as subprocess gives it). Nothing of a run reaches the next one: each is a fork of this interpreter, which
-only imports. A test that needs a fresh interpreter (what run.py does while it imports) starts one itself."""
+files, torch's thread count what a new interpreter would take from them, run.py executed as `__main__` (runpy)
+with argv as typed, the interpreter's exit handlers run (logging's flush, multiprocessing's children) and its exit
+code written to `code` once it has ended (a signal: minus its number, as subprocess gives it). Nothing of a run
+reaches the next one: each is a fork of this interpreter, which only imports. A test that needs a new interpreter
+(what run.py does while it imports) starts one itself."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ def run(request: dict) -> None:
     os.environ.update(request["env"])
     if request.get("affinity") is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, request["affinity"])
+    # torch took its thread count from this interpreter's CPUs (or OMP_NUM_THREADS) as it was imported: a new
+    # interpreter pinned to one core would have one thread, not two spinning on it
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else
+                          len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     for fd, path in ((1, request["out"]), (2, request["err"])):
