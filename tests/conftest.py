@@ -1,4 +1,4 @@
-"""Shared helpers: the real CLI as a subprocess, cached real runs, tiny configs, amp plugins and rank specs."""
+"""Shared helpers: the real CLI in a process of its own, cached real runs, tiny configs, amp plugins and rank specs."""
 
 from __future__ import annotations
 
@@ -42,51 +42,101 @@ def quick(overrides: Sequence[str], wanted: bool = True) -> list[str]:
     return [*overrides, QUICK_START] if wanted and not chosen else list(overrides)
 
 
+class Forked:
+    """A run RUN_PY started, as much of subprocess.Popen as the tests use: `pid`, `poll`, `wait`, `kill`,
+    `returncode`, and (`live`) `stdout` and `stderr` to read as it writes them."""
+
+    def __init__(self, pid: int, argv: list[str], folder: Path, streams: tuple[Any, Any] | None) -> None:
+        self.pid, self.argv, self.folder = pid, argv, folder
+        self.returncode: int | None = None
+        self.stdout, self.stderr = streams or (None, None)
+
+    def poll(self) -> int | None:
+        code = self.folder / "code"
+        if self.returncode is None and code.exists():
+            self.returncode = int(code.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0.0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
 class RunPy:
     """`python run.py ARGS` from the repository root as the suite starts it: forked from tests/run_py_server.py, an
     interpreter of this worker's that has imported what run.py imports (torch, Hydra, the harness), instead of a
     new interpreter importing them again: 3 s of CPU a run, over the suite's runs three minutes of its two cores.
     The run is run.py as `__main__` with the arguments, folder, environment and CPU affinity a subprocess would
     have had, in a process of its own; what run.py does while it imports (a Ctrl-C then, the first imports' order)
-    is checked with new interpreters (tests/test_reliability.py's ProcessWatch runs, test_cli.py's refusals)."""
+    is checked with new interpreters (LiveRun(..., new_interpreter=True), test_cli.py's refusals)."""
 
     def __init__(self) -> None:
         self.server: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
-        self.count = 0
+
+    def start(self, argv: list[str], env: dict[str, str] | None = None, live: bool = False,
+              new_session: bool = False) -> Forked:
+        """Started in the background; its output to files, or with `live` to pipes read as it comes (named
+        pipes, opened here before the run opens them). `new_session`: as Popen's start_new_session."""
+        import tempfile
+
+        WATCH.note(" ".join(argv))
+        folder = Path(tempfile.mkdtemp(prefix="run-py-"))
+        streams = None
+        if live:
+            for name in ("out", "err"):
+                os.mkfifo(folder / name)
+            fds = [os.open(folder / name, os.O_RDONLY | os.O_NONBLOCK) for name in ("out", "err")]
+            for fd in fds:
+                os.set_blocking(fd, True)
+            streams = tuple(open(fd, encoding="utf-8", errors="replace") for fd in fds)
+        request = {"argv": argv, "cwd": str(REPO), "env": dict(os.environ if env is None else env),
+                   "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                   "out": str(folder / "out"), "err": str(folder / "err"), "code": str(folder / "code"),
+                   "new_session": new_session}
+        with self.lock:
+            for _ in range(2):  # a test ending this process's descendants (stops.end_descendants) ends the server
+                if self.server is None or self.server.poll() is not None:
+                    self.server = subprocess.Popen([sys.executable, str(REPO / "tests" / "run_py_server.py")],
+                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                assert self.server.stdin is not None and self.server.stdout is not None
+                try:
+                    self.server.stdin.write(json.dumps(request).encode() + b"\n")
+                    self.server.stdin.flush()
+                    reply = self.server.stdout.readline()
+                except BrokenPipeError:
+                    reply = b""
+                if reply:
+                    return Forked(json.loads(reply)["pid"], argv, folder, streams)
+                self.server.wait(10)
+        raise RuntimeError(f"tests/run_py_server.py ended twice without starting {' '.join(argv)}")
 
     def run(self, argv: list[str], timeout: float,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """As `subprocess.run([python, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)`:
         raises subprocess.TimeoutExpired after killing the run."""
-        import tempfile
+        forked = self.start(argv, env)
 
-        WATCH.note(" ".join(argv))
-        folder = Path(tempfile.mkdtemp(prefix="run-py-"))
-        request = {"argv": argv, "cwd": str(REPO), "env": dict(os.environ if env is None else env),
-                   "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                   "out": str(folder / "out"), "err": str(folder / "err"), "code": str(folder / "code")}
-        with self.lock:
-            if self.server is None or self.server.poll() is not None:
-                self.server = subprocess.Popen([sys.executable, str(REPO / "tests" / "run_py_server.py")],
-                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            assert self.server.stdin is not None and self.server.stdout is not None
-            self.server.stdin.write(json.dumps(request).encode() + b"\n")
-            self.server.stdin.flush()
-            pid = json.loads(self.server.stdout.readline())["pid"]
-        code_file = Path(request["code"])
-        deadline = time.monotonic() + timeout
-        while not code_file.exists():
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout, (folder / "out").read_text(errors="replace"),
-                                                (folder / "err").read_text(errors="replace"))
-            time.sleep(0.05)
-        done = subprocess.CompletedProcess([sys.executable, *argv], int(code_file.read_text()),
-                                           (folder / "out").read_text(errors="replace"),
-                                           (folder / "err").read_text(errors="replace"))
-        shutil.rmtree(folder, ignore_errors=True)
+        def output(name: str) -> str:
+            return (forked.folder / name).read_text(errors="replace")
+
+        try:
+            code = forked.wait(timeout)
+        except subprocess.TimeoutExpired:
+            forked.kill()
+            raise subprocess.TimeoutExpired(argv, timeout, output("out"), output("err")) from None
+        done = subprocess.CompletedProcess([sys.executable, *argv], code, output("out"), output("err"))
+        shutil.rmtree(forked.folder, ignore_errors=True)
         return done
 
     def stop(self) -> None:
@@ -343,11 +393,14 @@ class LiveRun:
 
     Use as a context manager: on the way out, whatever of the run is still alive is SIGKILLed (by PID)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, new_interpreter: bool = False) -> None:
         self.args = args
-        # A session of its own: a Ctrl-C in the terminal running pytest does not reach the run directly.
-        self.proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # A session of its own: a Ctrl-C in the terminal running pytest does not reach the run directly. Forked
+        # by RUN_PY unless the test acts while run.py imports (`new_interpreter`).
+        self.proc: subprocess.Popen[str] | Forked = \
+            subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True) if new_interpreter \
+            else RUN_PY.start(["run.py", *args], live=True, new_session=True)
         self.started_at = time.time()
         self.ended_at: float | None = None  # time.time() right after the process was seen to exit
         self.out: list[str] = []
@@ -455,6 +508,8 @@ class LiveRun:
         self.proc.wait(30)
         for reader in self._readers:
             reader.join(timeout=10)
+        if isinstance(self.proc, Forked):
+            shutil.rmtree(self.proc.folder, ignore_errors=True)
 
 
 # A DDP run that would go on for minutes: for tests that stop it mid-run.

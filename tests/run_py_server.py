@@ -2,14 +2,16 @@
 what run.py imports (torch, Hydra, the harness: 3 s of CPU a run, a third of a small run's, on the suite's two
 cores). tests/conftest.py starts one a pytest worker and sends it one JSON line a run:
 
-    {"argv": [...], "cwd": ..., "env": {...}, "affinity": [...] | null, "out": path, "err": path, "code": path}
+    {"argv": [...], "cwd": ..., "env": {...}, "affinity": [...] | null, "out": path, "err": path, "code": path,
+     "new_session": bool}
 
-Each run is a child of its own: its environment, folder and CPU affinity the test's, stdout and stderr to the two
-files, torch's thread count what a new interpreter would take from them, run.py executed as `__main__` (runpy)
-with argv as typed, the interpreter's exit handlers run (logging's flush, multiprocessing's children) and its exit
-code written to `code` once it has ended (a signal: minus its number, as subprocess gives it). Nothing of a run
-reaches the next one: each is a fork of this interpreter, which only imports. A test that needs a new interpreter
-(what run.py does while it imports) starts one itself."""
+Each run is a child of its own (in a session of its own where asked): its environment, folder and CPU affinity
+the test's, stdout and stderr to the two paths (files, or named pipes the test reads as they come), torch's thread
+count what a new interpreter would take from its CPUs, run.py executed as `__main__` (runpy) with argv as typed,
+the interpreter's exit handlers run (logging's flush, multiprocessing's children) and its exit code written to
+`code` once it has ended (a signal: minus its number, as subprocess gives it). Nothing of a run reaches the next
+one: each is a fork of this interpreter, which only imports. A test that needs a new interpreter (what run.py does
+while it imports) starts one itself."""
 
 from __future__ import annotations
 
@@ -36,11 +38,13 @@ def preload() -> None:
     sys.path.remove(REPO)
 
 
-def run(request: dict) -> None:
+def run(request: dict, out: int, err: int) -> None:
     """In the forked child: become `python run.py ARGV` and exit as it would."""
     import atexit
     import runpy
 
+    if request.get("new_session"):
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -55,8 +59,7 @@ def run(request: dict) -> None:
                           len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    for fd, path in ((1, request["out"]), (2, request["err"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd, target in ((1, out), (2, err)):
         os.dup2(target, fd)
         os.close(target)
     sys.argv = list(request["argv"])
@@ -96,9 +99,17 @@ def serve() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                # opened here, before the reply: a named pipe the test reads has its writer from now on
+                out, err = (os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                            for name in ("out", "err"))
                 pid = os.fork()
                 if pid == 0:
-                    run(request)
+                    try:
+                        run(request, out, err)
+                    finally:  # never back into this loop, whatever failed before run.py started
+                        os._exit(1)
+                os.close(out)
+                os.close(err)
                 running[pid] = request["code"]
                 print(json.dumps({"pid": pid}), flush=True)
         while running:

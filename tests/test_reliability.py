@@ -28,6 +28,7 @@ from conftest import (
     LONG_DDP_RUN,
     ONE_ROUND,
     REPO,
+    RUN_PY,
     START_TIMEOUT_S,
     STOP_BOUND_S,
     TINY,
@@ -143,14 +144,13 @@ THROUGH_THE_REAL_CLI = ("unknown-strategy", "unknown-strategy-in-a-sweep", "gpus
 @pytest.fixture(scope="module")
 def refusals(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
              ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    """The selected cases through the real CLI, all at once (each is ~2 s of start-up)."""
+    """The selected cases through the real CLI (conftest.RUN_PY), all at once."""
     root = tmp_path_factory.mktemp("refused")
 
     def refuse(case: str) -> tuple[str, tuple[subprocess.CompletedProcess[str], Path]]:
         argv, out_dir = argv_for(case), root / case
         dir_key = "hydra.sweep.dir" if "-m" in argv else "hydra.run.dir"
-        proc = subprocess.run([sys.executable, "run.py", *argv, f"{dir_key}={out_dir}"], cwd=REPO,
-                              capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+        proc = RUN_PY.run(["run.py", *argv, f"{dir_key}={out_dir}"], CLI_TIMEOUT_S)
         return case, (proc, out_dir)
 
     cases = selected(request, "test_bad_input_leaves_nothing_behind", "case")
@@ -603,7 +603,7 @@ def test_ctrl_c_at_any_moment_of_a_sweep_is_one_line_and_exit_130(tmp_path, afte
     """Issue 53: Ctrl-C in the first seconds (imports, composing, the pre-flight checks and predictions, Hydra's
     start-up, the first run) printed a 72-line KeyboardInterrupt traceback instead of one line."""
     sweep = tmp_path / "sweep"
-    with LiveRun(*CTRL_C_SWEEP, f"hydra.sweep.dir={sweep}") as run:
+    with LiveRun(*CTRL_C_SWEEP, f"hydra.sweep.dir={sweep}", new_interpreter=True) as run:  # its imports too
         time.sleep(after_s)
         check_ctrl_c_in_the_terminal(run, sweep)
 
