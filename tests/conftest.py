@@ -85,9 +85,11 @@ class RunPy:
         self.lock = threading.Lock()
 
     def start(self, argv: list[str], env: dict[str, str] | None = None, live: bool = False,
-              new_session: bool = False) -> Forked:
-        """Started in the background; its output to files, or with `live` to pipes read as it comes (named
-        pipes, opened here before the run opens them). `new_session`: as Popen's start_new_session."""
+              new_session: bool = False, cwd: Path = REPO, out: Path | None = None,
+              err: Path | None = None) -> Forked:
+        """Started in the background; its output to files (`out`, `err`, or the run's own), or with `live` to
+        pipes read as it comes (named pipes, opened here before the run opens them). `new_session`: as Popen's
+        start_new_session."""
         import tempfile
 
         WATCH.note(" ".join(argv))
@@ -100,10 +102,10 @@ class RunPy:
             for fd in fds:
                 os.set_blocking(fd, True)
             streams = tuple(open(fd, encoding="utf-8", errors="replace") for fd in fds)
-        request = {"argv": argv, "cwd": str(REPO), "env": dict(os.environ if env is None else env),
+        request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ if env is None else env),
                    "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                   "out": str(folder / "out"), "err": str(folder / "err"), "code": str(folder / "code"),
-                   "new_session": new_session}
+                   "out": str(out or folder / "out"), "err": str(err or folder / "err"),
+                   "code": str(folder / "code"), "new_session": new_session}
         with self.lock:
             for _ in range(2):  # a test ending this process's descendants (stops.end_descendants) ends the server
                 if self.server is None or self.server.poll() is not None:
@@ -121,11 +123,11 @@ class RunPy:
                 self.server.wait(10)
         raise RuntimeError(f"tests/run_py_server.py ended twice without starting {' '.join(argv)}")
 
-    def run(self, argv: list[str], timeout: float,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """As `subprocess.run([python, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)`:
+    def run(self, argv: list[str], timeout: float, env: dict[str, str] | None = None,
+            cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+        """As `subprocess.run([python, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)`:
         raises subprocess.TimeoutExpired after killing the run."""
-        forked = self.start(argv, env)
+        forked = self.start(argv, env, cwd=cwd)
 
         def output(name: str) -> str:
             return (forked.folder / name).read_text(errors="replace")

@@ -5,13 +5,13 @@ cores). tests/conftest.py starts one a pytest worker and sends it one JSON line 
     {"argv": [...], "cwd": ..., "env": {...}, "affinity": [...] | null, "out": path, "err": path, "code": path,
      "new_session": bool}
 
-Each run is a child of its own (in a session of its own where asked): its environment, folder and CPU affinity
-the test's, stdout and stderr to the two paths (files, or named pipes the test reads as they come), torch's thread
+Each run is a child of its own (in a session of its own where asked): its environment (PYTHONPATH on sys.path), folder
+and CPU affinity the test's, stdout and stderr to the two paths (files, or named pipes the test reads as they come), torch's thread
 count what a new interpreter would take from its CPUs, run.py executed as `__main__` (runpy) with argv as typed,
-the interpreter's exit handlers run (logging's flush, multiprocessing's children) and its exit code written to
-`code` once it has ended (a signal: minus its number, as subprocess gives it). Nothing of a run reaches the next
-one: each is a fork of this interpreter, which only imports. A test that needs a new interpreter (what run.py does
-while it imports) starts one itself."""
+its end as an interpreter's (threads joined, exit handlers run: logging's flush, multiprocessing's children) and
+its exit code written to `code` once it has ended (a signal: minus its number, as subprocess gives it). Nothing of
+a run reaches the next one: each is a fork of this interpreter, which only imports. A test that needs a new
+interpreter (what run.py does while it imports) starts one itself."""
 
 from __future__ import annotations
 
@@ -59,11 +59,14 @@ def run(request: dict, out: int, err: int) -> None:
                           len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    os.close(devnull)
     for fd, target in ((1, out), (2, err)):
         os.dup2(target, fd)
         os.close(target)
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # the script's folder, as `python run.py` has it
+    # as `python run.py` builds it: the script's folder first, then PYTHONPATH's entries, then the rest
+    added = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [os.path.dirname(os.path.abspath(sys.argv[0])), *added]
     code = 0
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
@@ -76,7 +79,10 @@ def run(request: dict, out: int, err: int) -> None:
 
         traceback.print_exc()
         code = 1
-    try:
+    try:  # as the interpreter ends: its threads joined, then its exit handlers
+        import threading
+
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK_START, REPO, SHARED_GROUP, TINY, describe, run_config
+from conftest import QUICK_START, REPO, RUN_PY, SHARED_GROUP, TINY, describe, run_config
 from test_report import results
 from torch import nn
 
@@ -294,9 +292,8 @@ def parity_sweep(shared_sweep, tmp_path_factory):
     sweep, _ = shared_sweep
     root = tmp_path_factory.mktemp("parity")
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # the test plugin, in the workers too
-    broken = subprocess.run([sys.executable, "run.py", "strategy=allreduce", f"strategy._target_={SUMMED}",
-                             *PARITY_RUN, QUICK_START, f"hydra.run.dir={root / 'summed'}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=200)
+    broken = RUN_PY.run(["run.py", "strategy=allreduce", f"strategy._target_={SUMMED}", *PARITY_RUN, QUICK_START,
+                         f"hydra.run.dir={root / 'summed'}"], 200, env)
     assert broken.returncode == 0, describe(broken)
     report = build_report([sweep, root / "summed"], root / "report", quiet=True)
     return root, {r.label: r for r in report.rows}, (root / "report" / "report.md").read_text(), sweep

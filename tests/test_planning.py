@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SHARED_GROUP, SINGLE_RUN, TINY, describe
+from conftest import REPO, RUN_PY, SHARED_GROUP, SINGLE_RUN, TINY, describe
 
 PLAN_TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=64")
 
@@ -20,8 +19,7 @@ PLAN_TINY = ("model=tiny_cnn", "data.image_size=8", "batch_size=64")
 def plan_cli(*overrides: str, cwd: Path, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python <repo>/run.py OVERRIDES` started in `cwd`, where plan=true writes runs/plan/."""
-    return subprocess.run([sys.executable, str(REPO / "run.py"), *overrides], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return RUN_PY.run([str(REPO / "run.py"), *overrides], timeout, {**os.environ, **(env or {})}, cwd=cwd)
 
 
 def plan_json(cwd: Path) -> dict:

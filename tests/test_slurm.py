@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ONE_ROUND, REPO, TINY, report_statuses
+from conftest import ONE_ROUND, REPO, RUN_PY, TINY, Forked, report_statuses
 from slurm_cluster import SlurmCluster, free_port, missing_binaries
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
@@ -52,17 +52,15 @@ class Sweep:
     folder: Path
     overrides: tuple[str, ...]
     env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Forked | None = None
     code: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
     def start(self) -> Sweep:
         self.folder.mkdir(parents=True)
-        with open(self.folder.parent / f"{self.name}.out", "wb") as out, \
-                open(self.folder.parent / f"{self.name}.err", "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "run.py", "-m", *self.overrides, ONE_ROUND,
-                                          f"hydra.sweep.dir={self.folder / 'sweep'}"],
-                                         cwd=REPO, env=self.env, stdout=out, stderr=err)
+        self.proc = RUN_PY.start(["run.py", "-m", *self.overrides, ONE_ROUND, f"hydra.sweep.dir={self.folder / 'sweep'}"],
+                                 self.env, out=self.folder.parent / f"{self.name}.out",
+                                 err=self.folder.parent / f"{self.name}.err")
         return self
 
     @property

@@ -8,17 +8,16 @@ submit."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from conftest import RUN_PY
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from harness import cli
-from tests.conftest import CONF_DIR, ONE_ROUND, QUICK_START, REPO, TINY, report_statuses
+from tests.conftest import CONF_DIR, ONE_ROUND, QUICK_START, TINY, report_statuses
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
 
@@ -102,9 +101,8 @@ def test_the_slurm_yaml_becomes_this_sbatch_script(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_sweep_through_submitit_local_ends_with_the_report(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=submitit_local", "strategy=single,ddp",
-                           "amp=O0", *TINY, ONE_ROUND, "iterations=40", QUICK_START, f"hydra.sweep.dir={sweep}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    proc = RUN_PY.run(["run.py", "-m", "hydra/launcher=submitit_local", "strategy=single,ddp", "amp=O0", *TINY,
+                       ONE_ROUND, "iterations=40", QUICK_START, f"hydra.sweep.dir={sweep}"], SWEEP_TIMEOUT_S)
     out = f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, out
 
