@@ -23,18 +23,25 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# What `python run.py` imports before its first run, then what a run or a sweep imports later in that process:
+# DTensor (a strategy's checks), pydantic (the records), the report and its plots (1 s of CPU a sweep)
+PRELOAD = ("hydra", "torch", "harness.cli", "harness.launch.checked", "harness.launch.launcher", "harness.launch.runner",
+           "harness.search.shortlist", "torch.distributed.tensor", "pydantic", "matplotlib.pyplot", "harness.report",
+           "harness.report.plots")
+
+
 def preload() -> None:
-    """What `python run.py` imports before its first run, in its order (run.py sets CUDA's device order first)."""
+    """PRELOAD imported, as run.py would (CUDA's device order set first; matplotlib on Agg, as harness.report.plots
+    sets it)."""
+    import importlib
+
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     sys.path.insert(0, REPO)
-    import hydra  # noqa: F401
-    import torch  # noqa: F401
+    import matplotlib
 
-    import harness.cli  # noqa: F401
-    import harness.launch.checked  # noqa: F401
-    import harness.launch.launcher  # noqa: F401
-    import harness.launch.runner  # noqa: F401
-    import harness.search.shortlist  # noqa: F401
+    matplotlib.use("Agg")
+    for name in PRELOAD:
+        importlib.import_module(name)
     sys.path.remove(REPO)
 
 
