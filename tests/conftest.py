@@ -136,7 +136,9 @@ class RunPy:
             code = forked.wait(timeout)
         except subprocess.TimeoutExpired:
             forked.kill()
-            raise subprocess.TimeoutExpired(argv, timeout, output("out"), output("err")) from None
+            expired = subprocess.TimeoutExpired(argv, timeout, output("out"), output("err"))
+            shutil.rmtree(forked.folder, ignore_errors=True)
+            raise expired from None
         done = subprocess.CompletedProcess([sys.executable, *argv], code, output("out"), output("err"))
         shutil.rmtree(forked.folder, ignore_errors=True)
         return done

@@ -61,9 +61,10 @@ def run(request: dict, out: int, err: int) -> None:
     # interpreter pinned to one core would have one thread, not two spinning on it
     import torch
 
+    from harness.launch.placement import usable_cores
+
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else
-                          len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else usable_cores())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
